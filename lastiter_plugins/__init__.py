@@ -1,0 +1,51 @@
+r"""lastiter-plugins: last-iterate Renyi-DP accountants for DP-SGD.
+
+Every epsilon computed here protects the FINAL model only (except the
+``composition`` baseline, which certifies every iterate): intermediate
+checkpoints must not be released. See README.md and docs/.
+"""
+
+from lastiter_plugins.api import (
+    PARAMETERS,
+    EpsilonResult,
+    account,
+    applicable_bounds,
+    build,
+    compute_epsilon,
+    compute_rdp,
+    epsilon,
+    rdp,
+)
+from lastiter_plugins.calibration import calibrate_noise
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.conversion import DEFAULT_ORDERS, OrderGridWarning
+from lastiter_plugins.errors import CalibrationError, NotApplicableError
+from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, Applicability, BoundSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BEST",
+    "BOUNDS",
+    "BOUND_IDS",
+    "DEFAULT_ORDERS",
+    "PARAMETERS",
+    "Applicability",
+    "BoundSpec",
+    "CalibrationError",
+    "EpsilonResult",
+    "LossAssumptions",
+    "NotApplicableError",
+    "OrderGridWarning",
+    "Relation",
+    "Sampling",
+    "TrainingConfig",
+    "account",
+    "applicable_bounds",
+    "build",
+    "calibrate_noise",
+    "compute_epsilon",
+    "compute_rdp",
+    "epsilon",
+    "rdp",
+]

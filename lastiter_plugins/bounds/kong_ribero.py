@@ -1,0 +1,91 @@
+r"""Kong & Ribero, "Privacy of the last iterate in cyclically-traversed DP-SGD on
+nonconvex composite losses" (seed 003; earlier version seed 000).
+
+Paper symbols: stepsize :math:`\lambda` (= learning rate ``eta``), parameter-space
+noise :math:`\sigma = \eta z C / b`, so :math:`\lambda C/(b\sigma) = 1/z`;
+:math:`\ell` steps per pass, :math:`E` full passes, Lipschitz constant :math:`L`
+of the (clipped) gradient update. Losses are m-weakly convex and M-upper-curved
+(seed 003, (A2) and eq. 11); the optional regulariser/projection is convex.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lastiter_plugins.bounds._common import theta
+
+
+def update_lipschitz(
+    learning_rate: float, smoothness: float, weak_convexity: float, clipping: bool
+) -> float:
+    r"""Lipschitz constant L of one (clipped) gradient step.
+
+    :math:`L_\eta = \sqrt{1 + 2\eta m (1 + m/(2(M+m)))}` (seed 003, eq. 13;
+    1 when m = 0). With clipping possibly active the clipped update is only
+    proven :math:`\sqrt 2 L_\eta`-Lipschitz (seed 003, Prop. 2.1(b)); without
+    clipping (every per-example gradient norm <= C on the whole domain, seed 003
+    Prop. 2.1(c)) it is :math:`L_\eta`. BOUNDS.md section 3.1/3.2.
+    """
+    m, big_m = weak_convexity, smoothness
+    l_eta = 1.0 if m == 0.0 else math.sqrt(1.0 + 2.0 * learning_rate * m * (1.0 + m / (2.0 * (big_m + m))))
+    return l_eta if not clipping else math.sqrt(2.0) * l_eta
+
+
+def max_learning_rate(smoothness: float, weak_convexity: float, clipping: bool) -> float:
+    r"""Largest step size the theorems allow: 1/(2(M+m)) with clipping, 1/(M+m)
+    without (seed 003, Thm. 2.2/2.3 and Prop. 2.1(c)); inf for linear losses."""
+    curvature = smoothness + weak_convexity
+    if curvature == 0.0:
+        return math.inf
+    return 1.0 / (2.0 * curvature) if clipping else 1.0 / curvature
+
+
+def cyclic_rdp(
+    orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: int, epochs: int, lipschitz: float
+) -> np.ndarray:
+    r"""kong-ribero-cyclic: :math:`\varepsilon(\alpha) = \frac{4\alpha}{z^2}(1 + E\,\theta_L(\ell))`.
+
+    Seed 003, Theorem 2.3 (eqs. 17 and 19). Holds for cyclic traversal of any
+    fixed (data-independent) order of the examples, hence also shuffle-once.
+    The published statement is implemented, not the (tighter, unpublished)
+    expression of its proof. ``epochs`` is E = floor(T / l).
+    """
+    orders = np.asarray(orders, dtype=float)
+    return 4.0 * orders / noise_multiplier**2 * (1.0 + epochs * float(theta(lipschitz, steps_per_epoch)))
+
+
+def bounded_rdp(
+    orders: np.ndarray,
+    *,
+    noise_multiplier: float,
+    lipschitz: float,
+    diameter: float,
+    batch_size: int,
+    learning_rate: float,
+    clip_norm: float,
+) -> np.ndarray:
+    r"""kong-ribero-bounded: :math:`\frac{\alpha}{2}\left(\frac{L D b}{\eta z C} + \frac{2}{z}\right)^2`.
+
+    Seed 003, Theorem 2.2 (eq. 16): iterates confined to a convex set of
+    diameter D. Independent of the number of steps. L is the Lipschitz
+    constant of the clipped update (see :func:`update_lipschitz`; BOUNDS.md 3.2
+    decision: sqrt(2) L_eta when clipping may be active).
+    """
+    orders = np.asarray(orders, dtype=float)
+    z = noise_multiplier
+    shift = lipschitz * diameter * batch_size / (learning_rate * z * clip_norm) + 2.0 / z
+    return orders / 2.0 * shift**2
+
+
+def curvature_free_rdp(
+    orders: np.ndarray, *, noise_multiplier: float, steps: int, batch_size: int
+) -> np.ndarray:
+    r"""kong-ribero-curvature-free: :math:`8\alpha T b^2 / z^2`.
+
+    Seed 000, Theorem 4.3 (eq. 18): no assumption on the losses beyond
+    clipped gradients. Always worse than composition; kept for completeness.
+    """
+    orders = np.asarray(orders, dtype=float)
+    return 8.0 * orders * steps * batch_size**2 / noise_multiplier**2

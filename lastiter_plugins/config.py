@@ -1,0 +1,204 @@
+r"""The two objects every accountant passes around, validated on construction.
+
+:class:`TrainingConfig` describes the DP-SGD run (what the data pipeline and the
+optimizer actually do); :class:`LossAssumptions` the properties of the losses
+and of the parameter domain that the user declares. BOUNDS.md section 1 maps
+these names to the papers' symbols.
+
+The update every bound assumes (plain SGD, constant step, optional projection
+:math:`\Pi` onto a closed convex set of diameter D)::
+
+    x_{t+1} = Pi( x_t - eta * ( (1/b) * sum_{i in B_t} clip_C(grad f_i(x_t)) + N(0, (z C / b)^2 I) ) )
+
+Every batch, including a short last one, is normalised by the same b (Opacus'
+``expected_batch_size``); a pass over the data takes ``ceil(n / b)`` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import numbers
+from typing import Any
+
+
+class Sampling(str, enum.Enum):
+    """What the data pipeline really does (BOUNDS.md section 2)."""
+
+    CYCLIC = "cyclic"  # fixed order, the same batches every epoch
+    SHUFFLE_ONCE = "shuffle_once"  # one random permutation, then cyclic over it
+    RESHUFFLE = "reshuffle"  # a new random permutation every epoch
+    RANDOM_BATCH = "random_batch"  # a uniformly random b-subset every step
+    POISSON = "poisson"  # each example joins each step with probability b/n
+
+    @classmethod
+    def parse(cls, value: Any) -> Sampling:
+        return _parse_enum(cls, value, "sampling")
+
+
+class Relation(str, enum.Enum):
+    """Neighbouring relation of the guarantee (BOUNDS.md section 2)."""
+
+    REPLACE_ONE = "replace_one"
+    ADD_OR_REMOVE_ONE = "add_or_remove_one"
+
+    @classmethod
+    def parse(cls, value: Any) -> Relation:
+        return _parse_enum(cls, value, "relation")
+
+
+def _parse_enum(cls, value, name):
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, enum.Enum):  # e.g. dp_accounting.NeighboringRelation
+        value = value.name
+    if isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+        for member in cls:
+            if member.value == key:
+                return member
+    choices = ", ".join(m.value for m in cls)
+    raise ValueError(f"{name} must be one of {choices}. Found {value!r}.")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+    if not math.isfinite(value) or int(value) != value:
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+    return int(value)
+
+
+def _check_real(name: str, value: Any, *, positive: bool) -> float:
+    constraint = "> 0" if positive else ">= 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a finite number {constraint}. Found {value!r}.")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {constraint}. Found {value!r}.")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+    r"""A DP-SGD run.
+
+    Attributes:
+      dataset_size: n, number of examples.
+      batch_size: b, the (expected) batch size the noisy gradient sum is divided by.
+      noise_multiplier: z; the noise on the sum of clipped gradients has std z*C.
+      steps: T, total optimizer steps.
+      sampling: how batches are formed (:class:`Sampling`).
+      learning_rate: eta, the constant plain-SGD step size (None when unknown;
+        only the bounds that need it then refuse).
+      clip_norm: C, per-example clipping norm.
+      relation: the neighbouring relation asked for (used by ``best`` and
+        ``composition``; a single bound refuses a relation it is not proven for).
+    """
+
+    dataset_size: int
+    batch_size: int
+    noise_multiplier: float
+    steps: int
+    sampling: Sampling
+    learning_rate: float | None = None
+    clip_norm: float = 1.0
+    relation: Relation = Relation.REPLACE_ONE
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "dataset_size", _check_int("dataset_size", self.dataset_size, 1))
+        set_(self, "batch_size", _check_int("batch_size", self.batch_size, 1))
+        if self.batch_size > self.dataset_size:
+            raise ValueError(
+                f"batch_size must be <= dataset_size = {self.dataset_size}. Found {self.batch_size}."
+            )
+        set_(self, "noise_multiplier", _check_real("noise_multiplier", self.noise_multiplier, positive=True))
+        set_(self, "steps", _check_int("steps", self.steps, 1))
+        set_(self, "sampling", Sampling.parse(self.sampling))
+        if self.learning_rate is not None:
+            set_(self, "learning_rate", _check_real("learning_rate", self.learning_rate, positive=True))
+        set_(self, "clip_norm", _check_real("clip_norm", self.clip_norm, positive=True))
+        set_(self, "relation", Relation.parse(self.relation))
+
+    @classmethod
+    def from_epochs(cls, *, epochs: int, dataset_size: int, batch_size: int, **kwargs: Any) -> TrainingConfig:
+        """Build from a number of passes: E epochs are E * ceil(n / b) steps."""
+        epochs = _check_int("epochs", epochs, 1)
+        n = _check_int("dataset_size", dataset_size, 1)
+        b = _check_int("batch_size", batch_size, 1)
+        return cls(dataset_size=n, batch_size=b, steps=epochs * math.ceil(n / b), **kwargs)
+
+    def replace(self, **changes: Any) -> TrainingConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """l = ceil(n / b)."""
+        return math.ceil(self.dataset_size / self.batch_size)
+
+    @property
+    def full_epochs(self) -> int:
+        """E = floor(T / l), completed passes."""
+        return self.steps // self.steps_per_epoch
+
+    @property
+    def epochs_started(self) -> int:
+        """K = ceil(T / l), passes begun (a partial last pass counts)."""
+        return -(-self.steps // self.steps_per_epoch)
+
+    @property
+    def sampling_probability(self) -> float:
+        """q = b / n."""
+        return self.batch_size / self.dataset_size
+
+
+@dataclasses.dataclass(frozen=True)
+class LossAssumptions:
+    r"""What the user declares about the per-example losses and the domain.
+
+    The constants must hold for the update actually run (for every per-example
+    loss, on both neighbouring datasets, on the whole parameter domain).
+
+    Attributes:
+      smoothness: M, upper curvature / gradient-Lipschitz constant (None: not declared).
+      weak_convexity: m >= 0, the losses are m-weakly convex (0 = convex).
+      strong_convexity: lam >= 0 (0 = not strongly convex); must be <= M.
+      diameter: D, diameter of the closed convex set the iterates are projected
+        onto after every step (None: no projection).
+      clipping: True when clipping may be active. False asserts that every
+        per-example gradient norm is <= C at every point of the domain (not only
+        along the run; Kong & Ribero, seed 003, Prop. 2.1(c)), so clipping is
+        the identity; this enables the bounds that need the unclipped update.
+    """
+
+    smoothness: float | None = None
+    weak_convexity: float = 0.0
+    strong_convexity: float = 0.0
+    diameter: float | None = None
+    clipping: bool = True
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if self.smoothness is not None:
+            set_(self, "smoothness", _check_real("smoothness", self.smoothness, positive=False))
+        set_(self, "weak_convexity", _check_real("weak_convexity", self.weak_convexity, positive=False))
+        set_(self, "strong_convexity", _check_real("strong_convexity", self.strong_convexity, positive=False))
+        if self.diameter is not None:
+            set_(self, "diameter", _check_real("diameter", self.diameter, positive=True))
+        if not isinstance(self.clipping, bool):
+            raise ValueError(f"clipping must be True or False. Found {self.clipping!r}.")
+        if self.strong_convexity > 0 and self.smoothness is not None and self.strong_convexity > self.smoothness:
+            raise ValueError(
+                "strong_convexity must be <= smoothness (a lam-strongly convex, M-smooth function has "
+                f"lam <= M). Found strong_convexity={self.strong_convexity}, smoothness={self.smoothness}."
+            )
+
+    @property
+    def convex(self) -> bool:
+        """Declared convex: weak_convexity = 0 or strongly convex."""
+        return self.weak_convexity == 0.0 or self.strong_convexity > 0.0
