@@ -20,7 +20,15 @@ from lastiter_plugins.config import LossAssumptions, Relation, Sampling, Trainin
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_delta, validate_orders
 from lastiter_plugins.errors import NotApplicableError
 
-_TRAINING_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "learning_rate", "clip_norm", "sampling", "relation")
+_TRAINING_KEYS = (
+    "dataset_size",
+    "batch_size",
+    "noise_multiplier",
+    "learning_rate",
+    "clip_norm",
+    "sampling",
+    "relation",
+)
 _ASSUMPTION_KEYS = ("smoothness", "weak_convexity", "strong_convexity", "diameter", "clipping")
 PARAMETERS: tuple[str, ...] = (*_TRAINING_KEYS, "steps", "epochs", *_ASSUMPTION_KEYS)
 

@@ -113,9 +113,7 @@ class TrainingConfig:
         set_(self, "dataset_size", _check_int("dataset_size", self.dataset_size, 1))
         set_(self, "batch_size", _check_int("batch_size", self.batch_size, 1))
         if self.batch_size > self.dataset_size:
-            raise ValueError(
-                f"batch_size must be <= dataset_size = {self.dataset_size}. Found {self.batch_size}."
-            )
+            raise ValueError(f"batch_size must be <= dataset_size = {self.dataset_size}. Found {self.batch_size}.")
         set_(self, "noise_multiplier", _check_real("noise_multiplier", self.noise_multiplier, positive=True))
         set_(self, "steps", _check_int("steps", self.steps, 1))
         set_(self, "sampling", Sampling.parse(self.sampling))

@@ -67,7 +67,7 @@ class Applicability:
 
     @property
     def reason(self) -> str:
-        return "; ".join(self.reasons)
+        return " ".join(self.reasons)
 
 
 # ---------------------------------------------------------------- conditions
@@ -88,8 +88,7 @@ def _needs_smoothness(cfg: TrainingConfig, a: LossAssumptions):
 def _needs_diameter(cfg: TrainingConfig, a: LossAssumptions):
     if a.diameter is None:
         return (
-            "diameter (D) must be declared: every step must project the parameters onto a convex set "
-            "of that diameter",
+            "diameter (D) must be declared: every step must project the parameters onto a convex set of that diameter",
             "no projection",
         )
     return None

@@ -35,9 +35,7 @@ def epoch_rdp(orders: np.ndarray, *, noise_multiplier: float, epochs: int) -> np
 def _sampled_without_replacement_step(
     dataset_size: int, batch_size: int, noise_multiplier: float, orders: tuple[float, ...]
 ) -> np.ndarray:
-    accountant = dp_accounting.rdp.RdpAccountant(
-        list(orders), dp_accounting.NeighboringRelation.REPLACE_ONE
-    )
+    accountant = dp_accounting.rdp.RdpAccountant(list(orders), dp_accounting.NeighboringRelation.REPLACE_ONE)
     accountant.compose(
         dp_accounting.SampledWithoutReplacementDpEvent(
             dataset_size, batch_size, dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
@@ -60,8 +58,6 @@ def random_batch_rdp(
     return steps * _sampled_without_replacement_step(dataset_size, batch_size, noise_multiplier, key)
 
 
-def poisson_rdp(
-    orders: np.ndarray, *, sampling_probability: float, noise_multiplier: float, steps: int
-) -> np.ndarray:
+def poisson_rdp(orders: np.ndarray, *, sampling_probability: float, noise_multiplier: float, steps: int) -> np.ndarray:
     r"""T x RDP of the Poisson-sampled Gaussian mechanism (add-or-remove-one)."""
     return steps * sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)

@@ -17,9 +17,7 @@ import numpy as np
 from lastiter_plugins.bounds._common import theta
 
 
-def update_lipschitz(
-    learning_rate: float, smoothness: float, weak_convexity: float, clipping: bool
-) -> float:
+def update_lipschitz(learning_rate: float, smoothness: float, weak_convexity: float, clipping: bool) -> float:
     r"""Lipschitz constant L of one (clipped) gradient step.
 
     :math:`L_\eta = \sqrt{1 + 2\eta m (1 + m/(2(M+m)))}` (seed 003, eq. 13;
@@ -79,9 +77,7 @@ def bounded_rdp(
     return orders / 2.0 * shift**2
 
 
-def curvature_free_rdp(
-    orders: np.ndarray, *, noise_multiplier: float, steps: int, batch_size: int
-) -> np.ndarray:
+def curvature_free_rdp(orders: np.ndarray, *, noise_multiplier: float, steps: int, batch_size: int) -> np.ndarray:
     r"""kong-ribero-curvature-free: :math:`8\alpha T b^2 / z^2`.
 
     Seed 000, Theorem 4.3 (eq. 18): no assumption on the losses beyond

@@ -59,12 +59,7 @@ def _log_moment_int(q: float, noise: np.ndarray, int_orders: tuple[int, ...]) ->
     r"""log A_a = (a-1) S_a(q, noise) at integer orders a >= 1 (0 at a = 1)."""
     starts, seg, i, a_minus_i, log_comb, i2mi = _binomial_layout(int_orders)
     noise = np.broadcast_to(np.asarray(noise, dtype=float), (len(int_orders),))
-    terms = (
-        log_comb
-        + i * math.log(q)
-        + a_minus_i * math.log1p(-q)
-        + i2mi / (2.0 * noise[seg] ** 2)
-    )
+    terms = log_comb + i * math.log(q) + a_minus_i * math.log1p(-q) + i2mi / (2.0 * noise[seg] ** 2)
     peak = np.maximum.reduceat(terms, starts)
     out = np.log(np.add.reduceat(np.exp(terms - peak[seg]), starts)) + peak
     return np.where(np.asarray(int_orders) == 1, 0.0, out)
@@ -112,7 +107,7 @@ def sgm_rdp(
             exact = np.array(
                 [
                     _dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, float(s), [a])[0]
-                    for a, s in zip(orders[frac], noise_arr[frac])
+                    for a, s in zip(orders[frac], noise_arr[frac], strict=True)
                 ],
                 dtype=float,
             )
