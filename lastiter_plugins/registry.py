@@ -171,7 +171,19 @@ def _inverse(value: float) -> float:
 _kong_ribero_step = _step_size(
     _kong_ribero_limit, "1/(2(M+m)) with clipping, 1/(M+m) with clipping=False", strict=False
 )
-_two_over_m = _step_size(lambda c, a: 2.0 * _inverse(a.smoothness), "2/M", strict=False)
+
+
+def _altschuler_talwar_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    # Decision (audit of seed 001, Observation 3.3): non-expansiveness needs the
+    # effective step eta*|B|/b <= 2/M for every batch; Poisson batches can hold
+    # all n examples, so eta <= 2b/(nM) there.
+    limit = 2.0 * _inverse(a.smoothness)
+    return limit * cfg.sampling_probability if cfg.sampling is Sampling.POISSON else limit
+
+
+_altschuler_talwar_step = _step_size(
+    _altschuler_talwar_limit, "2/M (random_batch) or 2b/(nM) (poisson: batches of up to n)", strict=False
+)
 _ye_shokri_step = _step_size(lambda c, a: 2.0 / (a.strong_convexity + a.smoothness), "2/(lam+M)", strict=True)
 _two_over_m_strict = _step_size(lambda c, a: 2.0 * _inverse(a.smoothness), "2/M", strict=True)
 _one_over_m_strict = _step_size(lambda c, a: _inverse(a.smoothness), "1/M", strict=True)
@@ -214,7 +226,15 @@ def _kong_ribero_curvature_free(cfg, a, orders):
 
 def _altschuler_talwar(cfg, a, orders):
     contraction = None
-    if a.strong_convexity > 0:
+    # The strongly convex variant (eq. 5.3) needs the step to contract by c < 1:
+    # fixed-size batches (not Poisson, where an empty batch does not contract),
+    # unclipped gradients (a clipped field is not strongly monotone) and eta < 2/M.
+    if (
+        a.strong_convexity > 0
+        and not a.clipping
+        and cfg.sampling is Sampling.RANDOM_BATCH
+        and cfg.learning_rate * a.smoothness < 2.0
+    ):
         eta = cfg.learning_rate
         contraction = max(abs(1.0 - eta * a.strong_convexity), abs(1.0 - eta * a.smoothness))
     return altschuler_talwar.rdp(
@@ -231,6 +251,9 @@ def _altschuler_talwar(cfg, a, orders):
 
 
 def _liang_bounded(cfg, a, orders):
+    # Decision (audit of seed 002, eq. 37): a Poisson batch B is divided by the
+    # fixed b, so a step is (1 + eta*M*|B|/b)-Lipschitz, not (1 + eta*M); |B| can
+    # be n, so the worst case c = 1 + eta*M*n/b is used.
     return liang.bounded_rdp(
         orders,
         sampling_probability=cfg.sampling_probability,
@@ -239,7 +262,7 @@ def _liang_bounded(cfg, a, orders):
         batch_size=cfg.batch_size,
         learning_rate=cfg.learning_rate,
         clip_norm=cfg.clip_norm,
-        smoothness=a.smoothness,
+        expansion=1.0 + cfg.learning_rate * a.smoothness / cfg.sampling_probability,
     )
 
 
@@ -363,14 +386,14 @@ BOUNDS: dict[str, BoundSpec] = {
             title="bounded domain, convex smooth losses, sampled batches",
             reference="Altschuler & Talwar 2022 (seed 001), eq. 3.6; strongly convex: eq. 5.3, Remark 5.3",
             covers=_covers((Sampling.RANDOM_BATCH, Sampling.POISSON)),
-            assumptions="per-example (clipped) losses convex and M-smooth; eta <= 2/M; projection onto a convex set "
-            "of diameter D",
+            assumptions="per-example (clipped) losses convex and M-smooth; eta <= 2/M (poisson: 2b/(nM)); projection "
+            "onto a convex set of diameter D; strong convexity used only with clipping=False and random batches",
             conditions=(
                 _needs_learning_rate,
                 _needs_smoothness,
                 _needs_diameter,
                 _needs_convexity,
-                _two_over_m,
+                _altschuler_talwar_step,
             ),
             compute=_altschuler_talwar,
         ),
@@ -379,7 +402,8 @@ BOUNDS: dict[str, BoundSpec] = {
             title="bounded domain, smooth (non-convex) losses, Poisson sampling",
             reference="Liang et al. 2025 (seed 002), Theorem 3.4, eq. 14",
             covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
-            assumptions="per-example losses M-smooth; projection onto a convex set of diameter D",
+            assumptions="per-example losses M-smooth; projection onto a convex set of diameter D; step expansion "
+            "1 + eta*M*n/b (worst-case Poisson batch)",
             conditions=(_needs_learning_rate, _needs_smoothness, _needs_diameter),
             compute=_liang_bounded,
         ),

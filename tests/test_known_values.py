@@ -1,0 +1,311 @@
+"""Tier 1: the worked examples of BOUNDS.md (appendix) and hand-derived special cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
+
+import lastiter_plugins as lp
+from lastiter_plugins.bounds import sgm
+from lastiter_plugins.bounds._common import log_theta, theta
+
+ORDERS = [2.0, 8.0, 32.0]
+
+# (bound id, params, expected rdp at orders 2, 8, 32) - BOUNDS.md appendix, C = 1.
+WORKED_EXAMPLES = [
+    (
+        "kong-ribero-cyclic",
+        dict(
+            dataset_size=10000,
+            batch_size=10,
+            noise_multiplier=1.0,
+            learning_rate=0.1,
+            steps=100000,
+            smoothness=1.0,
+            weak_convexity=0.5,
+            sampling="cyclic",
+        ),
+        (449.791, 1799.16, 7196.66),
+    ),
+    (
+        "kong-ribero-cyclic",
+        dict(
+            dataset_size=10000,
+            batch_size=10,
+            noise_multiplier=1.0,
+            learning_rate=0.1,
+            steps=100000,
+            smoothness=1.0,
+            sampling="cyclic",
+            clipping=False,
+        ),
+        (8.8, 35.2, 140.8),
+    ),
+    (
+        "kong-ribero-bounded",
+        dict(
+            dataset_size=1000,
+            batch_size=10,
+            noise_multiplier=2.0,
+            learning_rate=0.5,
+            steps=500,
+            smoothness=0.5,
+            diameter=0.01,
+            sampling="cyclic",
+        ),
+        (1.30284, 5.21137, 20.8455),
+    ),
+    (
+        "ye-shokri-shuffle",
+        dict(
+            dataset_size=60000,
+            batch_size=600,
+            noise_multiplier=2.0,
+            learning_rate=0.5,
+            steps=10000,
+            smoothness=1.0,
+            strong_convexity=0.05,
+            sampling="shuffle_once",
+            clipping=False,
+        ),
+        (0.05048, 3.36162, 15.9294),
+    ),
+    (
+        "ye-shokri-cyclic",
+        dict(
+            dataset_size=60000,
+            batch_size=600,
+            noise_multiplier=2.0,
+            learning_rate=0.5,
+            steps=10000,
+            smoothness=1.0,
+            strong_convexity=0.05,
+            sampling="cyclic",
+            clipping=False,
+        ),
+        (1.00487, 4.0195, 16.078),
+    ),
+    (
+        "ye-shokri-random",
+        dict(
+            dataset_size=1000,
+            batch_size=100,
+            noise_multiplier=1.5,
+            learning_rate=0.2,
+            steps=2000,
+            smoothness=1.0,
+            strong_convexity=0.5,
+            sampling="random_batch",
+            clipping=False,
+        ),
+        (4.15957, 13564.3, 56740.3),
+    ),
+    (
+        "composition",
+        dict(dataset_size=1000, batch_size=100, noise_multiplier=1.5, steps=2000, sampling="random_batch"),
+        (223.68, 9157.3, 52179.9),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bound", "params", "expected"),
+    WORKED_EXAMPLES,
+    ids=[f"{b}-{i}" for i, (b, _, _) in enumerate(WORKED_EXAMPLES)],
+)
+def test_worked_example_closed_forms(bound, params, expected):
+    """BOUNDS.md appendix: closed forms match to the table's printed precision (~1e-5 relative)."""
+    got = lp.rdp(bound, ORDERS, **params)
+    np.testing.assert_allclose(got, expected, rtol=2e-5)
+
+
+def test_worked_example_altschuler_talwar_not_above_reference_minimiser():
+    """BOUNDS.md appendix: our minimiser may be lower than the 99-point gamma grid's, never above it."""
+    got = lp.rdp(
+        "altschuler-talwar",
+        ORDERS,
+        dataset_size=1000,
+        batch_size=50,
+        noise_multiplier=2.0,
+        learning_rate=0.5,
+        steps=5000,
+        smoothness=1.0,
+        diameter=0.5,
+        sampling="random_batch",
+    )
+    reference = np.array([8.06049, 276.019, 1518.58])
+    assert np.all(got <= reference * (1 + 1e-6))
+    # ... and not absurdly lower either: it is the same family of bounds.
+    assert np.all(got >= 0.99 * reference)
+
+
+def test_liang_closed_forms_are_not_used_where_they_are_optimistic():
+    """Audit finding (seed 002 eq. 12/14): T * 2 alpha q / z^2 is below the exact divergence at T = 1.
+
+    Ground truth: one step, linear loss, add-or-remove-one, Poisson q = 0.05, z = 1. Removing the
+    example makes the output N(0, s^2) vs (1-q) N(0, s^2) + q N(1, s^2) with s = z (sensitivity C),
+    whose order-32 divergence is the sampled Gaussian RDP S_32(0.05, 1) = 12.91 (dp-accounting).
+    """
+    exact = dp_rdp._compute_rdp_poisson_subsampled_gaussian(0.05, 1.0, [32.0])[0]
+    assert exact == pytest.approx(12.91, abs=0.01)
+    assert exact > 1 * 2 * 32 * 0.05 / 1.0**2  # the published closed form would be optimistic
+    params = dict(dataset_size=100, batch_size=5, noise_multiplier=1.0, steps=1, smoothness=0.0,
+                  sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    assert lp.rdp("liang-unbounded", [32.0], **params)[0] >= exact
+    assert lp.rdp("liang-bounded", [32.0], learning_rate=0.1, diameter=100.0, **params)[0] >= exact
+
+
+@pytest.mark.parametrize("s", [1, 2, 7, 1000, 10**6, 10**7], ids=lambda s: f"s={s}")
+def test_theta_one_is_one_over_s(s):
+    assert theta(1.0, s) == pytest.approx(1.0 / s, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("lipschitz", "s"),
+    [(1.5, 3), (0.5, 3), (2.0, 10), (0.9, 40), (1.0 + 1e-9, 5), (10.0, 4)],
+    ids=str,
+)
+def test_theta_matches_definition(lipschitz, s):
+    direct = lipschitz ** (2 * (s - 1)) / sum(lipschitz ** (2 * j) for j in range(s))
+    assert theta(lipschitz, s) == pytest.approx(direct, rel=1e-12)
+
+
+@pytest.mark.parametrize("lipschitz", [1.0 + 1e-12, 1.01, 2.0, 10.0, 0.99, 0.1], ids=str)
+def test_theta_stable_for_huge_s(lipschitz):
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        value = float(np.exp(log_theta(lipschitz, 10**7)))  # underflow to 0 is exact enough
+    assert math.isfinite(value) and value >= 0
+    if lipschitz > 1:
+        assert value == pytest.approx(1.0 - lipschitz**-2, rel=1e-6) or lipschitz < 1.001
+    assert theta(lipschitz, 0) == 0
+
+
+def test_theta_zero_lipschitz():
+    assert theta(0.0, 1) == 1.0 and theta(0.0, 5) == 0.0
+
+
+def test_one_step_full_batch_composition_is_the_gaussian_mechanism():
+    """T = 1, b = n: one Gaussian mechanism, sensitivity 2C, noise zC: RDP = 2 alpha / z^2."""
+    for sampling in ("cyclic", "reshuffle", "random_batch"):
+        got = lp.rdp(
+            "composition", ORDERS, dataset_size=50, batch_size=50, noise_multiplier=3.0, steps=1, sampling=sampling
+        )
+        np.testing.assert_allclose(got, 2 * np.array(ORDERS) / 9.0, rtol=1e-12)
+
+
+def test_one_step_kong_ribero_cyclic_is_gaussian_up_to_its_factor_two():
+    """T < l: E = 0 and the bound is 4 alpha / z^2 (twice the Gaussian mechanism, as published)."""
+    got = lp.rdp(
+        "kong-ribero-cyclic", ORDERS, dataset_size=100, batch_size=10, noise_multiplier=2.0,
+        learning_rate=0.1, steps=1, smoothness=1.0, sampling="cyclic",
+    )  # fmt: skip
+    np.testing.assert_allclose(got, 4 * np.array(ORDERS) / 4.0)
+
+
+def test_ye_shokri_one_epoch_is_the_gaussian_mechanism():
+    """K = 1: G(1) = 0, so ye-shokri-cyclic is exactly one use, 2 alpha / z^2."""
+    got = lp.rdp(
+        "ye-shokri-cyclic", ORDERS, dataset_size=100, batch_size=10, noise_multiplier=2.0, learning_rate=0.1,
+        steps=10, smoothness=1.0, strong_convexity=0.5, sampling="cyclic", clipping=False,
+    )  # fmt: skip
+    np.testing.assert_allclose(got, 2 * np.array(ORDERS) / 4.0)
+
+
+def test_ye_shokri_random_single_step_is_mixture_formula():
+    """T = 1: S_1 = q e^c + (1 - q), the sampled 'always-included' bound of eq. 149."""
+    q, z, alpha = 0.1, 1.5, 4.0
+    got = lp.rdp(
+        "ye-shokri-random", [alpha], dataset_size=100, batch_size=10, noise_multiplier=z, learning_rate=0.2,
+        steps=1, smoothness=1.0, strong_convexity=0.5, sampling="random_batch", clipping=False,
+    )  # fmt: skip
+    c = (alpha - 1) * 2 * alpha / z**2
+    assert got[0] == pytest.approx(math.log(q * math.exp(c) + 1 - q) / (alpha - 1), rel=1e-12)
+
+
+def test_ye_shokri_random_extrapolation_never_below_exact_recursion():
+    """The settled-increment shortcut is an upper bound of the plain recursion (BOUNDS.md 3.7)."""
+    from lastiter_plugins.bounds import ye_shokri
+
+    orders = np.array([1.5, 2.0, 4.0, 16.0, 64.0])
+    kwargs = dict(noise_multiplier=3.0, sampling_probability=0.05, steps=20000, contraction=0.995)
+    fast = ye_shokri.random_batch_rdp(orders, **kwargs)
+    exact = ye_shokri.random_batch_rdp(orders, tolerance=-1.0, max_iterations=10**9, **kwargs)  # never extrapolate
+    assert np.all(fast >= exact * (1 - 1e-12))
+    np.testing.assert_allclose(fast, exact, rtol=1e-6)
+
+
+def test_curvature_free_closed_form():
+    got = lp.rdp("kong-ribero-curvature-free", [3.0], dataset_size=100, batch_size=4, noise_multiplier=2.0, steps=7,
+                 sampling="reshuffle")  # fmt: skip
+    assert got[0] == pytest.approx(8 * 3.0 * 7 * 16 / 4.0)
+
+
+INTEGER_ORDERS = [2, 3, 4, 5, 8, 16, 32, 64, 128, 256, 1000]
+
+
+@pytest.mark.parametrize(("q", "noise"), [(0.01, 1.0), (0.001, 0.5), (0.1, 2.0), (0.5, 5.0), (0.3, 0.7)], ids=str)
+def test_sgm_equals_dp_accounting_at_integer_orders(q, noise):
+    ours = sgm.sgm_rdp(q, noise, np.array(INTEGER_ORDERS, dtype=float))
+    theirs = dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, noise, INTEGER_ORDERS)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("q", "noise"), [(0.01, 1.0), (0.1, 2.0), (0.5, 5.0)], ids=str)
+def test_sgm_interpolation_is_an_upper_bound_at_fractional_orders(q, noise):
+    orders = np.array([1.1, 1.5, 2.5, 3.7, 10.2, 63.5])
+    exact = dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, noise, orders)
+    assert np.all(sgm.sgm_rdp(q, noise, orders) >= exact * (1 - 1e-12))
+    np.testing.assert_allclose(sgm.sgm_rdp(q, noise, orders, exact_fractional=True), exact, rtol=1e-12)
+
+
+OPACUS_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+
+
+@pytest.mark.parametrize(("n", "b", "z", "steps"), [(60000, 256, 1.1, 2000), (1000, 10, 0.8, 500)], ids=str)
+def test_poisson_composition_equals_opacus_and_dp_accounting(n, b, z, steps):
+    """BOUNDS.md 4: the Poisson baseline is Opacus' RDPAccountant and dp-accounting's RdpAccountant (1e-9)."""
+    opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
+    import dp_accounting
+
+    q = b / n
+    ours = lp.rdp("composition", OPACUS_ALPHAS, dataset_size=n, batch_size=b, noise_multiplier=z, steps=steps,
+                  sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    theirs = opacus_rdp.compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=OPACUS_ALPHAS)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9)
+    acc = dp_accounting.rdp.RdpAccountant(OPACUS_ALPHAS)
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps)
+    np.testing.assert_allclose(ours, acc.rdp, rtol=1e-9)
+    # and epsilon, with the same conversion
+    eps, _ = lp.epsilon("composition", 1e-5, orders=OPACUS_ALPHAS, dataset_size=n, batch_size=b, noise_multiplier=z,
+                        steps=steps, sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    assert eps == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+
+
+def test_random_batch_composition_uses_half_the_noise_under_replace_one():
+    """BOUNDS.md 4: SampledWithoutReplacement(n, b, Gaussian(z/2)) under REPLACE_ONE, not Gaussian(z)."""
+    import dp_accounting
+
+    n, b, z, steps = 1000, 100, 1.5, 20
+    acc = dp_accounting.rdp.RdpAccountant(ORDERS, dp_accounting.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(n, b, dp_accounting.GaussianDpEvent(z / 2)), steps)
+    ours = lp.rdp("composition", ORDERS, dataset_size=n, batch_size=b, noise_multiplier=z, steps=steps,
+                  sampling="random_batch")  # fmt: skip
+    np.testing.assert_allclose(ours, acc.rdp, rtol=1e-12)
+
+
+def test_epoch_composition_counts_partial_epochs():
+    """ceil(T/l) uses of each example: 25 steps with l = 10 -> 3 uses -> 3 * 2 alpha / z^2."""
+    got = lp.rdp("composition", [2.0], dataset_size=100, batch_size=10, noise_multiplier=1.0, steps=25,
+                 sampling="cyclic")  # fmt: skip
+    assert got[0] == pytest.approx(3 * 4.0)
+
+
+def test_epochs_param_means_epochs_times_ceil_n_over_b_steps():
+    by_epochs = lp.rdp("composition", [2.0], dataset_size=105, batch_size=10, noise_multiplier=1.0, epochs=3,
+                       sampling="reshuffle")  # fmt: skip
+    by_steps = lp.rdp("composition", [2.0], dataset_size=105, batch_size=10, noise_multiplier=1.0, steps=33,
+                      sampling="reshuffle")  # fmt: skip
+    assert by_epochs[0] == by_steps[0]
