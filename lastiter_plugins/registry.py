@@ -143,9 +143,15 @@ def _full_batch(cfg: TrainingConfig, a: LossAssumptions):
     return None
 
 
-def _step_size(limit: Callable[[TrainingConfig, LossAssumptions], float], text: str, *, strict: bool) -> Condition:
+def _step_size(
+    limit: Callable[[TrainingConfig, LossAssumptions], float],
+    text: str | Callable[[TrainingConfig, LossAssumptions], str],
+    *,
+    strict: bool,
+) -> Condition:
     """learning_rate <= limit (or < limit when ``strict``); skipped while the
-    inputs are missing (that is reported by the other conditions)."""
+    inputs are missing (that is reported by the other conditions). ``text`` is
+    the limit's formula, or a function giving it for the configuration."""
 
     def check(cfg: TrainingConfig, a: LossAssumptions):
         if cfg.learning_rate is None or a.smoothness is None:
@@ -155,7 +161,8 @@ def _step_size(limit: Callable[[TrainingConfig, LossAssumptions], float], text: 
         if ok:
             return None
         op = "<" if strict else "<="
-        return f"learning_rate must be {op} {text} = {bound:.6g}", f"{cfg.learning_rate:g}"
+        formula = text(cfg, a) if callable(text) else text
+        return f"learning_rate must be {op} {formula} = {bound:.6g}", f"{cfg.learning_rate:g}"
 
     return check
 
@@ -169,7 +176,9 @@ def _inverse(value: float) -> float:
 
 
 _kong_ribero_step = _step_size(
-    _kong_ribero_limit, "1/(2(M+m)) with clipping, 1/(M+m) with clipping=False", strict=False
+    _kong_ribero_limit,
+    lambda c, a: "1/(2(M+m)) (clipping may be active)" if a.clipping else "1/(M+m) (clipping=False)",
+    strict=False,
 )
 
 
@@ -182,9 +191,11 @@ def _altschuler_talwar_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
 
 
 _altschuler_talwar_step = _step_size(
-    _altschuler_talwar_limit, "2/M (random_batch) or 2b/(nM) (poisson: batches of up to n)", strict=False
+    _altschuler_talwar_limit,
+    lambda c, a: "2b/(nM) (poisson: a batch can hold all n examples)" if c.sampling is Sampling.POISSON else "2/M",
+    strict=False,
 )
-_ye_shokri_step = _step_size(lambda c, a: 2.0 / (a.strong_convexity + a.smoothness), "2/(lam+M)", strict=True)
+_ye_shokri_step = _step_size(lambda c, a: 2.0 * _inverse(a.strong_convexity + a.smoothness), "2/(lam+M)", strict=True)
 _two_over_m_strict = _step_size(lambda c, a: 2.0 * _inverse(a.smoothness), "2/M", strict=True)
 _one_over_m_strict = _step_size(lambda c, a: _inverse(a.smoothness), "1/M", strict=True)
 

@@ -1,0 +1,269 @@
+"""The keyword API: validation, refusals (NotApplicableError), best-of, labels."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import lastiter_plugins as lp
+from lastiter_plugins import registry
+
+BASE = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, steps=500, sampling="cyclic")
+STRONGLY_CONVEX = dict(
+    dataset_size=1000,
+    batch_size=10,
+    noise_multiplier=1.0,
+    steps=2000,
+    learning_rate=0.1,
+    smoothness=1.0,
+    strong_convexity=0.1,
+    clipping=False,
+)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        (dict(dataset_size=0), "dataset_size must be an integer >= 1. Found 0."),
+        (dict(dataset_size=10.5), "dataset_size must be an integer"),
+        (dict(batch_size=2000), "batch_size must be <= dataset_size = 1000. Found 2000."),
+        (dict(noise_multiplier=0.0), "noise_multiplier must be a finite number > 0. Found 0.0."),
+        (dict(noise_multiplier=-1.0), "noise_multiplier must be a finite number > 0"),
+        (dict(noise_multiplier=float("nan")), "noise_multiplier must be a finite number > 0. Found nan."),
+        (dict(noise_multiplier=float("inf")), "noise_multiplier must be a finite number > 0. Found inf."),
+        (dict(clip_norm=0), "clip_norm must be a finite number > 0"),
+        (dict(learning_rate=-0.1), "learning_rate must be a finite number > 0"),
+        (dict(steps=0), "steps must be an integer >= 1. Found 0."),
+        (dict(steps=True), "steps must be an integer >= 1. Found True."),
+        (dict(sampling="random"), "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch, poisson"),
+        (dict(relation="swap"), "relation must be one of replace_one, add_or_remove_one"),
+        (dict(smoothness=-1.0), "smoothness must be a finite number >= 0. Found -1.0."),
+        (dict(diameter=0.0), "diameter must be a finite number > 0. Found 0.0."),
+        (dict(clipping="yes"), "clipping must be True or False"),
+        (dict(smoothness=0.1, strong_convexity=0.5), "strong_convexity must be <= smoothness"),
+        (dict(epochs=3), "exactly one of steps and epochs"),
+        (dict(foo=1), "unknown parameter 'foo'"),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_invalid_values_raise_value_error_naming_the_parameter(changes, fragment):
+    with pytest.raises(ValueError, match=None) as info:
+        lp.rdp("composition", [2.0], **{**BASE, **changes})
+    assert fragment in str(info.value)
+    assert not isinstance(info.value, lp.NotApplicableError)
+
+
+@pytest.mark.parametrize(
+    ("orders", "fragment"),
+    [([1.0], "orders must be finite and > 1. Found 1."), ([0.5, 2], "Found 0.5"), ([], "at least one order"),
+     ([float("nan")], "Found nan"), (["a"], "orders must be a sequence of numbers")],
+    ids=str,
+)  # fmt: skip
+def test_invalid_orders(orders, fragment):
+    with pytest.raises(ValueError) as info:
+        lp.rdp("composition", orders, **BASE)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 2.0, float("nan")])
+def test_invalid_delta(delta):
+    with pytest.raises(ValueError, match="delta must be in \\(0, 1\\)"):
+        lp.epsilon("composition", delta, **BASE)
+
+
+def test_unknown_bound():
+    with pytest.raises(ValueError, match="bound must be one of"):
+        lp.rdp("nope", [2.0], **BASE)
+
+
+# (bound, params, fragment of the refusal): each precondition refuses, naming condition and theorem.
+REFUSALS = [
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, sampling="reshuffle"),
+     "sampling must be one of cyclic, shuffle_once for kong-ribero-cyclic (Kong & Ribero 2024 (seed 003), Theorem 2.3)"),
+    ("kong-ribero-cyclic", dict(BASE, smoothness=1.0), "learning_rate (the constant SGD step size) must be given"),
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1), "smoothness (M"),
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.6, smoothness=1.0),
+     "learning_rate must be <= 1/(2(M+m)) (clipping may be active) = 0.5 for kong-ribero-cyclic "
+     "(Kong & Ribero 2024 (seed 003), Theorem 2.3). Found 0.6."),
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, clipping=False),
+     "learning_rate must be <= 1/(M+m) (clipping=False) = 1 for kong-ribero-cyclic"),
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
+     "relation must be replace_one for kong-ribero-cyclic"),
+    ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0), "diameter (D) must be declared"),
+    ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+     "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch"),
+    ("kong-ribero-curvature-free", dict(BASE, sampling="poisson"), "Found poisson."),
+    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0), "Found cyclic."),
+    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="random_batch",
+                               weak_convexity=0.1), "the losses must be convex"),
+    ("altschuler-talwar", dict(BASE, learning_rate=2.5, smoothness=1.0, diameter=1.0, sampling="random_batch"),
+     "learning_rate must be <= 2/M"),
+    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+     "learning_rate must be <= 2b/(nM) (poisson: a batch can hold all n examples) = 0.02 for altschuler-talwar"),
+    ("liang-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+     "relation must be add_or_remove_one for liang-bounded"),
+    ("liang-unbounded", dict(BASE, sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", clipping=True), "clipping must be declared inactive"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", dataset_size=1005), "batch_size must divide dataset_size"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", batch_size=1000), "ceil(dataset_size / batch_size) must be >= 2"),
+    ("ye-shokri-shuffle", dict(STRONGLY_CONVEX, sampling="cyclic"), "sampling must be one of shuffle_once"),
+    ("ye-shokri-random", dict(STRONGLY_CONVEX, sampling="poisson"), "sampling must be one of random_batch"),
+    ("ye-shokri-convex", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=2.0, strong_convexity=0.0),
+     "learning_rate must be < 2/M"),
+    ("ye-shokri-convex", dict(STRONGLY_CONVEX, sampling="cyclic", weak_convexity=0.2, strong_convexity=0.0),
+     "the losses must be convex"),
+    ("ye-shokri-full-batch", dict(STRONGLY_CONVEX, sampling="cyclic"), "batch_size must equal dataset_size"),
+    ("ye-shokri-full-batch", dict(STRONGLY_CONVEX, sampling="cyclic", batch_size=1000, learning_rate=1.0),
+     "learning_rate must be < 1/M"),
+    ("composition", dict(BASE, relation="add_or_remove_one"), "relation must be replace_one for composition"),
+    ("composition", dict(BASE, sampling="poisson"), "relation must be add_or_remove_one for composition"),
+    ("best", dict(BASE, relation="add_or_remove_one"), "no bound applies to sampling=cyclic"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("bound", "params", "fragment"), REFUSALS, ids=[f"{b}-{i}" for i, (b, _, _) in enumerate(REFUSALS)])
+def test_preconditions_refuse_with_named_condition(bound, params, fragment):
+    for call in (lambda: lp.rdp(bound, [2.0, 8.0], **params), lambda: lp.epsilon(bound, 1e-5, **params)):
+        with pytest.raises(lp.NotApplicableError) as info:
+            call()
+        assert fragment in str(info.value)
+    if bound != "best":
+        app = lp.applicable_bounds(**params)[bound]
+        assert not app.applies and fragment in app.reason
+
+
+def test_not_applicable_is_a_value_error():
+    assert issubclass(lp.NotApplicableError, ValueError) and issubclass(lp.CalibrationError, ValueError)
+
+
+def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
+    table = lp.applicable_bounds(**{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
+    assert set(table) == set(lp.BOUND_IDS)
+    applies = {b for b, a in table.items() if a.applies}
+    assert applies == {
+        "kong-ribero-cyclic",
+        "kong-ribero-curvature-free",
+        "ye-shokri-cyclic",
+        "ye-shokri-shuffle",
+        "ye-shokri-convex",
+        "composition",
+        "best",
+    }
+    assert table["liang-bounded"].relation is lp.Relation.ADD_OR_REMOVE_ONE
+    assert "Theorem 3.4" in table["liang-bounded"].reference
+    assert "sampling must be one of poisson" in table["liang-bounded"].reason
+
+
+def test_applicable_bounds_does_not_need_the_noise_multiplier():
+    params = {k: v for k, v in BASE.items() if k != "noise_multiplier"}
+    assert lp.applicable_bounds(**params)["composition"].applies
+
+
+def test_best_is_the_per_order_minimum_of_the_applicable_bounds():
+    params = {**STRONGLY_CONVEX, "sampling": "shuffle_once"}
+    orders = np.array([1.5, 2.0, 8.0, 64.0])
+    table = lp.applicable_bounds(**params)
+    curves = [lp.rdp(b, orders, **params) for b, a in table.items() if a.applies and b != "best"]
+    np.testing.assert_array_equal(lp.rdp("best", orders, **params), np.min(curves, axis=0))
+
+
+def test_best_never_mixes_relations():
+    """Under add_or_remove_one with Poisson, best may only use add_or_remove_one bounds."""
+    params = dict(BASE, sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0)
+    result = lp.account("best", 1e-5, **params)
+    assert registry.BOUNDS[result.winner].relation_for(lp.Sampling.POISSON) is lp.Relation.ADD_OR_REMOVE_ONE
+    assert result.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    # the replace-one-only A&T bound applies to the same pipeline under replace_one, never in this minimum
+    assert lp.applicable_bounds(**{**params, "relation": "replace_one"})["altschuler-talwar"].applies
+
+
+def test_epsilon_result_is_labelled():
+    result = lp.account("best", 1e-5, **{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
+    assert result.winner == "ye-shokri-shuffle"
+    assert result.protects == "the final model only"
+    text = str(result)
+    for part in ("final model only", "replace_one", "shuffle_once", "ye-shokri-shuffle", "1e-05"):
+        assert part in text
+    d = result.to_dict()
+    assert d["relation"] == "replace_one" and d["epsilon"] == result.epsilon
+    comp = lp.account("composition", 1e-5, **BASE)
+    assert comp.protects == "every iterate"
+
+
+def test_epsilon_matches_dp_accounting_conversion():
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    orders = lp.DEFAULT_ORDERS
+    params = {**STRONGLY_CONVEX, "sampling": "cyclic"}
+    curve = lp.rdp("ye-shokri-cyclic", orders, **params)
+    assert lp.epsilon("ye-shokri-cyclic", 1e-6, **params) == pytest.approx(compute_epsilon(orders, curve, 1e-6))
+
+
+def test_orders_are_copied_and_default_grid_is_read_only():
+    orders = np.array([2.0, 4.0])
+    lp.rdp("composition", orders, **BASE)
+    assert orders.tolist() == [2.0, 4.0]
+    with pytest.raises(ValueError):
+        lp.DEFAULT_ORDERS[0] = 5.0
+    assert 1.0 < lp.DEFAULT_ORDERS.min() <= 1.01 and lp.DEFAULT_ORDERS.max() == 1e4
+    assert len(lp.DEFAULT_ORDERS) >= 200
+
+
+def test_warns_when_optimum_is_at_the_grid_edge():
+    with pytest.warns(lp.OrderGridWarning, match="edge of the order grid"):
+        lp.epsilon("composition", 1e-5, orders=[2.0, 3.0], **BASE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lp.epsilon("composition", 1e-5, **BASE)
+
+
+def test_typed_config_objects_round_trip_and_are_frozen():
+    config, assumptions = lp.build(**{**STRONGLY_CONVEX, "sampling": "cyclic"})
+    assert config.steps_per_epoch == 100 and config.full_epochs == 20 and config.epochs_started == 20
+    assert config.sampling is lp.Sampling.CYCLIC and config.relation is lp.Relation.REPLACE_ONE
+    with pytest.raises(AttributeError):
+        config.steps = 3
+    with pytest.raises(ValueError):
+        config.replace(steps=0)
+    assert lp.compute_epsilon("ye-shokri-cyclic", config, assumptions, 1e-5).epsilon == pytest.approx(
+        lp.epsilon("ye-shokri-cyclic", 1e-5, **{**STRONGLY_CONVEX, "sampling": "cyclic"})[0]
+    )
+    assert lp.Relation.parse("ADD-OR-REMOVE-ONE") is lp.Relation.ADD_OR_REMOVE_ONE
+
+
+def test_relation_accepts_dp_accounting_enum():
+    import dp_accounting
+
+    assert lp.Relation.parse(dp_accounting.NeighboringRelation.REPLACE_ONE) is lp.Relation.REPLACE_ONE
+
+
+def test_calibrate_noise_reaches_target_and_refuses_impossible_targets():
+    params = {**STRONGLY_CONVEX, "sampling": "shuffle_once"}
+    params.pop("noise_multiplier")
+    z = lp.calibrate_noise("best", 2.0, 1e-5, **params)
+    assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params)[0] <= 2.0
+    assert lp.epsilon("best", 1e-5, noise_multiplier=0.99 * z, **params)[0] > 2.0
+    with pytest.raises(lp.CalibrationError, match="no noise_multiplier <= max_noise_multiplier = 10"):
+        lp.calibrate_noise("kong-ribero-curvature-free", 1e-3, 1e-5, max_noise_multiplier=10.0, **params)
+    with pytest.raises(lp.NotApplicableError):
+        lp.calibrate_noise("ye-shokri-random", 1.0, 1e-5, **params)
+    with pytest.raises(ValueError, match="target_epsilon must be a finite number > 0"):
+        lp.calibrate_noise("best", math.inf, 1e-5, **params)
+
+
+def test_no_finite_epsilon_is_ever_returned_for_a_violated_precondition():
+    """Every (bound, sampling) pair that is not covered raises; none returns a number."""
+    for bound in lp.BOUNDS:
+        for sampling in lp.Sampling:
+            params = dict(BASE, sampling=sampling.value, learning_rate=0.1, smoothness=1.0, diameter=1.0)
+            app = lp.applicable_bounds(**params)[bound]
+            if app.applies:
+                assert math.isfinite(lp.epsilon(bound, 1e-5, **params)[0])
+            else:
+                with pytest.raises(lp.NotApplicableError):
+                    lp.epsilon(bound, 1e-5, **params)
