@@ -309,3 +309,11 @@ def test_epochs_param_means_epochs_times_ceil_n_over_b_steps():
     by_steps = lp.rdp("composition", [2.0], dataset_size=105, batch_size=10, noise_multiplier=1.0, steps=33,
                       sampling="reshuffle")  # fmt: skip
     assert by_epochs[0] == by_steps[0]
+
+
+@pytest.mark.parametrize(("q", "noise"), [(0.01, 0.5), (0.1, 2.0), (0.001, 0.75), (0.5, 5.0)], ids=str)
+def test_sampled_without_replacement_equals_dp_accounting(q, noise):
+    orders = np.array([1.01, 1.5, 2, 2.5, 3, 4, 7.5, 10, 50, 255, 256, 257, 300, 1000, 5000.0])
+    ours = sgm.sgm_without_replacement_rdp(q, noise, orders)
+    theirs = dp_rdp._compute_rdp_sample_wor_gaussian(q, noise, orders)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9)

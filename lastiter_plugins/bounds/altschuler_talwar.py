@@ -93,7 +93,7 @@ def rdp(
     """
     orders = np.asarray(orders, dtype=float)
     q, z = sampling_probability, noise_multiplier
-    composition = steps * sgm_rdp(q, z / 2.0, orders, exact_fractional=True)
+    composition = steps * sgm_rdp(q, z / 2.0, orders)
     shift_unit = orders * diameter**2 * batch_size**2 / (2.0 * learning_rate**2 * z**2 * clip_norm**2)
 
     def objective(gamma: np.ndarray) -> np.ndarray:

@@ -17,12 +17,9 @@ certifies every iterate and therefore also the last one.
 
 from __future__ import annotations
 
-import functools
-
-import dp_accounting
 import numpy as np
 
-from lastiter_plugins.bounds.sgm import sgm_rdp
+from lastiter_plugins.bounds.sgm import sgm_rdp, sgm_without_replacement_rdp
 
 
 def epoch_rdp(orders: np.ndarray, *, noise_multiplier: float, epochs: int) -> np.ndarray:
@@ -31,31 +28,17 @@ def epoch_rdp(orders: np.ndarray, *, noise_multiplier: float, epochs: int) -> np
     return epochs * 2.0 * orders / noise_multiplier**2
 
 
-@functools.lru_cache(maxsize=64)
-def _sampled_without_replacement_step(
-    dataset_size: int, batch_size: int, noise_multiplier: float, orders: tuple[float, ...]
-) -> np.ndarray:
-    accountant = dp_accounting.rdp.RdpAccountant(list(orders), dp_accounting.NeighboringRelation.REPLACE_ONE)
-    accountant.compose(
-        dp_accounting.SampledWithoutReplacementDpEvent(
-            dataset_size, batch_size, dp_accounting.GaussianDpEvent(noise_multiplier / 2.0)
-        )
-    )
-    step = np.array(accountant.rdp, dtype=float)
-    step[~np.isfinite(step) | (step < 0)] = np.inf  # never let a NaN through
-    step.setflags(write=False)
-    return step
-
-
 def random_batch_rdp(
     orders: np.ndarray, *, dataset_size: int, batch_size: int, noise_multiplier: float, steps: int
 ) -> np.ndarray:
-    r"""T x RDP of sampling b of n without replacement, Gaussian noise z/2 (replace-one)."""
-    orders = np.asarray(orders, dtype=float)
-    if batch_size == dataset_size:
-        return steps * 2.0 * orders / noise_multiplier**2
-    key = tuple(float(a) for a in orders)
-    return steps * _sampled_without_replacement_step(dataset_size, batch_size, noise_multiplier, key)
+    r"""T x RDP of sampling b of n without replacement, Gaussian noise z/2 (replace-one).
+
+    The value of dp-accounting's ``SampledWithoutReplacementDpEvent(n, b,
+    GaussianDpEvent(z/2))`` under ``REPLACE_ONE`` (pinned to it by the tests),
+    computed by :func:`~lastiter_plugins.bounds.sgm.sgm_without_replacement_rdp`
+    in tens of milliseconds instead of seconds.
+    """
+    return steps * sgm_without_replacement_rdp(batch_size / dataset_size, noise_multiplier / 2.0, orders)
 
 
 def poisson_rdp(orders: np.ndarray, *, sampling_probability: float, noise_multiplier: float, steps: int) -> np.ndarray:

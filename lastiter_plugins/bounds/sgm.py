@@ -65,6 +65,25 @@ def _log_moment_int(q: float, noise: np.ndarray, int_orders: tuple[int, ...]) ->
     return np.where(np.asarray(int_orders) == 1, 0.0, out)
 
 
+def _interpolate_cumulant(orders: np.ndarray, noise: np.ndarray, log_moment) -> np.ndarray:
+    r"""RDP at every order from the cumulant log A_a = (a-1) eps(a) at integer orders.
+
+    Exact at integer orders; at a fractional order a in (k, k+1) the convex
+    cumulant is bounded by its chord: eps(a) <= ((1-t) log A_k + t log A_{k+1}) / (a-1),
+    t = a - k (an upper bound; Wang, Balle & Kasiviswanathan 2019, Cor. 10).
+    ``log_moment(int_orders, noise)`` evaluates the cumulant at integer orders,
+    one noise value each; every distinct (order, noise) pair is evaluated once.
+    """
+    floor = np.floor(orders)
+    ceil = np.ceil(orders)
+    pairs = np.stack([np.concatenate([floor, ceil]), np.concatenate([noise, noise])], axis=1)
+    unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+    values = log_moment(tuple(unique[:, 0].astype(np.int64).tolist()), unique[:, 1])[inverse.reshape(-1)]
+    log_lo, log_hi = values[: orders.size], values[orders.size :]
+    t = orders - floor
+    return ((1.0 - t) * log_lo + t * log_hi) / (orders - 1.0)
+
+
 def sgm_rdp(
     q: float,
     noise: float | np.ndarray,
@@ -92,14 +111,8 @@ def sgm_rdp(
         return np.zeros_like(orders)
     if q == 1.0:
         return orders / (2.0 * noise_arr**2)
-    floor = np.floor(orders).astype(np.int64)
-    ceil = np.ceil(orders).astype(np.int64)
-    is_int = floor == ceil
-    # cumulants at floor and ceil (same order for integer orders)
-    log_lo = _log_moment_int(q, noise_arr, tuple(floor.tolist()))
-    log_hi = np.where(is_int, log_lo, _log_moment_int(q, noise_arr, tuple(ceil.tolist())))
-    t = orders - floor
-    out = ((1.0 - t) * log_lo + t * log_hi) / (orders - 1.0)
+    out = _interpolate_cumulant(orders, noise_arr, lambda ints, noise_of: _log_moment_int(q, noise_of, ints))
+    is_int = orders == np.floor(orders)
     if exact_fractional and not is_int.all():
         frac = ~is_int
         with warnings.catch_warnings():
@@ -115,4 +128,70 @@ def sgm_rdp(
         # keep the interpolated bound wherever the series did not give a number.
         good = np.isfinite(exact) & (exact >= 0.0)
         out[frac] = np.where(good, np.minimum(exact, out[frac]), out[frac])
+    return np.maximum(out, 0.0)
+
+
+# Orders up to which dp-accounting evaluates Wang et al.'s Theorem 27 with forward
+# differences; above it uses the (larger) closed-form term, as here.
+_WOR_EXACT_MAX_ORDER = 256
+
+
+@functools.lru_cache(maxsize=64)
+def _wor_forward_differences(noise: float, max_order: int) -> np.ndarray:
+    """log |Delta^i exp(cgf)| at 0 for i = 0..max_order+1 (dp-accounting's own routine).
+
+    The i-th difference does not depend on how many are computed, so one call
+    serves every order <= max_order.
+    """
+    deltas, _ = _dp_rdp._get_forward_diffs(lambda x: x * (x + 1.0) / (2.0 * noise**2), max_order)
+    return deltas
+
+
+def _wor_log_moment(q: float, noise: float, int_orders: tuple[int, ...]) -> np.ndarray:
+    """dp-accounting's ``_compute_rdp_sample_wor_gaussian_int`` at each integer order, vectorised:
+    log(1 + sum_{i=2..a} exp(s_i)) with its terms s_i (0 at order 1)."""
+    orders = np.asarray(int_orders, dtype=np.int64)
+    out = np.zeros(orders.size)
+    big = orders >= 2
+    if not big.any():
+        return out
+    o = orders[big]
+    sizes = o - 1  # terms i = 2..a
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    seg = np.repeat(np.arange(o.size), sizes)
+    i = (np.arange(sizes.sum()) - np.repeat(starts, sizes) + 2).astype(float)
+    a = o[seg].astype(float)
+    log_comb = special.gammaln(a + 1.0) - special.gammaln(i + 1.0) - special.gammaln(a - i + 1.0)
+    s = math.log(2.0) + (i - 1.0) * i / (2.0 * noise**2)  # log 2 + cgf(i - 1)
+    small = (a <= _WOR_EXACT_MAX_ORDER) & (i > 2)
+    if small.any():
+        deltas = _wor_forward_differences(noise, int(min(o.max(), _WOR_EXACT_MAX_ORDER)))
+        lo = (2 * np.floor(i[small] / 2.0) - 1).astype(np.int64)
+        hi = (2 * np.ceil(i[small] / 2.0) - 1).astype(np.int64)
+        s[small] = np.minimum(math.log(4.0) + 0.5 * (deltas[lo] + deltas[hi]), s[small])
+    f2 = 1.0 / noise**2  # func(2) = 2 / (2 noise^2)
+    s[i == 2] = min(math.log(4.0) + f2 + math.log(-math.expm1(-f2)), f2 + math.log(2.0))
+    terms = s + i * math.log(q) + log_comb
+    peak = np.maximum(np.maximum.reduceat(terms, starts), 0.0)
+    out[big] = peak + np.log(np.exp(-peak) + np.add.reduceat(np.exp(terms - peak[seg]), starts))
+    return out
+
+
+def sgm_without_replacement_rdp(q: float, noise: float, orders: np.ndarray) -> np.ndarray:
+    r"""RDP of the Gaussian mechanism on a uniformly random batch of size b = q n
+    drawn without replacement, replace-one neighbours (Wang, Balle &
+    Kasiviswanathan 2019, Theorem 27), exactly as dp-accounting's
+    ``_compute_rdp_sample_wor_gaussian`` computes it (the tests pin the two to
+    1e-9), with numpy instead of a Python loop per order.
+
+    Args:
+      q: b / n.
+      noise: noise standard deviation relative to the sensitivity.
+      orders: orders > 1.
+    """
+    orders = np.asarray(orders, dtype=float)
+    if q == 1.0:
+        return orders / (2.0 * noise**2)
+    noise_arr = np.full(orders.shape, float(noise))
+    out = _interpolate_cumulant(orders, noise_arr, lambda ints, _: _wor_log_moment(q, float(noise), ints))
     return np.maximum(out, 0.0)
