@@ -126,7 +126,9 @@ REFUSALS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("bound", "params", "fragment"), REFUSALS, ids=[f"{b}-{i}" for i, (b, _, _) in enumerate(REFUSALS)])
+@pytest.mark.parametrize(
+    ("bound", "params", "fragment"), REFUSALS, ids=[f"{b}-{i}" for i, (b, _, _) in enumerate(REFUSALS)]
+)
 def test_preconditions_refuse_with_named_condition(bound, params, fragment):
     for call in (lambda: lp.rdp(bound, [2.0, 8.0], **params), lambda: lp.epsilon(bound, 1e-5, **params)):
         with pytest.raises(lp.NotApplicableError) as info:
@@ -174,7 +176,9 @@ def test_best_is_the_per_order_minimum_of_the_applicable_bounds():
 
 def test_best_never_mixes_relations():
     """Under add_or_remove_one with Poisson, best may only use add_or_remove_one bounds."""
-    params = dict(BASE, sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0)
+    params = dict(
+        BASE, sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0
+    )
     result = lp.account("best", 1e-5, **params)
     assert registry.BOUNDS[result.winner].relation_for(lp.Sampling.POISSON) is lp.Relation.ADD_OR_REMOVE_ONE
     assert result.relation is lp.Relation.ADD_OR_REMOVE_ONE

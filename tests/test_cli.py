@@ -64,7 +64,9 @@ def test_calibrate(capsys):
     args = [a for a in PARAMS]
     i = args.index("--noise-multiplier")
     del args[i : i + 2]
-    code, out, _ = run(capsys, "calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *args, "--json")
+    code, out, _ = run(
+        capsys, "calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *args, "--json"
+    )
     assert code == 0
     z = json.loads(out)["noise_multiplier"]
     assert lp.epsilon("best", 1e-5, **{**KWARGS, "noise_multiplier": z})[0] <= 3.0

@@ -25,7 +25,7 @@ def pipelines(draw):
         n = b * max(2, n // b)  # often make b divide n (Ye & Shokri need it)
     smoothness = draw(st.one_of(st.just(0.0), st.floats(1e-3, 5.0)))
     lam = draw(st.floats(0.0, 1.0)) * smoothness if draw(st.booleans()) else 0.0
-    m = 0.0 if lam > 0 or draw(st.booleans()) else draw(st.floats(0.0, 2.0))
+    m = 0.0 if lam > 0 or draw(st.booleans()) else draw(st.floats(1e-3, 2.0))
     limit = 1.0 / (2.0 * (smoothness + m)) if smoothness + m > 0 else 1.0
     return dict(
         dataset_size=n,
