@@ -1,0 +1,587 @@
+r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
+``PrivacyAccountant`` that composes them with dp-accounting's standard events.
+
+* :class:`LastIterateDpSgdEvent` describes one DP-SGD training run whose FINAL
+  model only is released, accounted by one of this library's bounds
+  (``lastiter_plugins.BOUND_IDS``, ``best`` and ``composition`` included).
+* :class:`LastIterateAccountant` is a ``dp_accounting.PrivacyAccountant``. A
+  last-iterate event contributes ``count`` times its RDP curve
+  (:func:`lastiter_plugins.compute_rdp`, computed for the accountant's
+  neighbouring relation); every other event (Gaussian, Laplace, Poisson /
+  without-replacement sampled, RepeatAndSelect, ZCDp on 0.6, ...) is delegated
+  to dp-accounting's ``rdp.RdpAccountant`` with the same orders and relation.
+  So one accountant covers a pipeline mixing last-iterate runs with standard
+  mechanisms.
+
+Why runs compose additively in RDP: every bound of the library holds for any
+starting point of the run (the proofs condition on an arbitrary, even
+adaptively chosen, initial iterate), so by the adaptive composition theorem of
+RDP (Mironov 2017, Prop. 1) the order-alpha divergence of the joint release is
+at most the sum of the per-mechanism values. The guarantee then covers the
+outputs of the standard mechanisms and the final model of each run;
+intermediate iterates of a last-iterate run must not be released.
+
+Validation happens before any state changes (dp-accounting's own base class
+updates the ledger before its real composition pass, so a late failure
+leaves a ledger that disagrees with the RDP; we plan the whole composition
+first, then commit). ``supports()`` is False for events whose parameters are
+invalid, whose bound does not apply, or whose bound is proven for another
+neighbouring relation.
+
+Neighbouring relation and dp-accounting's Gaussian events: a
+``GaussianDpEvent``'s ``noise_multiplier`` is noise / sensitivity. Under
+REPLACE_ONE the sum of C-clipped gradients moves by up to 2C when one example
+is replaced, so one DP-SGD step with noise z*C is ``GaussianDpEvent(z / 2)``
+(BOUNDS.md section 4; google/differential-privacy issue 378). See
+docs/dp_accounting.md.
+
+Tested against dp-accounting 0.4.3 (pinned by TF Privacy 0.9) and 0.6.0.
+"""
+
+import dataclasses
+import enum
+import functools
+import math
+import numbers
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import attr
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
+
+from lastiter_plugins.api import build, compute_rdp
+from lastiter_plugins.config import Relation, Sampling
+from lastiter_plugins.conversion import rdp_to_epsilon, validate_orders
+from lastiter_plugins.registry import BOUND_IDS
+
+__all__ = [
+    "BoundId",
+    "LastIterateAccountant",
+    "LastIterateDpSgdEvent",
+    "SamplingScheme",
+]
+
+NeighboringRelation = dp_accounting.NeighboringRelation
+CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetails
+
+_HOST_RELATION = {
+    Relation.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
+    Relation.ADD_OR_REMOVE_ONE: NeighboringRelation.ADD_OR_REMOVE_ONE,
+}
+
+
+# ---------------------------------------------------------------- the event
+
+
+class _ValueEnum(enum.Enum):
+    """An enum whose members print as ``BoundId.BEST``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+# Decision: ``bound`` and ``sampling`` are stored as (non-str) enum members, not
+# as strings. dp-accounting's ``DpEvent.to_named_tuple`` / ``from_named_tuple``
+# treat every ``collections.abc.Sequence`` field as a list of sub-events and
+# rebuild it with ``type(value)(elements)``: a str field "best" becomes
+# "['b', 'e', 's', 't']" (checked on 0.4.3 and 0.6.0). Enum members are not
+# sequences, so they round-trip. Strings (and lastiter_plugins.Sampling) are
+# accepted and converted on construction.
+
+#: The bound ids of :data:`lastiter_plugins.BOUND_IDS` (values are the ids).
+BoundId = _ValueEnum(
+    "BoundId", [(b.upper().replace("-", "_"), b) for b in BOUND_IDS], module=__name__, qualname="BoundId"
+)
+
+#: The sampling schemes of :class:`lastiter_plugins.Sampling` (values are the scheme names).
+SamplingScheme = _ValueEnum(
+    "SamplingScheme", [(s.name, s.value) for s in Sampling], module=__name__, qualname="SamplingScheme"
+)
+
+
+def _to_bound(value: Any) -> Any:
+    if isinstance(value, BoundId):
+        return value
+    raw = value.value if isinstance(value, enum.Enum) else value
+    if isinstance(raw, str):
+        try:
+            return BoundId(raw.strip().lower())
+        except ValueError:
+            pass
+    raise ValueError(f"bound must be one of {', '.join(BOUND_IDS)}. Found {value!r}.")
+
+
+def _to_sampling(value: Any) -> Any:
+    if isinstance(value, SamplingScheme):
+        return value
+    return SamplingScheme(Sampling.parse(value).value)  # Sampling.parse names the parameter on failure
+
+
+def _is_zero(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class LastIterateDpSgdEvent(dp_event.DpEvent):
+    r"""One DP-SGD run (plain SGD, constant step, see BOUNDS.md section 1) whose
+    final model only is released, accounted with the last-iterate bound ``bound``.
+
+    The run: ``steps`` updates
+    ``x <- Pi(x - learning_rate * ((1/b) sum_{i in B} clip_C(grad f_i(x)) + N(0, (z C / b)^2 I)))``
+    with batches formed by ``sampling``; every batch is normalised by
+    ``batch_size``. Intermediate iterates are NOT covered and must not be
+    released (``bound="composition"`` covers them, but is still reported as
+    covering the final model).
+
+    Like dp-accounting's events, the numeric parameters are not checked on
+    construction: ``LastIterateAccountant.supports`` is False (and ``compose``
+    refuses) when they are invalid or the bound's preconditions fail.
+    ``bound`` and ``sampling`` are checked and stored as :data:`BoundId` /
+    :data:`SamplingScheme` members (strings are accepted) so that
+    ``to_named_tuple`` round-trips. A ``noise_multiplier`` of exactly 0 is a
+    valid description of a non-private run: its RDP is infinite at every order
+    (as for ``GaussianDpEvent(0)``), which lets
+    ``calibrate_dp_mechanism`` start its bracket at 0.
+
+    Attributes:
+      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (``best`` = per-order
+        minimum over the bounds that apply).
+      sampling: cyclic, shuffle_once, reshuffle, random_batch or poisson (what
+        the data pipeline really does).
+      dataset_size: n.
+      batch_size: b, the (expected) batch size the noisy sum is divided by.
+      noise_multiplier: z; the noise on the sum of clipped gradients has std z*C.
+      steps: T, optimizer steps of the run.
+      learning_rate: eta (None when unknown: only bounds that do not need it apply).
+      clip_norm: C.
+      smoothness: M (None: not declared).
+      weak_convexity: m >= 0 (0 = convex).
+      strong_convexity: lam >= 0.
+      diameter: D of the convex set projected onto after each step (None: no projection).
+      clipping: False asserts every per-example gradient norm <= C on the whole domain.
+    """
+
+    bound: BoundId = attr.ib(converter=_to_bound)  # type: ignore[valid-type]
+    sampling: SamplingScheme = attr.ib(converter=_to_sampling)  # type: ignore[valid-type]
+    dataset_size: int
+    batch_size: int
+    noise_multiplier: float
+    steps: int
+    learning_rate: float | None
+    clip_norm: float = 1.0
+    smoothness: float | None = None
+    weak_convexity: float = 0.0
+    strong_convexity: float = 0.0
+    diameter: float | None = None
+    clipping: bool = True
+
+    def to_params(self) -> dict[str, Any]:
+        """The keyword parameters of ``lastiter_plugins.rdp`` / ``epsilon`` / ``account``
+        for this run (``relation`` excluded: it is the accountant's)."""
+        return {
+            "dataset_size": self.dataset_size,
+            "batch_size": self.batch_size,
+            "noise_multiplier": self.noise_multiplier,
+            "steps": self.steps,
+            "learning_rate": self.learning_rate,
+            "clip_norm": self.clip_norm,
+            "smoothness": self.smoothness,
+            "weak_convexity": self.weak_convexity,
+            "strong_convexity": self.strong_convexity,
+            "diameter": self.diameter,
+            "clipping": self.clipping,
+            "sampling": self.sampling.value,
+        }
+
+    def rdp(self, orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> np.ndarray:
+        """RDP (nats) of the run at each order, for ``neighboring_relation``.
+
+        Raises:
+          NotApplicableError: the bound does not apply (wrong sampling or relation,
+            a precondition fails); the message names the condition and the theorem.
+          ValueError: an invalid parameter.
+        """
+        relation = _parse_relation(neighboring_relation)
+        params = self.to_params()
+        no_noise = _is_zero(self.noise_multiplier)
+        if no_noise:  # no precondition depends on z; validate everything else with a placeholder
+            params["noise_multiplier"] = 1.0
+        config, assumptions = build(relation=relation, **params)
+        curve = compute_rdp(self.bound.value, config, assumptions, orders)
+        return np.full_like(curve, np.inf) if no_noise else curve
+
+
+def _parse_relation(value: Any) -> Relation:
+    try:
+        return Relation.parse(value)
+    except ValueError:
+        raise ValueError(
+            "neighboring_relation must be REPLACE_ONE or ADD_OR_REMOVE_ONE (the relations the last-iterate "
+            f"bounds are proven for; use dp_accounting.rdp.RdpAccountant for others). Found {value!r}."
+        ) from None
+
+
+# ---------------------------------------------------------------- standard events
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_gaussian(e: Any) -> str | None:
+    z = e.noise_multiplier
+    if _is_real(z) and z >= 0:
+        return None
+    return f"GaussianDpEvent.noise_multiplier must be a number >= 0. Found {z!r}."
+
+
+def _check_laplace(e: Any) -> str | None:
+    z = e.noise_multiplier
+    if _is_real(z) and z > 0:
+        return None
+    return f"LaplaceDpEvent.noise_multiplier must be a number > 0. Found {z!r}."
+
+
+def _check_poisson(e: Any) -> str | None:
+    q = e.sampling_probability
+    if _is_real(q) and 0 <= q <= 1:
+        return None
+    return f"PoissonSampledDpEvent.sampling_probability must be in [0, 1]. Found {q!r}."
+
+
+def _check_sampled(e: Any) -> str | None:
+    name, n, m = type(e).__name__, e.source_dataset_size, e.sample_size
+    if not (_is_int(n) and n >= 1):
+        return f"{name}.source_dataset_size must be an integer >= 1. Found {n!r}."
+    if not (_is_int(m) and m >= 0):
+        return f"{name}.sample_size must be an integer >= 0. Found {m!r}."
+    if isinstance(e, dp_event.SampledWithoutReplacementDpEvent) and m > n:
+        return f"{name}.sample_size must be <= source_dataset_size = {n}. Found {m}."
+    return None
+
+
+def _check_self_composed(e: Any) -> str | None:
+    # >= 1 as dp-accounting's ledger (DpEventBuilder) requires; RdpAccountant would take 0.
+    if _is_int(e.count) and e.count >= 1:
+        return None
+    return f"SelfComposedDpEvent.count must be an integer >= 1. Found {e.count!r}."
+
+
+def _check_nested_last_iterate(e: Any) -> str | None:
+    return (
+        "a LastIterateDpSgdEvent can only be composed (ComposedDpEvent, SelfComposedDpEvent); it cannot be "
+        "sampled, repeated or nested in another mechanism: its bound already accounts for the run's sampling."
+    )
+
+
+# Parameter checks dp-accounting does not make (0.4.3 accepts GaussianDpEvent(-1));
+# applied to every event nested in a delegated standard event.
+_STANDARD_CHECKS: dict[type, Callable[[Any], str | None]] = {
+    dp_event.GaussianDpEvent: _check_gaussian,
+    dp_event.LaplaceDpEvent: _check_laplace,
+    dp_event.PoissonSampledDpEvent: _check_poisson,
+    dp_event.SampledWithoutReplacementDpEvent: _check_sampled,
+    dp_event.SampledWithReplacementDpEvent: _check_sampled,
+    dp_event.SelfComposedDpEvent: _check_self_composed,
+    LastIterateDpSgdEvent: _check_nested_last_iterate,
+}
+
+
+class _Refusal(Exception):
+    """Internal: composition of ``event`` is not supported, for ``message``."""
+
+    def __init__(self, event: Any, message: str):
+        super().__init__(message)
+        self.event = event
+        self.message = message
+
+
+def _nested_events(event: Any):
+    """``event`` and every DpEvent nested in its attrs fields (lists included)."""
+    yield event
+    if not attr.has(type(event)):
+        return
+    for field in attr.fields(type(event)):
+        value = getattr(event, field.name)
+        children = value if isinstance(value, list | tuple) else [value]
+        for child in children:
+            if isinstance(child, dp_event.DpEvent):
+                yield from _nested_events(child)
+
+
+def _check_standard(event: Any) -> None:
+    for sub in _nested_events(event):
+        check = _STANDARD_CHECKS.get(type(sub))
+        message = check(sub) if check is not None else None
+        if message is not None:
+            raise _Refusal(sub, message)
+
+
+def _host_rdp_uncached(event: Any, orders: tuple[float, ...], relation: Any) -> np.ndarray:
+    accountant = _dp_rdp.RdpAccountant(list(orders), relation)
+    error = accountant._maybe_compose(event, 1, False)  # the host's own dry run
+    if error is not None:
+        raise _Refusal(error.invalid_event if error.invalid_event is not None else event, error.error_message)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            accountant.compose(event)
+    except (ArithmeticError, AssertionError, TypeError, ValueError) as exc:
+        raise _Refusal(
+            event,
+            f"dp-accounting's RdpAccountant failed on it, its parameters are invalid ({type(exc).__name__}: {exc})",
+        ) from None
+    curve = np.array(accountant.rdp, dtype=float)
+    # Never optimistic: a NaN or a negative value (numerical trouble in the host
+    # at extreme parameters) becomes +inf, which the conversion simply ignores.
+    curve[np.isnan(curve) | (curve < 0)] = np.inf
+    curve.setflags(write=False)
+    return curve
+
+
+@functools.lru_cache(maxsize=256)
+def _host_rdp_cached(event: Any, orders: tuple[float, ...], relation: Any) -> np.ndarray:
+    return _host_rdp_uncached(event, orders, relation)
+
+
+def _host_rdp(event: Any, orders: tuple[float, ...], relation: Any) -> np.ndarray:
+    """RDP of a standard event by dp-accounting's RdpAccountant (cached for hashable events)."""
+    try:
+        hash(event)
+    except TypeError:  # e.g. a ComposedDpEvent (its list field is unhashable)
+        return _host_rdp_uncached(event, orders, relation)
+    return _host_rdp_cached(event, orders, relation)
+
+
+# ---------------------------------------------------------------- the accountant
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What composing an event would add to the accountant's state."""
+
+    rdp: np.ndarray
+    last_iterate_runs: int = 0
+    standard_events: int = 0
+    non_private: bool = False
+
+    def __iadd__(self, other: "_Plan") -> "_Plan":
+        self.rdp = self.rdp + other.rdp
+        self.last_iterate_runs += other.last_iterate_runs
+        self.standard_events += other.standard_events
+        self.non_private = self.non_private or other.non_private
+        return self
+
+
+def _check_count(count: Any) -> int:
+    if not _is_int(count):
+        raise TypeError(f"count must be an integer. Found {count!r} ({type(count).__name__}).")
+    if count < 1:
+        raise ValueError(f"count must be an integer >= 1. Found {count}.")
+    return int(count)
+
+
+class LastIterateAccountant(dp_accounting.PrivacyAccountant):
+    r"""RDP accountant for pipelines mixing last-iterate DP-SGD runs
+    (:class:`LastIterateDpSgdEvent`) with dp-accounting's standard events.
+
+    Every epsilon it reports holds for ``neighboring_relation`` and covers the
+    outputs of the standard mechanisms and the FINAL model of each last-iterate
+    run (not its intermediate iterates).
+
+    Args:
+      orders: Renyi orders (> 1), copied; default ``lastiter_plugins.DEFAULT_ORDERS``.
+      neighboring_relation: ``NeighboringRelation.REPLACE_ONE`` (default, the
+        relation of most last-iterate bounds) or ``ADD_OR_REMOVE_ONE`` (also
+        accepted: ``lastiter_plugins.Relation`` or its string value).
+
+    Raises:
+      ValueError: invalid orders, or another relation (REPLACE_SPECIAL).
+    """
+
+    def __init__(self, orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE):
+        relation = _parse_relation(neighboring_relation)
+        super().__init__(_HOST_RELATION[relation])
+        self._relation = relation
+        self._orders = validate_orders(orders)
+        self._orders.setflags(write=False)
+        self._orders_key = tuple(float(a) for a in self._orders)
+        self._rdp = np.zeros_like(self._orders)
+        self._last_iterate_runs = 0
+        self._standard_events = 0
+        self._non_private = False
+        # Dispatch table: how each event type is composed; anything else is a
+        # standard event delegated to dp-accounting's RdpAccountant.
+        self._composers: dict[type, Callable[[Any, int], _Plan]] = {
+            dp_event.NoOpDpEvent: self._plan_no_op,
+            dp_event.NonPrivateDpEvent: self._plan_non_private,
+            dp_event.SelfComposedDpEvent: self._plan_self_composed,
+            dp_event.ComposedDpEvent: self._plan_composed,
+            LastIterateDpSgdEvent: self._plan_last_iterate,
+        }
+
+    # ------------------------------------------------------------ planning
+
+    def _scale(self, curve: np.ndarray, count: int) -> np.ndarray:
+        return curve * count if count else np.zeros_like(self._orders)  # never 0 * inf
+
+    def _plan(self, event: Any, count: int) -> _Plan:
+        """The state change composing ``event`` ``count`` times would make.
+
+        Changes nothing; raises _Refusal naming the offending sub-event."""
+        if not isinstance(event, dp_event.DpEvent):
+            raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
+        composer = self._composers.get(type(event), self._plan_standard)
+        return composer(event, count)
+
+    def _plan_no_op(self, event: Any, count: int) -> _Plan:
+        return _Plan(np.zeros_like(self._orders))
+
+    def _plan_non_private(self, event: Any, count: int) -> _Plan:
+        return _Plan(self._scale(np.full_like(self._orders, np.inf), count), non_private=count > 0)
+
+    def _plan_self_composed(self, event: Any, count: int) -> _Plan:
+        message = _check_self_composed(event)
+        if message is not None:
+            raise _Refusal(event, message)
+        return self._plan(event.event, count * int(event.count))
+
+    def _plan_composed(self, event: Any, count: int) -> _Plan:
+        if not isinstance(event.events, list | tuple):
+            raise _Refusal(event, f"ComposedDpEvent.events must be a list of DpEvents. Found {event.events!r}.")
+        plan = _Plan(np.zeros_like(self._orders))
+        for sub in event.events:
+            if not isinstance(sub, dp_event.DpEvent):
+                raise _Refusal(event, f"ComposedDpEvent.events must contain DpEvents only. Found {sub!r}.")
+            plan += self._plan(sub, count)
+        return plan
+
+    def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
+        try:
+            curve = event.rdp(self._orders, self._relation)
+        except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
+            raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
+        return _Plan(self._scale(curve, count), last_iterate_runs=count)
+
+    def _plan_standard(self, event: Any, count: int) -> _Plan:
+        _check_standard(event)
+        curve = _host_rdp(event, self._orders_key, self.neighboring_relation)
+        return _Plan(self._scale(curve, count), standard_events=count)
+
+    def _commit(self, plan: _Plan) -> None:
+        self._rdp = self._rdp + plan.rdp
+        self._last_iterate_runs += plan.last_iterate_runs
+        self._standard_events += plan.standard_events
+        self._non_private = self._non_private or plan.non_private
+
+    # ------------------------------------------------------------ PrivacyAccountant API
+
+    def _maybe_compose(self, event: Any, count: int, do_compose: bool) -> CompositionErrorDetails | None:
+        """Dry run (``do_compose=False``) or composition; the whole event is
+        planned before anything changes, so a refused event changes nothing."""
+        if not (_is_int(count) and count >= 0):
+            return CompositionErrorDetails(
+                invalid_event=event, error_message=f"count must be an integer >= 0. Found {count!r}."
+            )
+        try:
+            plan = self._plan(event, int(count))
+        except _Refusal as refusal:
+            return CompositionErrorDetails(invalid_event=refusal.event, error_message=refusal.message)
+        if do_compose:
+            self._commit(plan)
+        return None
+
+    def compose(self, event: dp_event.DpEvent, count: int = 1) -> "LastIterateAccountant":
+        """Account for ``count`` applications of ``event``; returns ``self``.
+
+        Raises:
+          TypeError: ``event`` is not a DpEvent or ``count`` is not an integer.
+          ValueError: ``count`` < 1.
+          dp_accounting.UnsupportedEventError: the event (or a sub-event, named
+            in the message) is unsupported or invalid; the ledger and the RDP
+            are then left untouched.
+        """
+        if not isinstance(event, dp_event.DpEvent):
+            raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
+        count = _check_count(count)
+        try:
+            plan = self._plan(event, count)
+        except _Refusal as refusal:
+            raise dp_accounting.UnsupportedEventError(
+                f"Unsupported event: {event}. Error: [{refusal.message}] caused by subevent {refusal.event}."
+            ) from None
+        self._ledger.compose(event, count)  # cannot fail: event and counts are validated as the builder wants
+        self._commit(plan)
+        return self
+
+    @property
+    def orders(self) -> np.ndarray:
+        """The Renyi orders (a copy)."""
+        return self._orders.copy()
+
+    @property
+    def rdp(self) -> np.ndarray:
+        """The accumulated RDP at each order (a copy)."""
+        return self._rdp.copy()
+
+    @property
+    def relation(self) -> Relation:
+        """The neighbouring relation, as ``lastiter_plugins.Relation``."""
+        return self._relation
+
+    def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
+        """(epsilon, optimal order) at ``target_delta`` in [0, 1].
+
+        For 0 < delta < 1 this is ``lastiter_plugins``' conversion (dp-accounting's
+        ``compute_epsilon``, improved conversion; warns with ``OrderGridWarning``
+        when the optimum is at an edge of the grid), so a single run agrees with
+        ``lastiter_plugins.epsilon``."""
+        if not (_is_real(target_delta) and 0 <= target_delta <= 1):
+            raise ValueError(f"target_delta must be in [0, 1]. Found {target_delta!r}.")
+        if 0 < target_delta < 1:
+            return rdp_to_epsilon(self._orders, self._rdp, float(target_delta))
+        eps, order = _dp_rdp.compute_epsilon(self._orders, self._rdp, float(target_delta))
+        return float(eps), float(order)
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """Epsilon at ``target_delta`` for everything composed so far (see the class docstring)."""
+        return self.get_epsilon_and_optimal_order(target_delta)[0]
+
+    def get_delta_and_optimal_order(self, target_epsilon: float) -> tuple[float, float]:
+        """(delta, optimal order) at ``target_epsilon`` >= 0 (dp-accounting's ``compute_delta``)."""
+        if not (_is_real(target_epsilon) and target_epsilon >= 0):
+            raise ValueError(f"target_epsilon must be a number >= 0. Found {target_epsilon!r}.")
+        with np.errstate(invalid="ignore"):  # inf - inf at a non-private order; the host handles it (delta 1)
+            delta, order = _dp_rdp.compute_delta(self._orders, self._rdp, float(target_epsilon))
+        return float(delta), float(order)
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """Delta at ``target_epsilon`` for everything composed so far."""
+        return self.get_delta_and_optimal_order(target_epsilon)[0]
+
+    def statement(self, target_delta: float) -> str:
+        """A one-line, honest description of the current guarantee."""
+        eps, order = self.get_epsilon_and_optimal_order(target_delta)
+        parts = []
+        if self._last_iterate_runs:
+            parts.append(
+                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s) "
+                "(intermediate iterates must not be released)"
+            )
+        if self._standard_events:
+            parts.append(f"the outputs of {self._standard_events} standard mechanism application(s)")
+        if self._non_private:
+            parts.append("a non-private operation")
+        covered = " and ".join(parts) if parts else "nothing released yet"
+        return (
+            f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours "
+            f"[RDP order {order:g}] for {covered}."
+        )
