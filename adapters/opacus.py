@@ -1,0 +1,1147 @@
+r"""Last-iterate accountants behind Opacus' ``PrivacyEngine(accountant=...)``.
+
+Tested against Opacus 1.6.0 (torch 2.13). Usage::
+
+    from lastiter_plugins.adapters import opacus as lastiter_opacus
+
+    lastiter_opacus.register("last-iterate", sampling="cyclic", dataset_size=len(dataset),
+                             learning_rate=0.1, smoothness=1.0)
+    engine = PrivacyEngine(accountant="last-iterate")
+    model, optimizer, loader = engine.make_private(..., poisson_sampling=False)  # DataLoader(shuffle=False)
+    ...train...
+    engine.get_epsilon(delta)            # final model only, replace-one neighbours
+    print(engine.accountant.report(delta))
+
+What the accountant sees and checks (see docs/opacus.md):
+
+- Data loader. Opacus gives an accountant only ``get_optimizer_hook_fn(sample_rate)``.
+  When that is called from Opacus 1.6's ``PrivacyEngine.make_private`` (matched by
+  its code object), the accountant reads, without changing anything, the
+  ``data_loader`` and ``optimizer`` that ``make_private`` has just prepared and
+  checks them there, so a contradiction raises inside ``make_private``. A custom
+  engine must call :meth:`LastIterateAccountant.bind_data_loader` instead, or the
+  first step refuses. :func:`describe_data_loader` gives the mapping
+  loader -> sampling scheme; :func:`check_data_loader` checks a declaration.
+- Optimizer, at every step (the hook runs before the parameters change, so a
+  refusal leaves the model untouched): DPOptimizer or DistributedDPOptimizer with
+  flat clipping wrapping a plain ``torch.optim.SGD`` (no momentum, nesterov,
+  weight decay, maximize) whose learning rate equals the registered one on every
+  step (a scheduler is refused: no safe direction exists for every bound); constant
+  noise multiplier, clipping norm, loss reduction and number of accumulated batches.
+- Projection: bounds that need a diameter D need :func:`attach_projection` on the
+  optimizer being accounted for.
+
+Mapping of Opacus' update to the core's ``TrainingConfig`` (exact, not an
+approximation): Opacus computes ``x - lr / N * (sum of clipped gradients + N(0, (zC)^2))``
+with N = expected_batch_size * accumulated_iterations * world_size for
+``loss_reduction="mean"`` and N = 1 for "sum". The core's update divides by the
+batch size b, so we set b = (largest logical batch: loader batch size x accumulated
+batches; for Poisson ceil(n q)) and learning_rate = lr * b / N. For "sum" this is
+lr * b, never the optimistic "b = 1".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import secrets
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lastiter_plugins import registry
+from lastiter_plugins.api import EpsilonResult, compute_epsilon
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.conversion import validate_delta, validate_orders
+
+try:  # the host library is optional for the package, required for this module
+    import torch
+    from opacus.accountants import IAccountant, register_accountant
+    from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+    from opacus.privacy_engine import PrivacyEngine
+    from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
+    from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "lastiter_plugins.adapters.opacus needs torch and opacus: pip install 'lastiter-plugins[opacus]'"
+    ) from exc
+
+__all__ = [
+    "THREAT_MODEL",
+    "LastIterateAccountant",
+    "LastIterateConfigurationError",
+    "LoaderFacts",
+    "Projection",
+    "Registration",
+    "Report",
+    "ReportRow",
+    "ShuffleOnceSampler",
+    "attach_projection",
+    "check_data_loader",
+    "describe_data_loader",
+    "register",
+    "registration",
+]
+
+#: What every number of this adapter protects (printed by :meth:`LastIterateAccountant.report`).
+THREAT_MODEL = (
+    "Threat model: the last-iterate bounds protect the FINAL model only; intermediate checkpoints "
+    "(and any model saved during training) must not be released. The composition row certifies every iterate."
+)
+
+_EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+_ALLOWED_OPTIMIZERS = (DPOptimizer, DistributedDPOptimizer)  # exact types: flat clipping, hooks/ew/functorch
+
+
+class LastIterateConfigurationError(ValueError):
+    """The Opacus pipeline does not match what the registered bound assumes.
+
+    The message names the parameter, the constraint, the value found and the fix.
+    """
+
+
+# ---------------------------------------------------------------- registration
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What the user declared when registering an accountant name (validated)."""
+
+    name: str
+    bound: str
+    sampling: Sampling
+    relation: Relation
+    dataset_size: int
+    learning_rate: float
+    assumptions: LossAssumptions
+    orders: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bound": self.bound,
+            "sampling": self.sampling.value,
+            "relation": self.relation.value,
+            "dataset_size": self.dataset_size,
+            "learning_rate": self.learning_rate,
+            "assumptions": dataclasses.asdict(self.assumptions),
+            "orders": None if self.orders is None else list(self.orders),
+        }
+
+
+_REGISTRATIONS: dict[str, Registration] = {}
+
+
+def register(
+    name: str,
+    *,
+    bound: str = registry.BEST,
+    sampling: str | Sampling,
+    dataset_size: int,
+    learning_rate: float,
+    smoothness: float | None = None,
+    weak_convexity: float = 0.0,
+    strong_convexity: float = 0.0,
+    diameter: float | None = None,
+    clipping: bool = True,
+    relation: str | Relation = Relation.REPLACE_ONE,
+    orders: Sequence[float] | None = None,
+    force: bool = False,
+) -> str:
+    r"""Register a pre-configured last-iterate accountant under ``name``.
+
+    Opacus instantiates registered accountants with no arguments, so the
+    configuration is bound to the name. Afterwards ``PrivacyEngine(accountant=name)``
+    uses it.
+
+    Args:
+      name: the mechanism name (``accountant.mechanism()`` returns it).
+      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``: the
+        per-order minimum over every bound that applies, composition included).
+      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson);
+        checked against the loader.
+      dataset_size: n; must equal ``len(data_loader.dataset)``.
+      learning_rate: the constant SGD step size; every step must use exactly it.
+      smoothness, weak_convexity, strong_convexity, diameter, clipping: the loss
+        assumptions (see ``LossAssumptions``); ``diameter`` needs
+        :func:`attach_projection`.
+      relation: the neighbouring relation of the guarantee.
+      orders: Renyi orders (default: the library's grid).
+      force: replace an existing registration of ``name`` with a different configuration.
+
+    Returns:
+      ``name``.
+
+    Raises:
+      ValueError: an invalid value, or ``name`` already registered with another
+        configuration (or by another accountant) and ``force`` is False.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string. Found {name!r}.")
+    if bound not in registry.BOUND_IDS:
+        raise ValueError(f"bound must be one of {', '.join(registry.BOUND_IDS)}. Found {bound!r}.")
+    sampling = Sampling.parse(sampling)
+    relation = Relation.parse(relation)
+    assumptions = LossAssumptions(
+        smoothness=smoothness,
+        weak_convexity=weak_convexity,
+        strong_convexity=strong_convexity,
+        diameter=diameter,
+        clipping=clipping,
+    )
+    # TrainingConfig validates dataset_size and learning_rate with the core's messages.
+    probe = TrainingConfig(
+        dataset_size=dataset_size,
+        batch_size=1,
+        noise_multiplier=1.0,
+        steps=1,
+        sampling=sampling,
+        learning_rate=learning_rate,
+        relation=relation,
+    )
+    if bound != registry.BEST:
+        covered = registry.get_spec(bound).relation_for(sampling)
+        if covered is None:
+            schemes = ", ".join(s.value for s in registry.BOUNDS[bound].covers)
+            raise ValueError(f"sampling must be one of {schemes} for {bound}. Found {sampling.value}.")
+        if covered is not relation:
+            raise ValueError(
+                f"relation must be {covered.value} for {bound} with sampling={sampling.value}. Found {relation.value}."
+            )
+    if sampling is Sampling.RANDOM_BATCH:
+        raise ValueError(
+            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson for the Opacus adapter: no PyTorch or "
+            "Opacus data loader draws a uniformly random batch of fixed size every step. Found random_batch."
+        )
+    frozen_orders = None if orders is None else tuple(float(o) for o in validate_orders(orders))
+    reg = Registration(
+        name=name,
+        bound=bound,
+        sampling=sampling,
+        relation=relation,
+        dataset_size=probe.dataset_size,
+        learning_rate=float(probe.learning_rate),
+        assumptions=assumptions,
+        orders=frozen_orders,
+    )
+    previous = _REGISTRATIONS.get(name)
+    if previous is not None and previous == reg:
+        return name
+    if previous is not None and not force:
+        raise ValueError(
+            f"accountant name {name!r} is already registered with a different configuration "
+            f"({previous.to_dict()}); pass force=True to replace it or choose another name."
+        )
+    cls = type(
+        f"LastIterateAccountant_{name}",
+        (LastIterateAccountant,),
+        {"_registration": reg, "__module__": __name__, "__doc__": f"Last-iterate accountant {name!r}."},
+    )
+    register_accountant(name, cls, force=force or previous is not None)
+    _REGISTRATIONS[name] = reg
+    return name
+
+
+def registration(name: str) -> Registration:
+    """The configuration registered under ``name``."""
+    try:
+        return _REGISTRATIONS[name]
+    except KeyError:
+        raise ValueError(f"no last-iterate accountant is registered under {name!r}; call register() first.") from None
+
+
+# ---------------------------------------------------------------- data loaders and samplers
+
+
+class ShuffleOnceSampler(Sampler[int]):
+    r"""SHUFFLE_ONCE: one random permutation, drawn at construction, reused every epoch.
+
+    ``DataLoader(dataset, batch_size=b, sampler=ShuffleOnceSampler(dataset))``
+    gives the same batches in every epoch, in an order the adversary does not
+    know. The shuffle-once bound (Ye & Shokri, Thm 4.2) needs the permutation to
+    be random and secret: by default the seed comes from the operating system
+    (``secrets``); a seed you pass must be kept secret (a public seed makes the
+    order public, i.e. cyclic, and then only ``sampling="cyclic"`` is honest).
+    Reuse the same seed when resuming from a checkpoint.
+
+    Args:
+      data_source: a sized dataset, or the number of examples.
+      seed: seed of the permutation (default: a fresh secret one).
+    """
+
+    generator = None  # Opacus' secure_mode swaps samplers' generators; the permutation is already drawn
+
+    def __init__(self, data_source: Any, *, seed: int | None = None) -> None:
+        size = data_source if isinstance(data_source, numbers.Integral) else len(data_source)
+        if isinstance(size, bool) or int(size) < 1:
+            raise ValueError(f"data_source must hold at least one example. Found {size!r}.")
+        self.seed = secrets.randbits(63) if seed is None else int(seed)
+        gen = torch.Generator()
+        gen.manual_seed(self.seed)
+        self._permutation = tuple(torch.randperm(int(size), generator=gen).tolist())
+
+    @property
+    def permutation(self) -> tuple[int, ...]:
+        return self._permutation
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._permutation)
+
+    def __len__(self) -> int:
+        return len(self._permutation)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderFacts:
+    """What a data loader does, as far as the accounting is concerned.
+
+    Attributes:
+      sampling: the scheme it implements.
+      dataset_size: ``len(loader.dataset)``.
+      num_batches: batches per epoch, ``len(loader)`` (for Poisson: round(1 / sample_rate)).
+      batch_size: the fixed batch size (None for Poisson).
+      sample_rate: the per-example inclusion probability of a Poisson batch (None otherwise).
+      distributed: Opacus' distributed Poisson sampler.
+      description: the sampler, in words.
+    """
+
+    sampling: Sampling
+    dataset_size: int
+    num_batches: int
+    batch_size: int | None
+    sample_rate: float | None
+    distributed: bool
+    description: str
+
+    @property
+    def opacus_sample_rate(self) -> float:
+        """The sample rate Opacus passes to the accountant: q for Poisson, else 1 / len(loader)."""
+        return self.sample_rate if self.sample_rate is not None else 1.0 / self.num_batches
+
+
+def describe_data_loader(loader: Any) -> LoaderFacts:
+    r"""Map a data loader to the sampling scheme it implements.
+
+    ==========================================================  ==============
+    loader                                                       sampling
+    ==========================================================  ==============
+    Opacus ``DPDataLoader`` (``make_private(poisson_sampling=True)``),
+    also distributed                                             poisson
+    ``DataLoader(shuffle=False)`` (``SequentialSampler``)        cyclic
+    ``DataLoader(sampler=ShuffleOnceSampler(...))``              shuffle_once
+    ``DataLoader(shuffle=True)`` (``RandomSampler``)             reshuffle
+    ==========================================================  ==============
+
+    Raises:
+      LastIterateConfigurationError: anything else (``drop_last=True`` with a
+        fixed-size loader, ``RandomSampler(replacement=True)`` or with
+        ``num_samples``, ``DistributedSampler``, weighted or custom samplers,
+        iterable datasets), naming the problem and the fix.
+    """
+    if not isinstance(loader, DataLoader):
+        raise LastIterateConfigurationError(f"data_loader must be a torch DataLoader. Found {type(loader).__name__}.")
+    if isinstance(loader.dataset, IterableDataset):
+        raise LastIterateConfigurationError(
+            "data_loader.dataset must be a map-style dataset (its sampling must be known). Found an IterableDataset."
+        )
+    n = len(loader.dataset)
+    batch_sampler = loader.batch_sampler
+    if isinstance(batch_sampler, (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)):
+        distributed = isinstance(batch_sampler, DistributedUniformWithReplacementSampler)
+        if distributed and batch_sampler.total_size != n:
+            raise LastIterateConfigurationError(
+                f"the distributed Poisson sampler's total_size must equal len(dataset) = {n}. "
+                f"Found {batch_sampler.total_size}."
+            )
+        return LoaderFacts(
+            sampling=Sampling.POISSON,
+            dataset_size=n,
+            num_batches=max(1, round(1.0 / batch_sampler.sample_rate)),
+            batch_size=None,
+            sample_rate=float(batch_sampler.sample_rate),
+            distributed=distributed,
+            description=f"Opacus Poisson sampler (sample_rate={batch_sampler.sample_rate:g})",
+        )
+    if type(batch_sampler) is not BatchSampler:
+        raise LastIterateConfigurationError(
+            "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
+            f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."
+        )
+    sampler = batch_sampler.sampler
+    if isinstance(sampler, ShuffleOnceSampler):
+        sampling, description = Sampling.SHUFFLE_ONCE, "ShuffleOnceSampler (one secret permutation, every epoch)"
+        if len(sampler) != n:
+            raise LastIterateConfigurationError(
+                f"ShuffleOnceSampler must cover the whole dataset: len(sampler) must be {n}. Found {len(sampler)}."
+            )
+    elif type(sampler) is SequentialSampler:
+        sampling, description = Sampling.CYCLIC, "SequentialSampler (DataLoader(shuffle=False): fixed order)"
+    elif type(sampler) is RandomSampler:
+        if sampler.replacement or sampler.num_samples != n:
+            raise LastIterateConfigurationError(
+                "RandomSampler must draw a permutation of the whole dataset (replacement=False, num_samples=None): "
+                f"no bound covers sampling with replacement. Found replacement={sampler.replacement}, "
+                f"num_samples={sampler.num_samples} for {n} examples."
+            )
+        sampling, description = (
+            Sampling.RESHUFFLE,
+            "RandomSampler (DataLoader(shuffle=True): new permutation every epoch)",
+        )
+    elif isinstance(sampler, DistributedSampler):
+        raise LastIterateConfigurationError(
+            "DistributedSampler is not supported (it pads the dataset by repeating examples and its epochs depend on "
+            "set_epoch calls). For distributed training use make_private(poisson_sampling=True), sampling='poisson'."
+        )
+    else:
+        raise LastIterateConfigurationError(
+            f"sampler must be SequentialSampler, RandomSampler or ShuffleOnceSampler. Found {type(sampler).__name__}; "
+            "its sampling scheme cannot be verified, so no bound can be applied honestly."
+        )
+    if batch_sampler.drop_last:
+        raise LastIterateConfigurationError(
+            f"drop_last must be False for sampling={sampling.value}: every bound counts a pass as ceil(n/b) batches "
+            "normalised by b, and dropping the short last batch changes which examples each pass uses. "
+            "Found drop_last=True."
+        )
+    return LoaderFacts(
+        sampling=sampling,
+        dataset_size=n,
+        num_batches=len(loader),
+        batch_size=int(batch_sampler.batch_size),
+        sample_rate=None,
+        distributed=False,
+        description=description,
+    )
+
+
+_FIXES = {
+    Sampling.CYCLIC: "DataLoader(shuffle=False)",
+    Sampling.SHUFFLE_ONCE: "DataLoader(sampler=ShuffleOnceSampler(dataset)) with make_private(poisson_sampling=False)",
+    Sampling.RESHUFFLE: "DataLoader(shuffle=True) with make_private(poisson_sampling=False)",
+    Sampling.POISSON: "make_private(poisson_sampling=True)",
+}
+
+
+def check_data_loader(loader: Any, sampling: str | Sampling, dataset_size: int | None = None) -> LoaderFacts:
+    """Check that ``loader`` (the one actually iterated: the one ``make_private`` returns)
+    implements the declared ``sampling``; return its :class:`LoaderFacts`.
+
+    Raises:
+      LastIterateConfigurationError: the loader contradicts the declaration
+        (message: what was declared, what the loader does, how to fix either).
+    """
+    sampling = Sampling.parse(sampling)
+    facts = describe_data_loader(loader)
+    if facts.sampling is not sampling:
+        raise LastIterateConfigurationError(
+            f"sampling was declared {sampling.value!r} but the data loader implements {facts.sampling.value!r} "
+            f"({facts.description}). Use {_FIXES.get(sampling, 'a loader implementing it')} for "
+            f"{sampling.value}, or register the accountant with sampling={facts.sampling.value!r}."
+        )
+    if dataset_size is not None and facts.dataset_size != dataset_size:
+        raise LastIterateConfigurationError(
+            f"dataset_size must equal len(data_loader.dataset) = {facts.dataset_size}. Found {dataset_size} registered."
+        )
+    return facts
+
+
+# ---------------------------------------------------------------- projection
+
+
+class Projection:
+    r"""Joint projection of the trainable parameters onto an l2 ball.
+
+    After every step of the optimizer it is attached to, the vector of all
+    trainable parameters x is replaced by ``center + (x - center) * min(1, r / |x - center|)``
+    with radius r = diameter / 2: the Euclidean projection onto a ball of the given
+    diameter (a closed convex set), as the bounded-domain bounds assume.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, diameter: float, center: Sequence[torch.Tensor] | None):
+        self.diameter = float(diameter)
+        self.params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        if not self.params:
+            raise ValueError("the optimizer must have at least one trainable parameter to project. Found none.")
+        if center is None:
+            self.center = [torch.zeros_like(p) for p in self.params]
+        else:
+            center = list(center)
+            if len(center) != len(self.params) or any(
+                c.shape != p.shape for c, p in zip(center, self.params, strict=False)
+            ):
+                raise ValueError(
+                    "center must hold one tensor per trainable parameter, with the same shapes. "
+                    f"Found {len(center)} tensors for {len(self.params)} parameters."
+                )
+            self.center = [
+                c.detach().clone().to(device=p.device, dtype=p.dtype) for c, p in zip(center, self.params, strict=False)
+            ]
+        self._handle = optimizer.register_step_post_hook(lambda *_: self.apply())
+        self._optimizer = weakref.ref(optimizer)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """Project the parameters in place (a no-op inside the ball)."""
+        radius = self.diameter / 2.0
+        squares = [torch.sum((p - c).double() ** 2).to("cpu") for p, c in zip(self.params, self.center, strict=True)]
+        norm = math.sqrt(float(sum(squares)))
+        if norm > radius:
+            scale = radius / norm
+            for p, c in zip(self.params, self.center, strict=True):
+                p.copy_(c + (p - c) * scale)
+
+    def covers(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether it projects exactly the trainable parameters of ``optimizer``."""
+        current = {id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
+        return self._optimizer() is optimizer and current == {id(p) for p in self.params}
+
+    def remove(self) -> None:
+        """Detach the projection from its optimizer."""
+        self._handle.remove()
+        optimizer = self._optimizer()
+        if optimizer is not None and _PROJECTIONS.get(optimizer) is self:
+            del _PROJECTIONS[optimizer]
+
+
+_PROJECTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    return optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
+
+
+def attach_projection(
+    optimizer: torch.optim.Optimizer, diameter: float, center: Sequence[torch.Tensor] | None = None
+) -> Projection:
+    r"""Project all trainable parameters jointly onto the l2 ball of ``diameter``
+    (centred at ``center``, default the origin) after every optimizer step, and
+    once now (so the starting point lies in the domain too).
+
+    Works on the torch optimizer or on the DPOptimizer wrapping it (the hook goes on
+    the wrapped ``torch.optim`` optimizer, which performs the step). Attaching again
+    replaces the previous projection. The accountant checks, at every step, that a
+    projection of diameter <= the declared one covers exactly the parameters of the
+    optimizer it accounts for.
+    """
+    if isinstance(diameter, bool) or not isinstance(diameter, numbers.Real) or not (0 < diameter < math.inf):
+        raise ValueError(f"diameter must be a finite number > 0. Found {diameter!r}.")
+    base = _base_optimizer(optimizer)
+    previous = _PROJECTIONS.get(base)
+    projection = Projection(base, diameter, center)
+    if previous is not None:
+        previous.remove()
+    _PROJECTIONS[base] = projection
+    projection.apply()
+    return projection
+
+
+# ---------------------------------------------------------------- observation of the optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class _Observed:
+    """What one optimizer step does, in Opacus' terms and in the core's terms."""
+
+    noise_multiplier: float
+    clip_norm: float
+    loss_reduction: str
+    optimizer_learning_rate: float
+    normaliser: float  # N: the noisy sum is divided by N
+    accumulated_iterations: int
+    sampling: str
+    loader_batches: int
+    loader_batch_size: int | None
+    sample_rate: float  # per loader batch, as Opacus records it (1 / len(loader))
+    batch_size: int  # b of the core
+    learning_rate: float  # lr * b / N, the core's step size
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> _Observed:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if set(data) != fields:
+            raise ValueError(f"observation must have the keys {sorted(fields)}. Found {sorted(data)}.")
+        return cls(**data)
+
+
+def _poisson_batch_size(n: int, sample_rate: float) -> int:
+    """b with b/n >= the Poisson sample rate (exact when n * q is an integer)."""
+    batches = round(1.0 / sample_rate)
+    if batches >= 1 and math.isclose(1.0 / batches, sample_rate, rel_tol=1e-12, abs_tol=0.0):
+        return min(n, -(-n // batches))  # q = 1/L exactly: b = ceil(n / L)
+    return min(n, math.ceil(n * sample_rate))
+
+
+def _check_sgd(optimizer: Any, reg: Registration) -> float:
+    """Plain constant-step SGD with the registered learning rate; returns it."""
+    if type(optimizer) is not torch.optim.SGD:
+        raise LastIterateConfigurationError(
+            "the optimizer must be plain torch.optim.SGD (the bounds analyse x - lr * noisy gradient). "
+            f"Found {type(optimizer).__name__}. Adaptive or momentum methods are not covered by any bound."
+        )
+    for i, group in enumerate(optimizer.param_groups):
+        for key, neutral in (("momentum", 0), ("weight_decay", 0), ("nesterov", False), ("maximize", False)):
+            value = group.get(key, neutral)
+            value = value.item() if torch.is_tensor(value) else value
+            if value != neutral:
+                hint = (
+                    " Fold weight decay into the loss as an l2 regulariser (and declare its strong convexity) instead."
+                    if key == "weight_decay"
+                    else ""
+                )
+                raise LastIterateConfigurationError(
+                    f"{key} must be {neutral} for a last-iterate bound (plain SGD). Found {key}={value} in "
+                    f"param_groups[{i}].{hint}"
+                )
+        lr = group["lr"]
+        lr = float(lr.item() if torch.is_tensor(lr) else lr)
+        if lr != reg.learning_rate:
+            raise LastIterateConfigurationError(
+                f"learning_rate must stay equal to the registered {reg.learning_rate:g} for accountant "
+                f"{reg.name!r} (constant step size; learning-rate schedules are refused because no direction is "
+                f"safe for every bound). Found lr={lr:g} in param_groups[{i}]. Register the learning rate you use "
+                "and remove any scheduler."
+            )
+    return reg.learning_rate
+
+
+def _check_dp_optimizer(optim: Any, reg: Registration) -> None:
+    """The static part: DPOptimizer type, flat clipping, plain SGD inside."""
+    if type(optim) not in _ALLOWED_OPTIMIZERS:
+        raise LastIterateConfigurationError(
+            "the DP optimizer must be Opacus' DPOptimizer or DistributedDPOptimizer (clipping='flat', "
+            f"grad_sample_mode 'hooks'). Found {type(optim).__name__}; per-layer, adaptive and ghost clipping are "
+            "not supported by this adapter."
+        )
+    clip = optim.max_grad_norm
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+    if optim.loss_reduction not in ("mean", "sum"):
+        raise LastIterateConfigurationError(f"loss_reduction must be 'mean' or 'sum'. Found {optim.loss_reduction!r}.")
+    _check_sgd(optim.original_optimizer, reg)
+
+
+def _core_batch(reg: Registration, facts: LoaderFacts, accumulated: int) -> int:
+    """b of the core: the largest logical batch."""
+    if facts.sampling is Sampling.POISSON:
+        if accumulated != 1:
+            raise LastIterateConfigurationError(
+                "accumulated_iterations must be 1 with Poisson sampling (several Poisson batches in one step are not "
+                f"a Poisson batch). Found {accumulated}. Use BatchMemoryManager to split a logical batch instead."
+            )
+        return _poisson_batch_size(reg.dataset_size, facts.sample_rate)
+    if facts.num_batches % accumulated:
+        raise LastIterateConfigurationError(
+            f"accumulated_iterations must divide the number of batches per epoch len(data_loader) = "
+            f"{facts.num_batches} for sampling={facts.sampling.value} (every logical batch must lie inside one "
+            f"epoch, with the same batches every epoch). Found {accumulated}."
+        )
+    return min(reg.dataset_size, facts.batch_size * accumulated)
+
+
+def _observe(optim: Any, reg: Registration, facts: LoaderFacts) -> _Observed:
+    """Validate one DPOptimizer step and express it in the core's terms."""
+    _check_dp_optimizer(optim, reg)
+    accumulated = int(optim.accumulated_iterations)
+    world = int(getattr(optim, "world_size", 1)) if isinstance(optim, DistributedDPOptimizer) else 1
+    if facts.distributed != isinstance(optim, DistributedDPOptimizer):
+        raise LastIterateConfigurationError(
+            "the data loader and the optimizer must agree on distribution: a distributed Poisson loader needs "
+            "DistributedDPOptimizer and vice versa (wrap the model in DPDDP before make_private). "
+            f"Found loader distributed={facts.distributed}, optimizer {type(optim).__name__}."
+        )
+    mean = optim.loss_reduction == "mean"
+    normaliser = float(optim.expected_batch_size) * accumulated * world if mean else 1.0
+    b = _core_batch(reg, facts, accumulated)
+    if facts.batch_size is not None:  # fixed batches: no physical batch may exceed the loader's
+        for p in optim.params:
+            samples = getattr(p, "grad_sample", None)
+            for g in samples if isinstance(samples, list) else [samples]:
+                if g is not None and g.shape[0] > facts.batch_size:
+                    raise LastIterateConfigurationError(
+                        f"every batch must hold at most the data loader's batch_size = {facts.batch_size} examples. "
+                        f"Found a batch of {g.shape[0]}: train on the data loader returned by make_private."
+                    )
+            break
+    noise = optim.noise_multiplier
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):
+        raise LastIterateConfigurationError(f"noise_multiplier must be a finite number > 0. Found {noise!r}.")
+    sample_rate = facts.opacus_sample_rate
+    return _Observed(
+        noise_multiplier=float(noise),
+        clip_norm=float(optim.max_grad_norm),
+        loss_reduction=optim.loss_reduction,
+        optimizer_learning_rate=reg.learning_rate,
+        normaliser=normaliser,
+        accumulated_iterations=accumulated,
+        sampling=facts.sampling.value,
+        loader_batches=facts.num_batches,
+        loader_batch_size=facts.batch_size,
+        sample_rate=sample_rate,
+        batch_size=b,
+        learning_rate=reg.learning_rate * b / normaliser,
+    )
+
+
+def _check_projection(optim: Any, reg: Registration) -> None:
+    diameter = reg.assumptions.diameter
+    if diameter is None:
+        return
+    base = _base_optimizer(optim)
+    projection = _PROJECTIONS.get(base)
+    if projection is None or not projection.covers(base):
+        raise LastIterateConfigurationError(
+            f"diameter={diameter:g} was declared for accountant {reg.name!r}, so every step must project all trainable "
+            "parameters onto a ball of that diameter. Found no projection covering exactly the parameters of this "
+            "optimizer. Call lastiter_plugins.adapters.opacus.attach_projection(optimizer, diameter) or register "
+            "without a diameter."
+        )
+    if projection.diameter > diameter:
+        raise LastIterateConfigurationError(
+            f"the projection's diameter must be <= the declared diameter {diameter:g}. Found {projection.diameter:g}."
+        )
+
+
+# ---------------------------------------------------------------- reading Opacus' call (read-only)
+
+
+def _engine_locals(method: str, depth: int = 12) -> dict[str, Any] | None:
+    """Locals of the innermost running ``PrivacyEngine.<method>`` frame (Opacus 1.6), or None.
+
+    Matched by code object identity, so only Opacus' own method matches. Only
+    reads a few arguments; nothing is written and no frame is kept.
+    """
+    target = getattr(PrivacyEngine, method).__code__
+    frame = sys._getframe(1)
+    try:
+        for _ in range(depth):
+            if frame is None:
+                return None
+            if frame.f_code is target:
+                return dict(frame.f_locals)
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    facts: LoaderFacts
+    # set when make_private was called by make_private_with_epsilon: (target_epsilon, target_delta, epochs)
+    plan: tuple[float, float, int] | None = None
+
+
+# ---------------------------------------------------------------- report
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportRow:
+    bound: str
+    relation: str | None
+    applies: bool
+    epsilon: float | None
+    order: float | None
+    protects: str
+    reasons: tuple[str, ...]  # why it does not apply (for ``best``: which bound attains it)
+    reference: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Every bound, side by side, for the steps taken so far."""
+
+    name: str
+    delta: float
+    steps: int
+    sampling: str
+    relation: str
+    rows: tuple[ReportRow, ...]
+    threat_model: str = THREAT_MODEL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "delta": self.delta,
+            "steps": self.steps,
+            "sampling": self.sampling,
+            "relation": self.relation,
+            "rows": [r.to_dict() for r in self.rows],
+            "threat_model": self.threat_model,
+        }
+
+    def __str__(self) -> str:
+        head = (
+            f"accountant {self.name!r}: {self.steps} steps, sampling {self.sampling}, delta {self.delta:g}, "
+            f"declared relation {self.relation}"
+        )
+        table = [("bound", "relation", "epsilon", "order", "protects", "applies / why not")]
+        for r in self.rows:
+            eps = "-" if r.epsilon is None else f"{r.epsilon:.4g}"
+            order = "-" if r.order is None else f"{r.order:g}"
+            why = "yes" if r.applies else r.reasons[0]
+            if r.applies and r.reasons:
+                why = r.reasons[0]
+            elif len(r.reasons) > 1:
+                why += f" (+{len(r.reasons) - 1} more)"
+            table.append((r.bound, r.relation or "-", eps, order, r.protects if r.applies else "-", why))
+        widths = [max(len(row[i]) for row in table) for i in range(5)]
+        lines = [head]
+        for row in table:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
+        lines.append(self.threat_model)
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the accountant
+
+
+def _merge_step(history: list, noise_multiplier: float, sample_rate: float) -> None:
+    """Append one step to an Opacus-format history [(noise_multiplier, sample_rate, steps)]."""
+    if history and history[-1][0] == noise_multiplier and history[-1][1] == sample_rate:
+        z, q, steps = history[-1]
+        history[-1] = (z, q, steps + 1)
+    else:
+        history.append((noise_multiplier, sample_rate, 1))
+
+
+class LastIterateAccountant(IAccountant):
+    """Opacus accountant computing a last-iterate epsilon with ``lastiter_plugins``.
+
+    Do not instantiate this base class: :func:`register` creates a configured
+    subclass per name. ``history`` keeps Opacus' format
+    ``[(noise_multiplier, sample_rate, num_steps)]`` so that Opacus' calibration
+    (``make_private_with_epsilon``) can drive it.
+    """
+
+    _registration: Registration | None = None
+
+    def __init__(self) -> None:
+        if self._registration is None:
+            raise TypeError(
+                "use lastiter_plugins.adapters.opacus.register(name, ...) and PrivacyEngine(accountant=name)"
+            )
+        super().__init__()
+        self.history: list[tuple[float, float, int]] = []
+        self._observed: _Observed | None = None
+        self._binding: _Binding | None = None
+        self._resumed = False
+
+    # -- IAccountant
+    @classmethod
+    def mechanism(cls) -> str:
+        return cls._registration.name if cls._registration is not None else "lastiter"
+
+    @property
+    def registration(self) -> Registration:
+        return self._registration
+
+    def __len__(self) -> int:
+        return len(self.history)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps accounted for so far."""
+        return int(sum(entry[2] for entry in self.history))
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        _merge_step(self.history, float(noise_multiplier), float(sample_rate))
+
+    def bind_data_loader(self, data_loader: Any) -> LoaderFacts:
+        """Declare the data loader the training loop iterates (the one returned by
+        ``make_private``). Needed only when the optimizer hook was not created by
+        Opacus' ``PrivacyEngine.make_private`` (which the accountant reads itself)."""
+        reg = self._registration
+        facts = check_data_loader(data_loader, reg.sampling, reg.dataset_size)
+        self._binding = _Binding(facts)
+        return facts
+
+    def get_optimizer_hook_fn(self, sample_rate: float):
+        reg = self._registration
+        caller = _engine_locals("make_private")
+        if caller is not None:  # validate at make_private time
+            facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
+            if not math.isclose(facts.opacus_sample_rate, sample_rate, rel_tol=1e-9):
+                raise LastIterateConfigurationError(
+                    f"sample_rate must be {facts.opacus_sample_rate:g} for this data loader. Found {sample_rate:g}."
+                )
+            _check_dp_optimizer(caller["optimizer"], reg)
+            plan = None
+            outer = _engine_locals("make_private_with_epsilon")
+            if outer is not None:
+                plan = (float(outer["target_epsilon"]), float(outer["target_delta"]), int(outer["epochs"]))
+            self._binding = _Binding(facts, plan)
+
+        def hook_fn(optim: DPOptimizer) -> None:
+            self._account_step(optim)
+
+        return hook_fn
+
+    def _account_step(self, optim: Any) -> None:
+        """Validate the step about to be taken, then record it (nothing is recorded on refusal)."""
+        reg = self._registration
+        if self._binding is None:
+            raise LastIterateConfigurationError(
+                f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
+                "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
+                "engine.accountant.bind_data_loader(data_loader) before training."
+            )
+        observed = _observe(optim, reg, self._binding.facts)
+        _check_projection(optim, reg)
+        if self._observed is not None and observed != self._observed:
+            changed = [
+                f"{k}: {getattr(self._observed, k)!r} -> {getattr(observed, k)!r}"
+                for k in observed.to_dict()
+                if getattr(observed, k) != getattr(self._observed, k)
+            ]
+            raise LastIterateConfigurationError(
+                f"the training configuration must stay constant for a last-iterate bound (step {self.steps + 1}). "
+                f"Found a change in {'; '.join(changed)}. Noise, clipping, batch and step-size schedules are not "
+                "covered; start a new accountant for a new configuration."
+            )
+        if self._resumed and Sampling(observed.sampling) in _EPOCH_SCHEMES:
+            per_epoch = math.ceil(reg.dataset_size / observed.batch_size)
+            if self.steps % per_epoch:
+                raise LastIterateConfigurationError(
+                    f"a run with sampling={observed.sampling} must resume at an epoch boundary (a restarted data "
+                    f"loader would reuse the examples of the interrupted epoch). Found {self.steps} steps, "
+                    f"{per_epoch} per epoch. Save checkpoints at the end of epochs."
+                )
+        if self._observed is None and self._binding.plan is not None:
+            self._check_plan(observed, self._binding.plan)
+        self._observed = observed
+        self._resumed = False
+        self.step(
+            noise_multiplier=observed.noise_multiplier,
+            sample_rate=observed.sample_rate * observed.accumulated_iterations,
+        )
+
+    def _check_plan(self, observed: _Observed, plan: tuple[float, float, int]) -> None:
+        """The run make_private_with_epsilon calibrated for must still reach its target."""
+        target_epsilon, target_delta, epochs = plan
+        if Sampling(observed.sampling) is Sampling.POISSON:
+            steps = epochs * observed.loader_batches
+        else:
+            steps = epochs * (observed.loader_batches // observed.accumulated_iterations)
+        config = self._config(observed, observed.noise_multiplier, steps)
+        eps = self._compute(config, target_delta).epsilon
+        if eps > target_epsilon:
+            raise LastIterateConfigurationError(
+                f"epsilon after the planned {epochs} epochs must be <= target_epsilon = {target_epsilon:g} as "
+                f"make_private_with_epsilon calibrated, but the run differs from what it assumed (one loader batch "
+                f"per step: found accumulated_iterations={observed.accumulated_iterations}). Found epsilon = "
+                f"{eps:.6g}. Calibrate with lastiter_plugins.calibrate_noise and call make_private instead."
+            )
+
+    # -- epsilon
+    def _config(self, observed: _Observed, noise_multiplier: float, steps: int) -> TrainingConfig:
+        reg = self._registration
+        return TrainingConfig(
+            dataset_size=reg.dataset_size,
+            batch_size=observed.batch_size,
+            noise_multiplier=noise_multiplier,
+            steps=steps,
+            sampling=reg.sampling,
+            learning_rate=observed.learning_rate,
+            clip_norm=observed.clip_norm,
+            relation=reg.relation,
+        )
+
+    def _compute(self, config: TrainingConfig, delta: float, bound: str | None = None) -> EpsilonResult:
+        reg = self._registration
+        orders = None if reg.orders is None else np.array(reg.orders)
+        return compute_epsilon(bound or reg.bound, config, reg.assumptions, delta, orders)
+
+    def _history_noise(self) -> float:
+        noises = {entry[0] for entry in self.history}
+        rates = {entry[1] for entry in self.history}
+        if len(noises) > 1 or len(rates) > 1:
+            raise LastIterateConfigurationError(
+                "noise_multiplier and sample_rate must be constant over the run for a last-iterate bound. "
+                f"Found noise multipliers {sorted(noises)} and sample rates {sorted(rates)} in the history."
+            )
+        return float(next(iter(noises)))
+
+    def _predicted(self) -> _Observed:
+        """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
+        reg = self._registration
+        call = _engine_locals("make_private_with_epsilon")
+        if call is None:
+            raise LastIterateConfigurationError(
+                f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
+                "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
+                "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
+            )
+        loader = call["data_loader"]
+        if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
+            if reg.sampling is not Sampling.POISSON:
+                raise LastIterateConfigurationError(
+                    f"sampling was declared {reg.sampling.value!r} but "
+                    "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
+                    "Pass poisson_sampling=False with "
+                    f"{_FIXES[reg.sampling]}, or register with sampling='poisson'."
+                )
+            n = len(loader.dataset)
+            if n != reg.dataset_size:
+                raise LastIterateConfigurationError(
+                    f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
+                )
+            facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
+        else:
+            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
+        _check_sgd(call["optimizer"], reg)
+        clip = call["max_grad_norm"]
+        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+            raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+        sample_rate = facts.opacus_sample_rate
+        # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
+        normaliser = float(int(reg.dataset_size * sample_rate)) if call["loss_reduction"] == "mean" else 1.0
+        b = _core_batch(reg, facts, 1)
+        return _Observed(
+            noise_multiplier=1.0,
+            clip_norm=float(clip),
+            loss_reduction=call["loss_reduction"],
+            optimizer_learning_rate=reg.learning_rate,
+            normaliser=normaliser,
+            accumulated_iterations=1,
+            sampling=facts.sampling.value,
+            loader_batches=facts.num_batches,
+            loader_batch_size=facts.batch_size,
+            sample_rate=sample_rate,
+            batch_size=b,
+            learning_rate=reg.learning_rate * b / normaliser,
+        )
+
+    def training_config(self) -> TrainingConfig | None:
+        """The core's description of the steps taken so far (None before the first step)."""
+        if not self.history:
+            return None
+        noise = self._history_noise()
+        if self._observed is not None:
+            return self._config(self._observed, noise, self.steps)
+        observed = self._predicted()  # Opacus' calibration sets history without running the optimizer
+        steps = self.steps
+        if not math.isclose(self.history[0][1], observed.sample_rate, rel_tol=1e-12):
+            raise LastIterateConfigurationError(
+                f"sample_rate must be 1/len(data_loader) = {observed.sample_rate:g}. Found {self.history[0][1]:g}."
+            )
+        # Opacus computes steps = int(epochs / sample_rate), which can round down by one
+        call = _engine_locals("make_private_with_epsilon")
+        steps = max(steps, int(call["epochs"]) * observed.loader_batches)
+        return self._config(observed, noise, steps)
+
+    def epsilon_result(self, delta: float, bound: str | None = None) -> EpsilonResult | None:
+        """The labelled result (bound, winner, relation, order, what it protects); None before any step."""
+        delta = validate_delta(delta)
+        config = self.training_config()
+        if config is None:
+            return None
+        return self._compute(config, delta, bound)
+
+    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
+        """Epsilon of the final model at ``delta`` (0 before the first step: the model
+        is then independent of the data). Extra arguments (Opacus passes its
+        calibration kwargs) are ignored."""
+        result = self.epsilon_result(delta)
+        return 0.0 if result is None else float(result.epsilon)
+
+    def get_privacy_spent(self, *, delta: float) -> tuple[float, float]:
+        """(epsilon, optimal order), like Opacus' RDPAccountant."""
+        result = self.epsilon_result(delta)
+        return (0.0, 0.0) if result is None else (float(result.epsilon), float(result.order))
+
+    def report(self, delta: float, *, show: bool = False) -> Report:
+        """Every bound side by side for the steps so far, with its relation, whether it
+        applies (and why not), its epsilon, and the threat model. ``show`` prints it."""
+        delta = validate_delta(delta)
+        reg = self._registration
+        config = self.training_config()
+        if config is None:
+            raise LastIterateConfigurationError("report needs at least one optimizer step. Found 0 steps.")
+        rows = []
+        for bid, spec in registry.BOUNDS.items():
+            check = registry.applicability(spec, config, reg.assumptions)
+            relation = spec.relation_for(config.sampling)
+            eps = order = None
+            if check.applies:
+                result = self._compute(config, delta, bid)
+                eps, order = result.epsilon, result.order
+            rows.append(
+                ReportRow(
+                    bound=bid,
+                    relation=None if relation is None else relation.value,
+                    applies=check.applies,
+                    epsilon=eps,
+                    order=order,
+                    protects="every iterate" if not spec.last_iterate else "the final model only",
+                    reasons=check.reasons,
+                    reference=spec.reference,
+                )
+            )
+        try:
+            best = self._compute(config, delta, registry.BEST)
+            rows.append(
+                ReportRow(
+                    registry.BEST,
+                    config.relation.value,
+                    True,
+                    best.epsilon,
+                    best.order,
+                    best.protects,
+                    (f"via {best.winner}",),
+                    "BOUNDS.md section 5",
+                )
+            )
+        except ValueError as exc:
+            rows.append(ReportRow(registry.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
+        out = Report(reg.name, delta, config.steps, config.sampling.value, config.relation.value, tuple(rows))
+        if show:
+            print(out)
+        return out
+
+    # -- checkpoints
+    def state_dict(self, destination: Any = None) -> Any:
+        destination = super().state_dict(destination if destination is not None else OrderedDict())
+        destination["lastiter"] = {
+            "format": 1,
+            "registration": self._registration.to_dict(),
+            "observed": None if self._observed is None else self._observed.to_dict(),
+        }
+        return destination
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        reg = self._registration
+        if not state_dict or "lastiter" not in state_dict:
+            raise LastIterateConfigurationError(
+                f"state_dict must come from a last-iterate accountant (key 'lastiter'). Found keys "
+                f"{sorted(state_dict or {})}."
+            )
+        if state_dict.get("mechanism") != reg.name:
+            raise LastIterateConfigurationError(
+                f"state_dict of {state_dict.get('mechanism')!r} cannot be loaded into accountant {reg.name!r}."
+            )
+        extra = state_dict["lastiter"]
+        if extra.get("registration") != reg.to_dict():
+            raise LastIterateConfigurationError(
+                f"the checkpoint was accounted under a different configuration of {reg.name!r}: "
+                f"{extra.get('registration')} vs now {reg.to_dict()}. Register the same configuration to resume."
+            )
+        history = []
+        for entry in state_dict.get("history", []):
+            z, q, steps = entry
+            history.append((float(z), float(q), int(steps)))
+        observed = None if extra.get("observed") is None else _Observed.from_dict(extra["observed"])
+        super().load_state_dict({"history": history, "mechanism": state_dict["mechanism"]})
+        self._observed = observed
+        self._resumed = bool(history)

@@ -1,0 +1,535 @@
+"""Opacus adapter: registration, loader mapping, refusals, equality with the core,
+calibration, checkpoints, report and distributed training (CPU, small models)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("opacus")
+
+from lastiter_plugins.adapters import opacus as lo  # noqa: E402
+from opacus import PrivacyEngine  # noqa: E402
+from opacus.accountants import RDPAccountant, create_accountant  # noqa: E402
+from opacus.data_loader import DPDataLoader  # noqa: E402
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler  # noqa: E402
+
+import lastiter_plugins as lp  # noqa: E402
+
+torch.set_num_threads(1)
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
+    pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook"),
+]
+
+N = 100
+DELTA = 1e-5
+LR = 0.5
+# declared for the linear model below with unit-norm features: logistic loss is
+# 1/4-smooth in w; clipping stays declared active (True) unless a test says otherwise
+BASE = {"dataset_size": N, "learning_rate": LR, "smoothness": 0.25}
+POISSON_ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]  # integer orders keep the sampled Gaussian fast
+
+
+def _dataset(n: int = N) -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True)
+    y = (torch.rand(n, generator=gen) < 0.5).float()
+    return TensorDataset(x, y)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 1)
+
+
+def _name(request) -> str:
+    return "t-" + request.node.name
+
+
+def _register(request, **kw) -> str:
+    params = {**BASE, **kw}
+    return lo.register(_name(request), force=True, **params)
+
+
+def _private(
+    name, *, loader=None, optimizer=None, model=None, noise=1.0, clip=1.0, poisson=False, reduction="mean", **kw
+):
+    engine = PrivacyEngine(accountant=name)
+    model = model if model is not None else _model()
+    optimizer = optimizer(model) if optimizer is not None else torch.optim.SGD(model.parameters(), lr=LR)
+    loader = loader if loader is not None else DataLoader(_dataset(), batch_size=10)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=noise,
+        max_grad_norm=clip,
+        poisson_sampling=poisson,
+        loss_reduction=reduction,
+        **kw,
+    )
+    return engine, model, optimizer, loader
+
+
+def _loss(model, xb, yb, reduction="mean"):
+    return torch.nn.functional.binary_cross_entropy_with_logits(model(xb).squeeze(-1), yb, reduction=reduction)
+
+
+def _train(model, optimizer, loader, epochs=1, accumulate=1, reduction="mean"):
+    optimizer.zero_grad()  # also clears a batch left by a refused step
+    for _ in range(epochs):
+        for i, (xb, yb) in enumerate(loader):
+            _loss(model, xb, yb, reduction).backward()
+            if (i + 1) % accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+# ---------------------------------------------------------------- registration
+
+
+def test_register_binds_configuration_to_name(request):
+    name = _register(request, sampling="cyclic")
+    assert create_accountant(name).mechanism() == name
+    assert PrivacyEngine(accountant=name).accountant.registration.sampling is lp.Sampling.CYCLIC
+    assert lo.register(name, sampling="cyclic", **BASE) == name  # same configuration again: fine
+
+
+def test_register_same_name_different_configuration_needs_force(request):
+    name = _register(request, sampling="cyclic")
+    with pytest.raises(ValueError, match="already registered with a different configuration"):
+        lo.register(name, sampling="reshuffle", **BASE)
+    lo.register(name, sampling="reshuffle", force=True, **BASE)
+    assert create_accountant(name).registration.sampling is lp.Sampling.RESHUFFLE
+
+
+def test_register_refuses_taking_over_opacus_names():
+    with pytest.raises(ValueError, match="already registered"):
+        lo.register("rdp", sampling="cyclic", **BASE)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"bound": "nope", "sampling": "cyclic"}, "bound must be one of"),
+        ({"sampling": "sometimes"}, "sampling must be one of"),
+        ({"sampling": "random_batch"}, "no PyTorch or Opacus data loader"),
+        ({"bound": "liang-bounded", "sampling": "cyclic"}, "sampling must be one of poisson"),
+        ({"bound": "liang-unbounded", "sampling": "poisson"}, "relation must be add_or_remove_one"),
+        ({"sampling": "cyclic", "learning_rate": -1.0}, "learning_rate must be"),
+        ({"sampling": "cyclic", "strong_convexity": 1.0}, "strong_convexity must be <= smoothness"),
+    ],
+    ids=["bound", "sampling", "random-batch", "uncovered-sampling", "wrong-relation", "lr", "lam>M"],
+)
+def test_register_validates(request, kw, match):
+    with pytest.raises(ValueError, match=match):
+        lo.register(_name(request), **{**BASE, **kw})
+
+
+def test_base_class_cannot_be_instantiated():
+    with pytest.raises(TypeError, match="register"):
+        lo.LastIterateAccountant()
+
+
+# ---------------------------------------------------------------- loaders and samplers
+
+
+@pytest.mark.parametrize(
+    ("make", "scheme"),
+    [
+        (lambda ds: DataLoader(ds, batch_size=10), "cyclic"),
+        (lambda ds: DataLoader(ds, batch_size=10, shuffle=True), "reshuffle"),
+        (lambda ds: DataLoader(ds, batch_size=10, sampler=lo.ShuffleOnceSampler(ds)), "shuffle_once"),
+        (lambda ds: DPDataLoader.from_data_loader(DataLoader(ds, batch_size=10)), "poisson"),
+    ],
+    ids=["sequential", "shuffle", "shuffle-once", "poisson"],
+)
+def test_describe_data_loader_mapping(make, scheme):
+    facts = lo.describe_data_loader(make(_dataset()))
+    assert facts.sampling.value == scheme
+    assert facts.num_batches == 10
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda ds: DataLoader(ds, batch_size=30, drop_last=True), "drop_last must be False"),
+        (lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, replacement=True)), "replacement"),
+        (lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, num_samples=50)), "whole dataset"),
+        (lambda ds: DataLoader(ds, batch_size=10, sampler=WeightedRandomSampler([1.0] * len(ds), len(ds))), "Weighted"),
+        (lambda ds: [ds[0]], "must be a torch DataLoader"),
+    ],
+    ids=["drop-last", "replacement", "num-samples", "weighted", "not-a-loader"],
+)
+def test_describe_data_loader_refuses_unknown_schemes(make, match):
+    with pytest.raises(lo.LastIterateConfigurationError, match=match):
+        lo.describe_data_loader(make(_dataset()))
+
+
+def test_shuffle_once_sampler_reuses_one_permutation():
+    sampler = lo.ShuffleOnceSampler(50, seed=3)
+    first, second = list(sampler), list(sampler)
+    assert first == second and sorted(first) == list(range(50)) and first != list(range(50))
+    assert list(lo.ShuffleOnceSampler(50, seed=4)) != first
+    assert list(lo.ShuffleOnceSampler(50)) != list(lo.ShuffleOnceSampler(50))  # secret seeds differ
+
+
+@pytest.mark.parametrize(
+    ("declared", "loader", "poisson", "match"),
+    [
+        ("cyclic", None, True, "declared 'cyclic' but the data loader implements 'poisson'"),
+        ("shuffle_once", None, True, "implements 'poisson'"),
+        ("cyclic", "shuffle", False, "declared 'cyclic' but the data loader implements 'reshuffle'"),
+        ("shuffle_once", "shuffle", False, "implements 'reshuffle'"),
+        ("poisson", None, False, "declared 'poisson' but the data loader implements 'cyclic'"),
+        ("reshuffle", None, False, "implements 'cyclic'"),
+    ],
+    ids=["poisson-for-cyclic", "poisson-for-shuffle-once", "reshuffle-for-cyclic", "reshuffle-for-shuffle-once",
+         "sequential-for-poisson", "sequential-for-reshuffle"],
+)  # fmt: skip
+def test_make_private_refuses_contradicting_loader(request, declared, loader, poisson, match):
+    name = _register(
+        request, sampling=declared, relation="add_or_remove_one" if declared == "poisson" else "replace_one"
+    )
+    ds = _dataset()
+    data = DataLoader(ds, batch_size=10, shuffle=loader == "shuffle")
+    with pytest.raises(lo.LastIterateConfigurationError, match=match):
+        _private(name, loader=data, poisson=poisson)
+
+
+def test_make_private_refuses_dataset_size_mismatch(request):
+    name = lo.register(_name(request), force=True, sampling="cyclic", **{**BASE, "dataset_size": 99})
+    with pytest.raises(lo.LastIterateConfigurationError, match="dataset_size must equal len"):
+        _private(name)
+
+
+# ---------------------------------------------------------------- optimizer refusals
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9), "momentum must be 0"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9, nesterov=True), "momentum must be 0"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=1e-3), "weight_decay must be 0.*l2 regulariser"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, maximize=True), "maximize must be False"),
+        (lambda m: torch.optim.Adam(m.parameters(), lr=LR), "plain torch.optim.SGD.*Found Adam"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1), "learning_rate must stay equal to the registered 0.5"),
+    ],
+    ids=["momentum", "nesterov", "weight-decay", "maximize", "adam", "other-lr"],
+)
+def test_make_private_refuses_non_plain_sgd(request, make, match):
+    name = _register(request, sampling="cyclic")
+    with pytest.raises(lo.LastIterateConfigurationError, match=match):
+        _private(name, optimizer=make)
+
+
+def test_per_layer_clipping_refused(request):
+    name = _register(request, sampling="cyclic")
+    with pytest.raises(lo.LastIterateConfigurationError, match="DPOptimizer or DistributedDPOptimizer"):
+        _private(name, clip=[1.0, 1.0], clipping="per_layer")
+
+
+def test_scheduler_refused_before_the_step_changes_the_model(request):
+    name = _register(request, sampling="cyclic")
+    engine, model, optimizer, loader = _private(name)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    batches = iter(loader)
+    xb, yb = next(batches)
+    _loss(model, xb, yb).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+    before = [p.detach().clone() for p in model.parameters()]
+    xb, yb = next(batches)
+    _loss(model, xb, yb).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"learning_rate must stay equal.*Found lr=0.25"):
+        optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert engine.accountant.steps == 1
+
+
+def test_noise_multiplier_change_refused(request):
+    name = _register(request, sampling="cyclic")
+    _, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader)
+    optimizer.noise_multiplier = 2.0
+    xb, yb = next(iter(loader))
+    _loss(model, xb, yb).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"must stay constant.*noise_multiplier: 1.0 -> 2.0"):
+        optimizer.step()
+
+
+def test_accumulation_must_divide_epoch(request):
+    name = _register(request, sampling="cyclic")
+    _, model, optimizer, loader = _private(name)
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"accumulated_iterations must divide.*= 10.*Found 3"):
+        _train(model, optimizer, loader, accumulate=3)
+
+
+def test_hook_outside_make_private_needs_bound_loader(request):
+    from opacus.optimizers import DPOptimizer
+
+    name = _register(request, sampling="cyclic")
+    accountant = create_accountant(name)
+    model = PrivacyEngine(accountant=name)._prepare_model(_model())
+    optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
+                            expected_batch_size=10)  # fmt: skip
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
+    loader = DataLoader(_dataset(), batch_size=10)
+    xb, yb = next(iter(loader))
+    _loss(model, xb, yb).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match="has not seen the data loader"):
+        optimizer.step()
+    accountant.bind_data_loader(loader)
+    optimizer.zero_grad()
+    _loss(model, xb, yb).backward()
+    optimizer.step()
+    assert accountant.steps == 1
+
+
+def test_standalone_calibration_without_context_refused(request):
+    name = _register(request, sampling="cyclic")
+    accountant = create_accountant(name)
+    assert accountant.get_epsilon(DELTA) == 0.0  # no step: the model does not depend on the data
+    accountant.history = [(1.0, 0.1, 10)]
+    with pytest.raises(lo.LastIterateConfigurationError, match="calibrate_noise"):
+        accountant.get_epsilon(DELTA)
+
+
+# ---------------------------------------------------------------- projection
+
+
+def test_projection_required_when_diameter_declared(request):
+    name = _register(request, sampling="cyclic", diameter=2.0)
+    engine, model, optimizer, loader = _private(name)
+    with pytest.raises(lo.LastIterateConfigurationError, match="attach_projection"):
+        _train(model, optimizer, loader)
+    other = torch.optim.SGD(_model().parameters(), lr=LR)
+    lo.attach_projection(other, 2.0)  # on another optimizer: does not count
+    with pytest.raises(lo.LastIterateConfigurationError, match="no projection covering exactly"):
+        _train(model, optimizer, loader)
+    lo.attach_projection(optimizer, 3.0)
+    with pytest.raises(lo.LastIterateConfigurationError, match="diameter must be <= the declared diameter 2"):
+        _train(model, optimizer, loader)
+    lo.attach_projection(optimizer, 2.0)
+    _train(model, optimizer, loader, epochs=2)
+    norm = math.sqrt(sum(float((p.detach() ** 2).sum()) for p in model.parameters()))
+    assert norm <= 1.0 + 1e-6
+    assert engine.accountant.epsilon_result(DELTA).bound == "best"
+
+
+def test_projection_is_euclidean_projection_onto_ball():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(3.0)
+    center = [torch.ones_like(p) for p in model.parameters()]
+    lo.attach_projection(optimizer, 1.0, center=center)  # projects at once too
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.allclose(flat, torch.full_like(flat, 1.0 + 0.5 / math.sqrt(4)), atol=1e-6)
+    with pytest.raises(ValueError, match="diameter must be a finite number > 0"):
+        lo.attach_projection(optimizer, 0.0)
+
+
+# ---------------------------------------------------------------- equality with the core
+
+
+@pytest.mark.parametrize(
+    ("batch", "accumulate", "reduction", "core"),
+    [
+        (10, 1, "mean", {"batch_size": 10, "learning_rate": LR}),
+        (10, 1, "sum", {"batch_size": 10, "learning_rate": LR * 10}),  # sum: lr * b, never b = 1
+        (10, 2, "mean", {"batch_size": 20, "learning_rate": LR}),  # logical batch 20 divided by 10 * 2
+        (30, 1, "mean", {"batch_size": 30, "learning_rate": LR * 30 / 25}),  # Opacus divides by int(100/4) = 25
+    ],
+    ids=["mean", "sum", "accumulation", "batch-not-dividing-n"],
+)
+def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reduction, core):
+    smooth = 0.05 if reduction == "sum" else 0.25  # keep lr * b inside the step-size conditions
+    # kong-ribero-cyclic depends on the learning rate (through the update's Lipschitz constant)
+    # (weakly convex: with m = 0 the update is non-expansive for every admissible lr)
+    name = _register(request, bound="kong-ribero-cyclic", sampling="cyclic", smoothness=smooth, weak_convexity=0.1,
+                     clipping=False)  # fmt: skip
+    loader = DataLoader(_dataset(), batch_size=batch)
+    engine, model, optimizer, loader = _private(name, loader=loader, reduction=reduction)
+    _train(model, optimizer, loader, epochs=2, accumulate=accumulate, reduction=reduction)
+    steps = 2 * len(loader) // accumulate
+    assert engine.accountant.steps == steps
+    common = {"dataset_size": N, "noise_multiplier": 1.0, "smoothness": smooth, "weak_convexity": 0.1, "clipping": False,
+              "sampling": "cyclic", "steps": steps}  # fmt: skip
+    expected = lp.account("kong-ribero-cyclic", DELTA, **common, **core)
+    result = engine.accountant.epsilon_result(DELTA)
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+    assert (result.order, result.relation) == (expected.order, expected.relation)
+    # the mapping matters: Opacus' own lr (or "b = 1" for sum) would give another number
+    naive = lp.epsilon("kong-ribero-cyclic", DELTA, **common, batch_size=core["batch_size"], learning_rate=LR * 0.9)
+    assert expected.epsilon != pytest.approx(naive[0], rel=1e-6)
+
+
+def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
+    name = _register(request, sampling="poisson", relation="add_or_remove_one", orders=POISSON_ORDERS)
+    engine, model, optimizer, loader = _private(name, poisson=True)
+    _train(model, optimizer, loader, epochs=2)
+    steps = engine.accountant.steps
+    assert steps == 20
+    expected = lp.account("best", DELTA, POISSON_ORDERS, dataset_size=N, batch_size=10, noise_multiplier=1.0,
+                          learning_rate=LR, smoothness=0.25, sampling="poisson", relation="add_or_remove_one",
+                          steps=steps)  # fmt: skip
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+    composition = engine.accountant.epsilon_result(DELTA, bound="composition")
+    rdp = RDPAccountant()
+    rdp.history = list(engine.accountant.history)
+    assert composition.epsilon == pytest.approx(rdp.get_epsilon(DELTA, alphas=POISSON_ORDERS), rel=1e-6)
+
+
+def test_poisson_batch_rounds_up_when_sample_rate_is_not_b_over_n(request):
+    # n = 100, 3 batches: q = 1/3, Opacus divides by int(100/3) = 33; the core needs b/n >= q: b = 34
+    name = _register(request, sampling="poisson", relation="add_or_remove_one", orders=POISSON_ORDERS)
+    engine, model, optimizer, loader = _private(name, poisson=True, loader=DataLoader(_dataset(), batch_size=34))
+    _train(model, optimizer, loader)
+    config = engine.accountant.training_config()
+    assert config.batch_size == 34 and config.sampling_probability >= 1 / 3
+    assert config.learning_rate == pytest.approx(LR * 34 / 33)
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def test_make_private_with_epsilon_reaches_target(request):
+    name = _register(request, sampling="cyclic", clipping=False)
+    engine = PrivacyEngine(accountant=name)
+    model = _model()
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(_dataset(), batch_size=10),
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        epochs=3,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
+    _train(model, optimizer, loader, epochs=3)
+    eps = engine.get_epsilon(DELTA)
+    assert 3.0 - 0.02 <= eps <= 3.0  # Opacus' bisection tolerance is 0.01
+    composition = engine.accountant.epsilon_result(DELTA, bound="composition").epsilon
+    assert composition > eps  # the last-iterate bound let it use less noise
+
+
+def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
+    name = _register(request, sampling="cyclic")
+    model = _model()
+    with pytest.raises(lo.LastIterateConfigurationError, match="replaces the data loader by a Poisson one"):
+        PrivacyEngine(accountant=name).make_private_with_epsilon(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+            data_loader=DataLoader(_dataset(), batch_size=10),
+            target_epsilon=3.0,
+            target_delta=DELTA,
+            epochs=3,
+            max_grad_norm=1.0,
+        )
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_round_trip(request, tmp_path):
+    name = _register(request, sampling="cyclic", clipping=False)
+    engine, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader, epochs=2)
+    eps = engine.get_epsilon(DELTA)
+    path = tmp_path / "ckpt.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
+
+    engine2, model2, optimizer2, loader2 = _private(name)
+    engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+    assert engine2.get_epsilon(DELTA) == eps
+    assert engine2.accountant.history == engine.accountant.history
+    _train(model2, optimizer2, loader2, epochs=1)
+    expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
+                          smoothness=0.25, clipping=False, sampling="cyclic", steps=30)[0]  # fmt: skip
+    assert engine2.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
+
+
+def test_checkpoint_refusals(request, tmp_path):
+    name = _register(request, sampling="cyclic")
+    engine, model, optimizer, loader = _private(name)
+    batches = iter(loader)
+    for _ in range(3):  # stop mid-epoch
+        xb, yb = next(batches)
+        _loss(model, xb, yb).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = engine.accountant.state_dict()
+
+    resumed = create_accountant(name)
+    resumed.load_state_dict(state)
+    engine2, model2, optimizer2, loader2 = _private(name)
+    engine2.accountant.load_state_dict(state)
+    with pytest.raises(lo.LastIterateConfigurationError, match="must resume at an epoch boundary"):
+        _train(model2, optimizer2, loader2)
+
+    with pytest.raises(lo.LastIterateConfigurationError, match="must come from a last-iterate accountant"):
+        resumed.load_state_dict(RDPAccountant().state_dict())
+    lo.register(name, sampling="cyclic", force=True, **{**BASE, "smoothness": 0.2})
+    with pytest.raises(lo.LastIterateConfigurationError, match="different configuration"):
+        create_accountant(name).load_state_dict(state)
+    with pytest.raises(lo.LastIterateConfigurationError, match="cannot be loaded into"):
+        create_accountant(lo.register(_name(request) + "-b", sampling="cyclic", force=True, **BASE)).load_state_dict(
+            state
+        )
+
+
+# ---------------------------------------------------------------- report
+
+
+def test_report_lists_every_bound_with_relation_and_threat_model(request):
+    name = _register(request, sampling="cyclic", clipping=False)
+    engine, model, optimizer, loader = _private(name)
+    with pytest.raises(lo.LastIterateConfigurationError, match="at least one optimizer step"):
+        engine.accountant.report(DELTA)
+    _train(model, optimizer, loader)
+    report = engine.accountant.report(DELTA)
+    rows = {r.bound: r for r in report.rows}
+    assert set(rows) == set(lp.BOUND_IDS)
+    assert rows["composition"].applies and rows["composition"].protects == "every iterate"
+    assert rows["composition"].relation == "replace_one"
+    assert not rows["liang-bounded"].applies and "sampling must be one of poisson" in rows["liang-bounded"].reasons[0]
+    assert rows["best"].epsilon == pytest.approx(engine.get_epsilon(DELTA))
+    assert rows["best"].epsilon <= min(r.epsilon for r in report.rows if r.applies)
+    text = str(report)
+    assert "FINAL model only" in text and "must not be released" in text and "replace_one" in text
+    json.dumps(report.to_dict())
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def test_distributed_counts_steps_once_and_matches_single_process(request, tmp_path):
+    worker = os.path.join(os.path.dirname(__file__), "opacus_ddp_worker.py")
+    out = tmp_path / "ddp.json"
+    proc = subprocess.run(
+        [sys.executable, worker, str(out)], capture_output=True, text=True, timeout=120, env={**os.environ}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads(out.read_text())
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r["steps"] == r["expected_steps"]  # one history step per optimizer step, on each rank
+        assert r["optimizer"] == "DistributedDPOptimizer"
+    assert ranks[0]["epsilon"] == ranks[1]["epsilon"]
+    # single process, same global batch (q = 1/len(loader)) and steps
+    from opacus_ddp_worker import single_process_epsilon
+
+    assert ranks[0]["epsilon"] == pytest.approx(single_process_epsilon(ranks[0]["expected_steps"]), rel=1e-12)
