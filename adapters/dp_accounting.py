@@ -13,13 +13,15 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
   So one accountant covers a pipeline mixing last-iterate runs with standard
   mechanisms.
 
-Why runs compose additively in RDP: every bound of the library holds for any
-starting point of the run (the proofs condition on an arbitrary, even
-adaptively chosen, initial iterate), so by the adaptive composition theorem of
-RDP (Mironov 2017, Prop. 1) the order-alpha divergence of the joint release is
-at most the sum of the per-mechanism values. The guarantee then covers the
-outputs of the standard mechanisms and the final model of each run;
-intermediate iterates of a last-iterate run must not be released.
+Why runs compose additively in RDP: every bound of the library holds for an
+arbitrary initial iterate, the same under both neighbouring datasets (inside
+the projection set for the bounded-domain bounds). A later run or mechanism
+may depend on what was released before: conditioned on those outputs, its
+starting point is fixed, so RDP's adaptive composition (Mironov 2017, Prop. 1)
+bounds the order-alpha divergence of the joint release by the sum of the
+per-mechanism values. The guarantee covers the outputs of the standard
+mechanisms and the final model of each run; intermediate iterates of a
+last-iterate run must not be released.
 
 Validation happens before any state changes (dp-accounting's own base class
 updates the ledger before its real composition pass, so a late failure

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Run the core tests and the dp-accounting adapter tests against dp-accounting 0.6.x.
+#
+# The main .venv has dp-accounting 0.4.3 (pinned by TF Privacy 0.9); this
+# script keeps a second, small venv with the newest 0.6.x release, numpy,
+# scipy, pytest and hypothesis, and the project installed editable without its
+# dependencies (so no torch or TensorFlow).
+#
+# Usage (from anywhere):
+#   scripts/test_dp_accounting_06.sh                 # default selection, see below
+#   scripts/test_dp_accounting_06.sh PYTEST_ARGS...  # e.g. tests/test_dp_accounting_adapter.py -x
+# Environment:
+#   DPA06_VENV  venv folder (default .venv-dpa06 in the repo root; git-ignored)
+#   PYTHON      interpreter that creates the venv (default python3, must be >= 3.10)
+#
+# Default selection: every tests/test_*.py except the Opacus and TF Privacy
+# adapter tests (their frameworks are not installed here) and the packaging
+# tests (they build a wheel; not about dp-accounting). Slow suites stay off
+# unless --runslow is passed. Exit status is pytest's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv="${DPA06_VENV:-.venv-dpa06}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "+ creating $venv with $python"
+  "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest hypothesis
+"$venv/bin/python" -m pip install -q --no-deps -e .
+
+version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("dp-accounting"))')"
+case "$version" in
+  0.6.*) echo "+ dp-accounting $version in $venv" ;;
+  *)
+    echo "expected dp-accounting 0.6.x in $venv, found $version" >&2
+    exit 1
+    ;;
+esac
+
+if [ "$#" -eq 0 ]; then
+  set -- tests -q \
+    --ignore-glob='*/test_opacus*' \
+    --ignore-glob='*/test_tf_privacy*' \
+    --ignore-glob='*/test_packaging*'
+fi
+echo "+ $venv/bin/python -m pytest $*"
+exec "$venv/bin/python" -m pytest "$@"
