@@ -420,15 +420,6 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         self._last_iterate_runs = 0
         self._standard_events = 0
         self._non_private = False
-        # Dispatch table: how each event type is composed; anything else is a
-        # standard event delegated to dp-accounting's RdpAccountant.
-        self._composers: dict[type, Callable[[Any, int], _Plan]] = {
-            dp_event.NoOpDpEvent: self._plan_no_op,
-            dp_event.NonPrivateDpEvent: self._plan_non_private,
-            dp_event.SelfComposedDpEvent: self._plan_self_composed,
-            dp_event.ComposedDpEvent: self._plan_composed,
-            LastIterateDpSgdEvent: self._plan_last_iterate,
-        }
 
     # ------------------------------------------------------------ planning
 
@@ -441,8 +432,8 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         Changes nothing; raises _Refusal naming the offending sub-event."""
         if not isinstance(event, dp_event.DpEvent):
             raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
-        composer = self._composers.get(type(event), self._plan_standard)
-        return composer(event, count)
+        composer = _COMPOSERS.get(type(event), LastIterateAccountant._plan_standard)
+        return composer(self, event, count)
 
     def _plan_no_op(self, event: Any, count: int) -> _Plan:
         return _Plan(np.zeros_like(self._orders))
@@ -587,3 +578,14 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
             f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours "
             f"[RDP order {order:g}] for {covered}."
         )
+
+
+# Dispatch table: how each event type is composed; any other type is a standard
+# event, delegated to dp-accounting's RdpAccountant.
+_COMPOSERS: dict[type, Callable[[LastIterateAccountant, Any, int], _Plan]] = {
+    dp_event.NoOpDpEvent: LastIterateAccountant._plan_no_op,
+    dp_event.NonPrivateDpEvent: LastIterateAccountant._plan_non_private,
+    dp_event.SelfComposedDpEvent: LastIterateAccountant._plan_self_composed,
+    dp_event.ComposedDpEvent: LastIterateAccountant._plan_composed,
+    LastIterateDpSgdEvent: LastIterateAccountant._plan_last_iterate,
+}

@@ -12,7 +12,7 @@ NonPrivate (bare or nested) gives epsilon inf and delta 1;
 ``compose(e, n)`` == n x ``compose(e)`` == ``compose(SelfComposedDpEvent(e, n))``
 == ``compose(ComposedDpEvent([e] * n))``; ledger round trip (composing the
 ledger, or its ``to_named_tuple`` round trip, into a fresh accountant gives the
-same state); unsupported and invalid events are refused
+same state); deep copies and pickles are equal and independent; unsupported and invalid events are refused
 (``supports()`` False, ``UnsupportedEventError`` naming the sub-event) and
 leave the state (ledger, epsilon, delta, RDP) untouched, also when a valid
 sibling precedes them; ``supports()`` never changes the state.
@@ -21,6 +21,8 @@ sibling precedes them; ``supports()`` never changes the state.
 from __future__ import annotations
 
 import contextlib
+import copy
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -222,6 +224,14 @@ class AccountantContract:
         for delta, epsilon in zip(DELTAS, epsilons, strict=True):
             if np.isfinite(epsilon):
                 assert accountant.get_delta(epsilon) <= delta * (1 + 1e-9)
+
+    def test_copies_are_independent_and_equal(self):
+        accountant = self.make_accountant().compose(self.supported_events()[0])
+        for copied in (copy.deepcopy(accountant), pickle.loads(pickle.dumps(accountant))):
+            assert_same_state(snapshot(accountant), snapshot(copied))
+            before = snapshot(accountant)
+            copied.compose(self.supported_events()[-1])
+            assert_same_state(before, snapshot(accountant))
 
     def test_ledger_round_trip(self):
         accountant = self.make_accountant()
