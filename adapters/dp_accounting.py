@@ -34,7 +34,10 @@ Neighbouring relation and dp-accounting's Gaussian events: a
 ``GaussianDpEvent``'s ``noise_multiplier`` is noise / sensitivity. Under
 REPLACE_ONE the sum of C-clipped gradients moves by up to 2C when one example
 is replaced, so one DP-SGD step with noise z*C is ``GaussianDpEvent(z / 2)``
-(BOUNDS.md section 4; google/differential-privacy issue 378). See
+(BOUNDS.md section 4; google/differential-privacy issue 378). That is the
+convention of ``RdpAccountant`` (0.4.3 and 0.6), to which standard events are
+delegated. dp-accounting 0.6's ``PLDAccountant(REPLACE_ONE)`` applies the
+factor 2 itself. So ledgers exchanged with it must be converted; see
 docs/dp_accounting.md.
 
 Tested against dp-accounting 0.4.3 (pinned by TF Privacy 0.9) and 0.6.0.
