@@ -913,10 +913,11 @@ def compute_last_iterate_privacy_statement(
             "Baseline: TF Privacy's compute_dp_sgd_privacy_statement (tensorflow-privacy 0.9, "
             "used_microbatching=False). Its numbers use add-or-remove-one adjacency and protect every "
             "checkpoint; they are not comparable with the replace-one numbers above without care (a "
-            "replace-one change is one removal plus one addition)."
+            "replace-one change is one removal plus one addition). Its Poisson line assumes Poisson sampling, "
+            "which Keras fit does not perform."
         )
         + "\n\n"
-        + textwrap.indent(baseline.rstrip("\n"), "  | ", predicate=lambda _: True)
+        + "\n".join(f"  | {line}".rstrip() for line in baseline.rstrip("\n").split("\n"))
     )
     return "\n\n".join(paragraphs) + "\n"
 
