@@ -426,6 +426,28 @@ def test_make_private_with_epsilon_reaches_target(request):
     assert composition > eps  # the last-iterate bound let it use less noise
 
 
+def test_make_private_with_epsilon_refuses_a_run_that_would_miss_its_target(request):
+    # calibrated for one loader batch per step; accumulating 2 doubles the batch and, for this bound,
+    # raises epsilon after the planned epochs above the target: the first step refuses
+    name = _register(request, bound="kong-ribero-cyclic", sampling="cyclic", weak_convexity=0.1, clipping=False)
+    engine = PrivacyEngine(accountant=name)
+    model = _model()
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(_dataset(), batch_size=10),
+        target_epsilon=9.0,
+        target_delta=DELTA,
+        epochs=3,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"as make_private_with_epsilon calibrated.*=2"):
+        _train(model, optimizer, loader, accumulate=2)
+    _train(model, optimizer, loader, epochs=3)  # as planned: fine
+    assert engine.get_epsilon(DELTA) <= 9.0
+
+
 def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
     name = _register(request, sampling="cyclic")
     model = _model()
@@ -533,3 +555,16 @@ def test_distributed_counts_steps_once_and_matches_single_process(request, tmp_p
     from opacus_ddp_worker import single_process_epsilon
 
     assert ranks[0]["epsilon"] == pytest.approx(single_process_epsilon(ranks[0]["expected_steps"]), rel=1e-12)
+
+
+# ---------------------------------------------------------------- example
+
+
+def test_example_runs(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "examples", "opacus_logistic_regression.py")
+    proc = subprocess.run([sys.executable, script, "--epochs", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("last-iterate eps =") == 2 and "Opacus RDP eps =" in proc.stdout
+    assert "add_or_remove_one" in proc.stdout and "replace_one" in proc.stdout
+    assert "must not be released" in proc.stdout
