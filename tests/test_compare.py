@@ -1,0 +1,400 @@
+"""`lastiter compare`: the side-by-side table, its formats, the scenarios and the plot.
+
+dp-accounting's sampled-without-replacement RDP (~2 s per new n, b, z on the
+default grid) and its Poisson RDP (~1 s per new q, z) dominate the run time;
+the tests reuse a few scenarios so those results are cached.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import dp_accounting
+import numpy as np
+import pytest
+
+import lastiter_plugins as lp
+from lastiter_plugins import compare, plot
+from lastiter_plugins.cli import main
+
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scenarios").glob("*.toml"))
+POISSON_ONLY = {"opacus-rdp", "opacus-prv", "opacus-gdp", "dp-accounting-rdp-poisson", "dp-accounting-pld-poisson"}
+HAS_OPACUS = compare.host_versions()["opacus"] is not None
+
+
+def run(capsys, *argv):
+    code = main(["compare", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _no_nan(token):
+    raise AssertionError(f"JSON must not contain {token}")
+
+
+@pytest.fixture(scope="module")
+def builtin() -> compare.Comparison:
+    name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+    return compare.compare(delta, name=name, **params)
+
+
+@pytest.fixture(scope="module")
+def scenario_results() -> dict[str, compare.Comparison]:
+    out = {}
+    for path in SCENARIOS:
+        name, params, delta = compare.split_scenario(compare.load_scenario(path))
+        out[path.stem] = compare.compare(delta, name=name, **params)
+    return out
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_table_is_reproducible(builtin):
+    name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+    again = compare.compare(delta, name=name, **params)
+    assert again.to_dict() == builtin.to_dict()
+    assert compare.format_table(again) == compare.format_table(builtin)
+
+
+def test_builtin_rows_match_the_api(builtin):
+    _, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+    for bound in ("ye-shokri-shuffle", "ye-shokri-cyclic", "kong-ribero-cyclic", "composition"):
+        row = builtin.row(bound)
+        eps, order = lp.epsilon(bound, delta, **params)
+        assert row.valid and row.counted
+        assert (row.epsilon, row.order) == pytest.approx((eps, order), rel=1e-12)
+    # every registry bound has a row; a bound that does not apply has no number
+    ids = {r.id for r in builtin.rows}
+    assert set(lp.BOUNDS) <= ids
+    for spec_id in lp.BOUNDS:
+        row = builtin.row(spec_id)
+        assert row.valid == (row.epsilon is not None), row
+        if not row.valid:
+            assert row.why_not and not row.counted
+    assert builtin.row("altschuler-talwar").why_not[0].startswith("sampling must be one of random_batch, poisson")
+    assert builtin.row("ye-shokri-shuffle").protects == compare.FINAL_MODEL
+    assert builtin.row("composition").protects == compare.EVERY_ITERATE
+
+
+def test_builtin_last_iterate_wins_by_a_large_factor(builtin):
+    (best,) = builtin.best
+    assert best.relation == "replace_one" and best.declared
+    assert best.winner == "ye-shokri-shuffle" and best.protects == compare.FINAL_MODEL
+    standard = min(r.epsilon for r in builtin.rows if r.kind != "last-iterate bound" and r.counted)
+    assert standard / best.epsilon > 15
+
+
+def test_standard_epoch_accountants_match_the_composition(builtin):
+    rdp = builtin.row("dp-accounting-rdp-epoch")
+    assert rdp.valid and rdp.relation == "replace_one"
+    assert rdp.epsilon == pytest.approx(builtin.row("composition").epsilon, rel=1e-9)
+    pld = builtin.row("dp-accounting-pld-epoch")
+    assert pld.valid and pld.epsilon < rdp.epsilon  # the exact Gaussian beats its RDP conversion
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # dp-accounting 0.4.3 calls float() on an array
+@pytest.mark.parametrize("count", [1, 7])
+def test_gaussian_epsilon_is_dp_accountings_pld(count):
+    z = 1.5
+    ours = compare.gaussian_epsilon(z, count, 1e-5)
+    # ADD_OR_REMOVE_ONE: a shift of 1 in both 0.4.3 and 0.6 (0.6's PLD doubles the shift under REPLACE_ONE)
+    accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    accountant.compose(dp_accounting.GaussianDpEvent(z), count)
+    theirs = accountant.get_epsilon(1e-5)
+    assert ours == pytest.approx(theirs, rel=1e-3)
+    assert ours <= theirs * (1 + 1e-9)  # the PLD accountant discretises pessimistically
+    loss = dp_accounting.pld.privacy_loss_mechanism.GaussianPrivacyLoss(z / math.sqrt(count))
+    assert loss.get_delta_for_epsilon(ours) <= 1e-5  # rounded up, never below the target
+    assert loss.get_delta_for_epsilon(ours * (1 - 1e-6)) > 1e-5
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "shuffle_once", "reshuffle", "random_batch"])
+def test_poisson_only_accountants_are_flagged_with_their_number(sampling):
+    rows = compare.compare_rows(
+        *lp.build(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling=sampling),
+        delta=1e-5,
+    )
+    flagged = [r for r in rows if r.id in POISSON_ONLY]
+    expected = POISSON_ONLY if HAS_OPACUS else {i for i in POISSON_ONLY if not i.startswith("opacus")}
+    assert {r.id for r in flagged} == expected
+    for row in flagged:
+        assert not row.valid and not row.counted
+        assert row.epsilon is not None and row.epsilon > 0
+        assert f"Found {sampling}" in " ".join(row.why_not)
+        assert row.relation == "add_or_remove_one" and row.protects == compare.EVERY_ITERATE
+    table = compare.format_table(compare.Comparison("t", {}, 1e-5, 30, 10, rows, (), {}))
+    assert table.count("NOT VALID") == sum(1 for r in rows if not r.valid and r.epsilon is not None) >= len(flagged)
+
+
+def test_poisson_pipeline_validates_the_poisson_accountants_and_keeps_relations_apart():
+    params = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling="poisson")
+    result = compare.compare(1e-5, **params)  # declared relation: replace_one (default)
+    for row_id in POISSON_ONLY - {"opacus-gdp"}:
+        if row_id.startswith("opacus") and not HAS_OPACUS:
+            continue
+        assert result.row(row_id).valid and result.row(row_id).counted
+    if HAS_OPACUS:
+        gdp = result.row("opacus-gdp")
+        assert not gdp.valid and not gdp.counted and "central-limit" in gdp.why_not[0]
+    # declared replace_one: nothing is valid for it here; add-or-remove gets its own line
+    declared, other = result.best
+    assert declared.declared and declared.relation == "replace_one" and declared.epsilon is None
+    assert other.relation == "add_or_remove_one" and not other.declared
+    same = [r.epsilon for r in result.rows if r.counted and r.relation == "add_or_remove_one"]
+    assert other.epsilon == pytest.approx(min(same), rel=1e-12) or other.epsilon < min(same)
+    assert result.row(other.winner).relation == "add_or_remove_one"
+    assert "no valid accountant" in compare.format_table(result)
+
+
+def test_best_line_is_a_minimum_within_one_relation(scenario_results):
+    for result in scenario_results.values():
+        for best in result.best:
+            if best.epsilon is None:
+                continue
+            same = [r for r in result.rows if r.counted and r.relation == best.relation]
+            assert best.epsilon <= min(r.epsilon for r in same) * (1 + 1e-12)
+            others = [r for r in result.rows if r.relation != best.relation]
+            assert best.winner not in {r.id for r in others}
+
+
+def test_random_batch_standard_accountant_is_sampling_without_replacement(scenario_results):
+    result = scenario_results["random-batch-projected-glm"]
+    swor = result.row("dp-accounting-rdp-swor")
+    assert swor.valid and swor.relation == "replace_one"
+    assert swor.epsilon == pytest.approx(result.row("composition").epsilon, rel=1e-12)
+    for row_id in ("dp-accounting-rdp-epoch", "dp-accounting-pld-epoch"):
+        assert not result.row(row_id).valid  # an example can be drawn twice in an epoch
+    pld = result.row("dp-accounting-pld-swor")
+    if compare._dpa_pld_swor_supported():
+        assert pld.valid and pld.epsilon is not None
+    else:  # dp-accounting 0.4.3 / 0.6: no PLD for sampling without replacement, said so, no number
+        assert not pld.valid and pld.epsilon is None and "does not support" in pld.why_not[-1]
+
+
+# ---------------------------------------------------------------- scenarios
+
+
+def test_there_are_three_to_five_scenarios_and_the_builtin_is_one_of_them():
+    assert 3 <= len(SCENARIOS) <= 5
+    builtin = compare.load_scenario(SCENARIOS[0].parent / "shuffle-once-logistic-regression.toml")
+    assert builtin == compare.BUILTIN_SCENARIO | {"description": builtin["description"]}
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_scenario_file_runs(capsys, path):
+    code, out, err = run(capsys, "--config", str(path), "--format", "json")
+    assert code == 0, err
+    data = json.loads(out, parse_constant=_no_nan)
+    assert data["best"] and data["best"][0]["declared"]
+    assert data["scenario"] == compare.load_scenario(path)["name"]
+
+
+def _ratio_best_to(result, row_id):
+    (best,) = (b for b in result.best if b.declared)
+    return result.row(row_id).epsilon / best.epsilon, best
+
+
+@pytest.mark.parametrize(
+    "stem, winner, reference, factor",
+    [
+        ("shuffle-once-logistic-regression", "ye-shokri-shuffle", "dp-accounting-pld-epoch", 15),
+        ("reshuffle-small-projection", "kong-ribero-bounded", "dp-accounting-pld-epoch", 5),
+        ("random-batch-projected-glm", "altschuler-talwar", "dp-accounting-rdp-swor", 5),
+    ],
+)
+def test_scenarios_where_a_last_iterate_bound_wins(scenario_results, stem, winner, reference, factor):
+    ratio, best = _ratio_best_to(scenario_results[stem], reference)
+    assert best.winner == winner and best.protects == compare.FINAL_MODEL
+    assert ratio > factor
+
+
+def test_scenario_where_composition_wins(scenario_results):
+    result = scenario_results["poisson-opacus-smooth-network"]
+    (best,) = result.best
+    assert best.relation == "add_or_remove_one" and best.protects == compare.EVERY_ITERATE
+    assert best.winner in {"dp-accounting-pld-poisson", "opacus-prv"}
+    for bound in ("liang-bounded", "liang-unbounded"):
+        assert result.row(bound).valid and result.row(bound).epsilon > 2 * best.epsilon
+
+
+def test_scenario_where_clipping_makes_the_cyclic_bound_useless(scenario_results):
+    result = scenario_results["cyclic-clipping-kong-ribero"]
+    kr, comp = result.row("kong-ribero-cyclic"), result.row("composition")
+    assert kr.valid and kr.epsilon > comp.epsilon
+    # theta -> 1 - 1/L^2 = 1/2, so the RDP grows like E: 4a/z^2 (1 + E/2) at every order
+    _, params, _ = compare.split_scenario(
+        compare.load_scenario(SCENARIOS[0].parent / "cyclic-clipping-kong-ribero.toml")
+    )
+    orders = np.array([2.0, 8.0])
+    rdp_e, rdp_2e = (lp.rdp("kong-ribero-cyclic", orders, **(params | {"epochs": e})) for e in (100, 200))
+    z = params["noise_multiplier"]
+    assert rdp_e == pytest.approx(4 * orders / z**2 * (1 + 100 / 2), rel=1e-6)
+    assert rdp_2e / rdp_e == pytest.approx(201 / 101 * np.ones(2), rel=1e-6) or (rdp_2e / rdp_e > 1.95).all()
+    # declaring clipping inactive changes the picture (a different, stronger assumption)
+    unclipped = compare.compare(1e-5, **(params | {"clipping": False}))
+    assert unclipped.best[0].winner == "ye-shokri-convex"
+    assert unclipped.row("composition").epsilon / unclipped.best[0].epsilon > 5
+
+
+# ---------------------------------------------------------------- formats and the CLI
+
+
+def test_default_command_prints_the_builtin_table(capsys, builtin):
+    code, out, err = run(capsys)
+    assert code == 0, err
+    assert out.strip() == compare.format_table(builtin)
+    assert "ye-shokri-shuffle" in out and "NOT VALID" in out and "final model only" in out
+
+
+def test_json_parses_without_nan(capsys, builtin):
+    code, out, _ = run(capsys, "--format", "json")
+    assert code == 0
+    data = json.loads(out, parse_constant=_no_nan)
+    assert [r["id"] for r in data["rows"]] == [r.id for r in builtin.rows]
+    assert data["delta"] == 1e-5 and data["steps"] == 10000 and data["epochs"] == 100
+    row = next(r for r in data["rows"] if r["id"] == "ye-shokri-shuffle")
+    assert row["epsilon"] == pytest.approx(builtin.row("ye-shokri-shuffle").epsilon, rel=1e-12)
+    assert {"valid", "why_not", "covers", "relation", "assumptions", "order", "protects"} <= set(row)
+
+
+def test_json_writes_infinite_epsilons_as_null():
+    row = compare.Row("x", "x", "standard accountant", True, (), (), "replace_one", "", math.inf, None, "", "", True)
+    text = compare.format_comparison(compare.Comparison("t", {}, 1e-5, 1, 1, (row,), (), {}), "json")
+    assert json.loads(text, parse_constant=_no_nan)["rows"][0]["epsilon"] is None
+
+
+def test_csv_parses(capsys, builtin):
+    code, out, _ = run(capsys, "--format", "csv")
+    assert code == 0
+    records = list(csv.DictReader(io.StringIO(out)))
+    assert len(records) == len(builtin.rows) + len(builtin.best)
+    assert list(records[0]) == list(compare.CSV_FIELDS)
+    for rec in records:
+        if rec["epsilon"]:
+            float(rec["epsilon"])
+    by_id = {rec["id"]: rec for rec in records}
+    assert float(by_id["ye-shokri-shuffle"]["epsilon"]) == builtin.row("ye-shokri-shuffle").epsilon
+    assert by_id["best-replace_one"]["kind"] == "best" and by_id["best-replace_one"]["reference"] == "ye-shokri-shuffle"
+    assert by_id["altschuler-talwar"]["valid"] == "false" and by_id["altschuler-talwar"]["epsilon"] == ""
+
+
+def test_markdown_is_a_table(capsys, builtin):
+    code, out, _ = run(capsys, "--format", "markdown")
+    assert code == 0
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(builtin.rows)
+    assert {line.count(" | ") for line in table if not line.startswith("|--")} == {7}  # no stray pipes in cells
+    assert "**NOT VALID**" in out
+
+
+def test_flags_override_the_config_and_delta(capsys):
+    path = SCENARIOS[0].parent / "cyclic-clipping-kong-ribero.toml"
+    code, out, err = run(capsys, "--config", str(path), "--epochs", "10", "--delta", "1e-6", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["epochs"] == 10 and data["delta"] == 1e-6 and data["params"]["noise_multiplier"] == 8.0
+    comp = next(r for r in data["rows"] if r["id"] == "composition")
+    assert comp["epsilon"] == pytest.approx(lp.epsilon("composition", 1e-6, **data["params"])[0], rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nepochs = 1\nsampling = 'cyclic'\nsigma = 2\n",
+         "unknown scenario key 'sigma'"),
+        ("dataset_size = 1000\nbatch_size = \n", "config must be valid TOML"),
+        ("dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = -1.0\nepochs = 1\nsampling = 'cyclic'\n",
+         "noise_multiplier must be a finite number > 0"),
+        ("dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nepochs = 1\nsampling = 'cyclic'\ndelta = 2\n",
+         "delta must be in (0, 1)"),
+        ("dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nsampling = 'cyclic'\n",
+         "exactly one of steps and epochs"),
+        ("name = 3\n", "name must be a string"),
+    ],
+    ids=["unknown-key", "bad-toml", "bad-value", "bad-delta", "missing-steps", "bad-name"],
+)  # fmt: skip
+def test_bad_config_exits_with_status_2(capsys, tmp_path, content, message):
+    path = tmp_path / "scenario.toml"
+    path.write_text(content)
+    code, out, err = run(capsys, "--config", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+
+
+def test_missing_config_file_and_incomplete_flags_exit_with_status_2(capsys, tmp_path):
+    code, _, err = run(capsys, "--config", str(tmp_path / "nope.toml"))
+    assert code == 2 and "config must be a readable TOML file" in err
+    code, _, err = run(capsys, "--dataset-size", "100", "--batch-size", "10")
+    assert code == 2 and "is required" in err
+    code, _, err = run(capsys, "--format", "yaml")
+    assert code == 2 and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- the plot
+
+SMALL = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, learning_rate=0.5, epochs=6, sampling="cyclic",
+             smoothness=1.0, clipping=False)  # fmt: skip
+
+
+def test_sweep_epochs():
+    assert plot.sweep_epochs(1) == [1]
+    assert plot.sweep_epochs(6, points=25) == [1, 2, 3, 4, 5, 6]
+    grid = plot.sweep_epochs(100, points=25)
+    assert grid[0] == 1 and grid[-1] == 100 and len(grid) == 25
+    with pytest.raises(ValueError, match="points must be an integer >= 2"):
+        plot.sweep_epochs(10, points=1)
+
+
+def test_progress_bar_when_asked(capsys):
+    pytest.importorskip("tqdm")
+    plot.epsilon_curves(SMALL, 1e-5, points=2, progress=True)
+    assert "epsilon sweep" in capsys.readouterr().err
+    plot.epsilon_curves(SMALL, 1e-5, points=2)  # stderr is not a terminal under pytest: no bar
+    assert capsys.readouterr().err == ""
+
+
+def test_epsilon_curves_end_at_the_table():
+    epochs, curves = plot.epsilon_curves(SMALL, 1e-5, points=3)
+    assert epochs.tolist() == [1.0, 4.0, 6.0]  # 1, round(3.5) = 4, 6
+    table = compare.compare(1e-5, **SMALL)
+    by_id = {c.id: c for c in curves}
+    assert "opacus-gdp" not in by_id
+    for row in table.rows:
+        if row.epsilon is not None and row.id in by_id:
+            assert by_id[row.id].epsilon[-1] == pytest.approx(row.epsilon, rel=1e-12)
+            assert by_id[row.id].valid == row.valid
+    comp = by_id["composition"].epsilon
+    assert (np.diff(comp) > 0).all()  # composition grows with the epochs
+
+
+def test_plot_is_written(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = plot.plot_epsilon_vs_epochs(SMALL, 1e-5, tmp_path / "eps.png", points=3, title="test", progress=False)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    code, out, err = run(capsys, "--config", str(SCENARIOS[0].parent / "cyclic-clipping-kong-ribero.toml"),
+                         "--epochs", "3", "--plot", str(tmp_path / "cli.png"))  # fmt: skip
+    assert code == 0, err
+    assert (tmp_path / "cli.png").read_bytes()[:4] == b"\x89PNG" and "Plot written to" in out
+
+
+def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=r"pip install 'lastiter-plugins\[plot\]'"):
+        plot.plot_epsilon_vs_epochs(SMALL, 1e-5, tmp_path / "x.png")
+    code, _, err = run(capsys, "--config", str(SCENARIOS[0]), "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and "lastiter-plugins[plot]" in err and err.count("\n") == 1
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_into_a_missing_folder_exits_with_status_2(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    code, _, err = run(capsys, "--plot", str(tmp_path / "no" / "such" / "x.png"))
+    assert code == 2 and "plot path must be in an existing folder" in err
