@@ -34,6 +34,8 @@ def _epoch_growth(rho: float, epochs: int, steps_per_epoch: int) -> float:
         return 1.0
     gap = steps_per_epoch - steps_per_epoch // 2
     log_r = 2.0 * gap * math.log(rho)
+    if log_r == 0.0:  # rho rounds to 1 (lam ~ 0): the limit of the geometric sum
+        return float(epochs - 1)
     return math.expm1((epochs - 1) * log_r) / math.expm1(log_r)
 
 
