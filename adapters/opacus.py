@@ -551,7 +551,6 @@ class _Observed:
     noise_multiplier: float
     clip_norm: float
     loss_reduction: str
-    optimizer_learning_rate: float
     normaliser: float  # N: the noisy sum is divided by N
     accumulated_iterations: int
     sampling: str
@@ -679,7 +678,6 @@ def _observe(optim: Any, reg: Registration, facts: LoaderFacts) -> _Observed:
         noise_multiplier=float(noise),
         clip_norm=float(optim.max_grad_norm),
         loss_reduction=optim.loss_reduction,
-        optimizer_learning_rate=reg.learning_rate,
         normaliser=normaliser,
         accumulated_iterations=accumulated,
         sampling=facts.sampling.value,
@@ -939,9 +937,10 @@ class LastIterateAccountant(IAccountant):
         if eps > target_epsilon:
             raise LastIterateConfigurationError(
                 f"epsilon after the planned {epochs} epochs must be <= target_epsilon = {target_epsilon:g} as "
-                f"make_private_with_epsilon calibrated, but the run differs from what it assumed (one loader batch "
-                f"per step: found accumulated_iterations={observed.accumulated_iterations}). Found epsilon = "
-                f"{eps:.6g}. Calibrate with lastiter_plugins.calibrate_noise and call make_private instead."
+                f"make_private_with_epsilon calibrated, but the run observed at the first step (batch_size="
+                f"{observed.batch_size}, learning_rate={observed.learning_rate:g}, accumulated_iterations="
+                f"{observed.accumulated_iterations}, {steps} steps) would give epsilon = {eps:.6g}. Calibrate with "
+                "lastiter_plugins.calibrate_noise and call make_private instead."
             )
 
     # -- epsilon
@@ -973,8 +972,9 @@ class LastIterateAccountant(IAccountant):
             )
         return float(next(iter(noises)))
 
-    def _predicted(self) -> _Observed:
-        """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
+    def _predicted(self) -> tuple[_Observed, int]:
+        """What the run will do, before any step, from Opacus' make_private_with_epsilon call:
+        the optimizer facts and the planned number of steps."""
         reg = self._registration
         call = _engine_locals("make_private_with_epsilon")
         if call is None:
@@ -1008,11 +1008,10 @@ class LastIterateAccountant(IAccountant):
         # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
         normaliser = float(int(reg.dataset_size * sample_rate)) if call["loss_reduction"] == "mean" else 1.0
         b = _core_batch(reg, facts, 1)
-        return _Observed(
+        observed = _Observed(
             noise_multiplier=1.0,
             clip_norm=float(clip),
             loss_reduction=call["loss_reduction"],
-            optimizer_learning_rate=reg.learning_rate,
             normaliser=normaliser,
             accumulated_iterations=1,
             sampling=facts.sampling.value,
@@ -1022,6 +1021,7 @@ class LastIterateAccountant(IAccountant):
             batch_size=b,
             learning_rate=reg.learning_rate * b / normaliser,
         )
+        return observed, int(call["epochs"]) * facts.num_batches
 
     def training_config(self) -> TrainingConfig | None:
         """The core's description of the steps taken so far (None before the first step)."""
@@ -1030,16 +1030,13 @@ class LastIterateAccountant(IAccountant):
         noise = self._history_noise()
         if self._observed is not None:
             return self._config(self._observed, noise, self.steps)
-        observed = self._predicted()  # Opacus' calibration sets history without running the optimizer
-        steps = self.steps
+        observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
         if not math.isclose(self.history[0][1], observed.sample_rate, rel_tol=1e-12):
             raise LastIterateConfigurationError(
                 f"sample_rate must be 1/len(data_loader) = {observed.sample_rate:g}. Found {self.history[0][1]:g}."
             )
         # Opacus computes steps = int(epochs / sample_rate), which can round down by one
-        call = _engine_locals("make_private_with_epsilon")
-        steps = max(steps, int(call["epochs"]) * observed.loader_batches)
-        return self._config(observed, noise, steps)
+        return self._config(observed, noise, max(self.steps, planned))
 
     def epsilon_result(self, delta: float, bound: str | None = None) -> EpsilonResult | None:
         """The labelled result (bound, winner, relation, order, what it protects); None before any step."""

@@ -405,14 +405,24 @@ def test_poisson_batch_rounds_up_when_sample_rate_is_not_b_over_n(request):
 # ---------------------------------------------------------------- calibration
 
 
-def test_make_private_with_epsilon_reaches_target(request):
-    name = _register(request, sampling="cyclic", clipping=False)
+@pytest.mark.parametrize(
+    ("n", "batch", "bound"),
+    [
+        (N, 10, "best"),
+        # 75 batches: Opacus' int(3 / (1/75)) = 224 steps, one short of the 225 the run takes; the epoch-based
+        # bound jumps at the last step, so calibrating for 224 would miss the target
+        (150, 2, "kong-ribero-cyclic"),
+    ],
+    ids=["best", "opacus-rounds-steps-down"],
+)
+def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
+    name = _register(request, bound=bound, sampling="cyclic", dataset_size=n, weak_convexity=0.1, clipping=False)
     engine = PrivacyEngine(accountant=name)
     model = _model()
     model, optimizer, loader = engine.make_private_with_epsilon(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=LR),
-        data_loader=DataLoader(_dataset(), batch_size=10),
+        data_loader=DataLoader(_dataset(n), batch_size=batch),
         target_epsilon=3.0,
         target_delta=DELTA,
         epochs=3,
@@ -420,6 +430,7 @@ def test_make_private_with_epsilon_reaches_target(request):
         poisson_sampling=False,
     )
     _train(model, optimizer, loader, epochs=3)
+    assert engine.accountant.steps == 3 * len(loader)
     eps = engine.get_epsilon(DELTA)
     assert 3.0 - 0.02 <= eps <= 3.0  # Opacus' bisection tolerance is 0.01
     composition = engine.accountant.epsilon_result(DELTA, bound="composition").epsilon
@@ -442,7 +453,9 @@ def test_make_private_with_epsilon_refuses_a_run_that_would_miss_its_target(requ
         max_grad_norm=1.0,
         poisson_sampling=False,
     )
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"as make_private_with_epsilon calibrated.*=2"):
+    with pytest.raises(
+        lo.LastIterateConfigurationError, match=r"make_private_with_epsilon calibrated.*accumulated_iterations=2"
+    ):
         _train(model, optimizer, loader, accumulate=2)
     _train(model, optimizer, loader, epochs=3)  # as planned: fine
     assert engine.get_epsilon(DELTA) <= 9.0
