@@ -1,0 +1,747 @@
+r"""Exact Renyi divergences of the last iterate on instances with computable laws
+(BOUNDS.md section 6).
+
+Every bound of the library claims ``rdp(alpha) >= D_alpha(X_T || X'_T)`` for
+ALL instances meeting its assumptions. The three families below have laws we can
+compute; each function returns a *certified interval* ``[lower, upper]`` for the
+divergence (the maximum over both directions, since the neighbouring relations
+are symmetric), so that a soundness test can assert ``bound >= lower`` and a
+tightness report can quote ``bound / estimate`` with a known error.
+
+G1, linear losses (no projection, M = 0, clipping never active):
+  ``f_i(x) = <g_i, x>`` with ``g_i = 0`` for every example but the differing one,
+  whose gradient is ``C u`` in one dataset and ``-C u`` in the other
+  (replace-one), or absent in the other (add-or-remove). ``X_T`` given the number
+  N of uses of the differing example is ``N(+-a N, V)`` (1-D, along u), with
+  ``a = eta C / b`` and ``V = T (eta z C / b)^2``; fixed batches give one N
+  (closed form ``2 alpha N^2 / (z^2 T)``), random schemes a mixture over N.
+
+G2, strongly convex quadratics ``f_i(x) = lam/2 |x|^2 + <g_i, x>`` (M = lam, same
+  g's; the proofs only use the contraction of the gradient step and the
+  sensitivity ``|grad f - grad f'| <= 2C``, so the instance is declared with
+  ``clipping=False``): per step ``x <- rho_t x - eta mean(g_B) + noise`` with
+  ``rho_t = 1 - eta lam |B_t| / b``. Mean shift ``(2 eta C / b) sum_{uses t}
+  prod_{s>t} rho_s``, variance ``sigma_p^2 sum_t prod_{s>t} rho_s^2``.
+
+G3, the projected 1-D random walk (Altschuler & Talwar, seed 001, section 4):
+  ``K = [-D/2, D/2]``, all losses 0 except the differing example, which is
+  ``f(x) = C x`` in one dataset and ``-C x`` (replace-one) or absent
+  (add-or-remove) in the other. The laws are propagated on a grid (Gaussian
+  convolution, projection with atoms at the ends), mixing over the inclusion
+  of the differing example, with a rigorous bound on the grid error.
+
+How the intervals are certified (docs/verification.md has the derivations):
+
+* quantisation: for any partition of the line into cells, the Renyi divergence
+  of the cell masses is <= the true divergence (data processing). That is the
+  lower end. For the upper end: the log likelihood ratio ``log(p/q)`` of two
+  Gaussian convolutions ``p = phi_s * mu``, ``q = phi_s * nu`` with ``mu, nu``
+  supported in an interval of length L is ``L / s^2``-Lipschitz, so on a cell of
+  width h, ``p/q <= e^(L h / s^2) P(cell)/Q(cell)`` and
+  ``D_true <= D_cells + L h / s^2`` (plus the bounded tails).
+* G1/G2 cell masses are differences of the normal CDF (exact up to rounding);
+  the tails beyond the grid are bounded in closed form.
+* G3 cell masses come from T - 1 trapezoid quadratures of the Gaussian kernel
+  against the previous law. For ``g = e^psi`` with ``|psi'| <= A`` and
+  ``|psi''| <= B`` on a cell of width h the trapezoid rule errs by at most
+  ``(h^2/12)(B + A^2) e^(A h)`` times the integral over the cell; A and B are
+  bounded from D, s and the drifts. Positive kernels preserve relative errors,
+  so after T - 1 steps every mass carries a relative error ``eps <=
+  (1 + eps_q)^(T-1) (1 + eps_fp)^(T+1) - 1``, and the divergence an error
+  ``(2 alpha - 1) log(1/(1-eps)) / (alpha - 1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from scipy import special, stats
+
+from lastiter_plugins.api import build
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+
+_UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactDivergence:
+    r"""Certified interval for :math:`\max(D_\alpha(P\|Q), D_\alpha(Q\|P))` at each order.
+
+    Attributes:
+      orders: the Renyi orders.
+      lower: rigorous lower bounds (what soundness tests compare bounds against).
+      upper: rigorous upper bounds (``inf`` where not certified).
+      detail: how it was computed (grid sizes, error terms).
+    """
+
+    orders: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    detail: str = ""
+
+    @property
+    def estimate(self) -> np.ndarray:
+        """Midpoint of the interval (the lower end where the upper one is not certified)."""
+        return np.where(np.isfinite(self.upper), 0.5 * (self.lower + self.upper), self.lower)
+
+    @property
+    def width(self) -> np.ndarray:
+        """upper - lower: how far the truth may be from either end."""
+        return self.upper - self.lower
+
+
+def _log_cell_mass(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    r"""log(Phi(hi) - Phi(lo)) for lo <= hi (standardised), stable in both tails."""
+    flip = lo > 0
+    a = np.where(flip, -hi, lo)
+    b = np.where(flip, -lo, hi)
+    la, lb = special.log_ndtr(a), special.log_ndtr(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = lb + np.log(-np.expm1(la - lb))
+    return np.where(np.isnan(out), -np.inf, out)
+
+
+def _logsumexp(x: np.ndarray, axis: int | None = None) -> np.ndarray:
+    return special.logsumexp(x, axis=axis)
+
+
+def _max_over_directions(lower_pq, upper_pq, lower_qp, upper_qp):
+    return np.maximum(lower_pq, lower_qp), np.maximum(upper_pq, upper_qp)
+
+
+# ------------------------------------------------------------------ Gaussian mixtures (G1, G2)
+
+
+def _mixture_log_cells(weights: np.ndarray, means: np.ndarray, edges: np.ndarray, std: float) -> np.ndarray:
+    """log masses of the mixture on (-inf, e0], (e0, e1], ..., (e_last, inf)."""
+    bounds = np.concatenate(([-np.inf], edges, [np.inf]))
+    out = np.full(bounds.size - 1, -np.inf)
+    log_w = np.log(weights)
+    chunk = max(1, 2_000_000 // bounds.size)
+    for start in range(0, means.size, chunk):
+        mu = means[start : start + chunk, None]
+        u = (bounds[None, :] - mu) / std
+        logm = _log_cell_mass(u[:, :-1], u[:, 1:]) + log_w[start : start + chunk, None]
+        out = np.logaddexp(out, _logsumexp(logm, axis=0))
+    return out
+
+
+def _mixture_log_density(weights: np.ndarray, means: np.ndarray, x: np.ndarray, std: float) -> np.ndarray:
+    out = np.full(x.size, -np.inf)
+    log_w = np.log(weights)
+    chunk = max(1, 2_000_000 // x.size)
+    for start in range(0, means.size, chunk):
+        z = (x[None, :] - means[start : start + chunk, None]) / std
+        terms = log_w[start : start + chunk, None] - 0.5 * z**2 - _LOG_SQRT_2PI - math.log(std)
+        out = np.logaddexp(out, _logsumexp(terms, axis=0))
+    return out
+
+
+def _tail_terms(orders, p_lo, p_hi, q_lo, q_hi, variance):
+    """Exponents and centres of the closed-form tail bounds of p^a q^(1-a) (right, left)."""
+    e_right = orders * (orders - 1.0) * (p_hi - q_lo) ** 2 / (2.0 * variance)
+    e_left = orders * (orders - 1.0) * (p_lo - q_hi) ** 2 / (2.0 * variance)
+    return e_right, orders * p_hi - (orders - 1.0) * q_lo, e_left, orders * p_lo - (orders - 1.0) * q_hi
+
+
+def gaussian_mixture_renyi(
+    orders: np.ndarray,
+    p_weights: np.ndarray,
+    p_means: np.ndarray,
+    q_weights: np.ndarray,
+    q_means: np.ndarray,
+    variance: float,
+    *,
+    missing_mass: float = 0.0,
+    cells: int = 20_000,
+    max_work: float = 1e7,
+    both_directions: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Certified ``(lower, upper)`` for :math:`D_\alpha(P\|Q)` (and, with
+    ``both_directions``, the maximum with :math:`D_\alpha(Q\|P)`) for
+    :math:`P = \sum_j w_j \mathcal N(\mu_j, V)`, :math:`Q = \sum_k v_k \mathcal N(\nu_k, V)` in 1-D.
+
+    Two single Gaussians: the closed form :math:`\alpha(\mu-\nu)^2/(2V)`.
+    Otherwise the line is cut into ``cells`` equal cells on a window chosen so
+    that the tails carry at most ``e^-45`` (closed-form bound: beyond every mean,
+    :math:`p^\alpha q^{1-\alpha} \le \phi_V(x - c)\, e^{\alpha(\alpha-1)\Delta^2/(2V)}`
+    with :math:`c = \alpha p_{max} - (\alpha-1) q_{min}`, :math:`\Delta = p_{max} - q_{min}`
+    on the right, symmetrically on the left), plus the two tail cells. The
+    lower end is the divergence of the exact cell masses (data processing);
+    the upper end multiplies each inner cell's term by :math:`e^{(\alpha-1) v_c}`,
+    where :math:`v_c = |f(e_1) - f(e_0)| + K h^2/4` bounds the variation of
+    :math:`f = \log(p/q)` over the cell (exact values at its edges, and
+    :math:`|f''| \le K = (\max\mu - \min\mu)^2/(4V^2)`), since on the cell
+    :math:`p/q \le e^{v_c} P_c/Q_c`; and it adds the tail bounds.
+    Both ends carry a rounding allowance.
+
+    ``missing_mass``: total weight dropped from both mixtures (truncated
+    binomials); the lower end stays rigorous (Q's cells are inflated by it),
+    the upper end is then not certified (inf).
+    """
+    orders = np.asarray(orders, dtype=float)
+    pw, pm = np.asarray(p_weights, float), np.asarray(p_means, float)
+    qw, qm = np.asarray(q_weights, float), np.asarray(q_means, float)
+    if pm.size == 1 and qm.size == 1 and missing_mass == 0.0:
+        value = orders * (pm[0] - qm[0]) ** 2 / (2.0 * variance)
+        slack = 1e-12 * value
+        return value - slack, value + slack
+    std = math.sqrt(variance)
+    all_means = np.concatenate((pm, qm))
+    lo_mean, hi_mean = float(all_means.min()), float(all_means.max())
+    p_lo, p_hi, q_lo, q_hi = float(pm.min()), float(pm.max()), float(qm.min()), float(qm.max())
+    directions = [(p_lo, p_hi, q_lo, q_hi, False)]
+    if both_directions:
+        directions.append((q_lo, q_hi, p_lo, p_hi, True))
+    tails = [_tail_terms(orders, a, b, c, d, variance) for a, b, c, d, _ in directions]
+    x_right = max(hi_mean, *(float(t[1].max()) for t in tails)) + std * math.sqrt(
+        2.0 * (max(float(t[0].max()) for t in tails) + 45.0)
+    )
+    x_left = min(lo_mean, *(float(t[3].min()) for t in tails)) - std * math.sqrt(
+        2.0 * (max(float(t[2].max()) for t in tails) + 45.0)
+    )
+    n_cells = int(max(200, min(cells, max_work / max(pm.size, qm.size))))
+    edges = np.linspace(x_left, x_right, n_cells + 1)
+    h = (x_right - x_left) / n_cells
+    log_p = _mixture_log_cells(pw, pm, edges, std)
+    log_q = _mixture_log_cells(qw, qm, edges, std)
+    # variation of f = log(p/q) over each inner cell: |f(e1) - f(e0)| + K h^2 / 4, with
+    # |f''| = |Var_p(mu|x) - Var_q(mu|x)| / V^2 <= K = (max mu - min mu)^2 / (4 V^2)
+    f_edges = _mixture_log_density(pw, pm, edges, std) - _mixture_log_density(qw, qm, edges, std)
+    curvature = (hi_mean - lo_mean) ** 2 / (4.0 * variance**2)
+    variation = np.abs(np.diff(f_edges)) + curvature * h**2 / 4.0
+    lower = np.zeros_like(orders)
+    upper = np.zeros_like(orders)
+    for (*_, swap), (e_right, c_right, e_left, c_left) in zip(directions, tails, strict=True):
+        lp, lq = (log_q, log_p) if swap else (log_p, log_q)
+        lq_low = np.logaddexp(lq, math.log(missing_mass)) if missing_mass > 0 else lq
+        for i, a in enumerate(orders):
+            log_i = _logsumexp(a * lp + (1.0 - a) * lq_low)
+            rounding = (2.0 * a - 1.0) * 64 * _UNIT_ROUNDOFF * n_cells / (a - 1.0)
+            lower[i] = max(lower[i], log_i / (a - 1.0) - rounding)
+            if missing_mass > 0:
+                upper[i] = np.inf
+                continue
+            log_inner = _logsumexp(a * lp[1:-1] + (1.0 - a) * lq[1:-1] + (a - 1.0) * variation)
+            tail_r = e_right[i] + special.log_ndtr(-(x_right - c_right[i]) / std)
+            tail_l = e_left[i] + special.log_ndtr((x_left - c_left[i]) / std)
+            log_up = _logsumexp(np.array([log_inner, tail_r, tail_l]))
+            upper[i] = max(upper[i], log_up / (a - 1.0) + rounding)
+    return lower, upper
+
+
+def _mixture_divergence(
+    orders, p_weights, p_means, q_weights, q_means, variance, *, missing_mass=0.0, detail="", **kw
+) -> ExactDivergence:
+    lower, upper = gaussian_mixture_renyi(
+        orders, p_weights, p_means, q_weights, q_means, variance, missing_mass=missing_mass, **kw
+    )
+    return ExactDivergence(np.asarray(orders, float), lower, upper, detail)
+
+
+def _binomial_weights(steps: int, q: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Binomial(T, q) support and weights, dropping terms below e^-69 ~ 1e-30 of the mode (their total is returned)."""
+    support = np.arange(steps + 1)
+    log_pmf = stats.binom.logpmf(support, steps, q)
+    keep = log_pmf >= log_pmf.max() - 69.0
+    dropped = float(np.exp(_logsumexp(log_pmf[~keep]))) if (~keep).any() else 0.0
+    weights = np.exp(log_pmf[keep])
+    return support[keep].astype(float), weights / weights.sum() * (1.0 - dropped), dropped
+
+
+def _params(params: Mapping[str, Any]) -> tuple[TrainingConfig, LossAssumptions]:
+    return build(**dict(params))
+
+
+def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
+    """Sizes of the l batches of a pass (the last one may be short)."""
+    sizes = np.full(cfg.steps_per_epoch, cfg.batch_size, dtype=float)
+    sizes[-1] = cfg.dataset_size - (cfg.steps_per_epoch - 1) * cfg.batch_size
+    return sizes
+
+
+def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = None, **kw) -> ExactDivergence:
+    r"""G1 (linear losses): exact divergence of the last iterate.
+
+    Args:
+      orders: Renyi orders.
+      params: the public API's keyword parameters (``dataset_size``,
+        ``batch_size``, ``noise_multiplier``, ``steps``/``epochs``, ``sampling``,
+        ``relation``...). The losses are ``f_i = <g_i, x>`` as in the module
+        docstring; ``learning_rate`` and ``clip_norm`` cancel out.
+      position: for CYCLIC, the batch index of the differing example
+        (default: the worst, 0).
+
+    Fixed batches: ``2 alpha N^2 / (z^2 T)`` with N the number of uses (CYCLIC
+    worst case N = E + 1 if T mod l > 0 else E). SHUFFLE_ONCE and RESHUFFLE: N is
+    E + 1 with probability ``r b / n`` (r = T mod l), else E. RANDOM_BATCH and
+    POISSON: N ~ Binomial(T, b/n). Add-or-remove (POISSON only): one law is the
+    mixture with shift ``a N``, the other ``N(0, V)``.
+    """
+    cfg, _ = _params(params)
+    orders = np.asarray(orders, dtype=float)
+    lr = cfg.learning_rate if cfg.learning_rate is not None else 1.0
+    a = lr * cfg.clip_norm / cfg.batch_size
+    variance = cfg.steps * (lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size) ** 2
+    per_epoch, e, r = cfg.steps_per_epoch, cfg.full_epochs, cfg.steps % cfg.steps_per_epoch
+    missing = 0.0
+    if cfg.sampling is Sampling.CYCLIC:
+        j = 0 if position is None else int(position)
+        if not 0 <= j < per_epoch:
+            raise ValueError(f"position must be in [0, {per_epoch}). Found {position}.")
+        counts, weights = np.array([e + (1 if j < r else 0)], float), np.array([1.0])
+    elif cfg.sampling in (Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
+        p_more = r * cfg.batch_size / cfg.dataset_size
+        counts, weights = np.array([e, e + 1], float), np.array([1.0 - p_more, p_more])
+        keep = weights > 0
+        counts, weights = counts[keep], weights[keep]
+    else:
+        counts, weights, missing = _binomial_weights(cfg.steps, cfg.sampling_probability)
+    detail = f"G1 {cfg.sampling.value} {cfg.relation.value}: N in [{counts.min():g}, {counts.max():g}]"
+    if cfg.relation is Relation.REPLACE_ONE:
+        return _mixture_divergence(
+            orders, weights, a * counts, weights, -a * counts, variance, missing_mass=missing, detail=detail, **kw
+        )
+    if cfg.sampling is not Sampling.POISSON:
+        raise ValueError(
+            "relation must be replace_one for G1 with sampling != poisson (removing an example changes the "
+            f"batches). Found {cfg.relation.value} with {cfg.sampling.value}."
+        )
+    return _mixture_divergence(
+        orders,
+        weights,
+        a * counts,
+        np.array([1.0]),
+        np.array([0.0]),
+        variance,
+        missing_mass=missing,
+        detail=detail,
+        **kw,
+    )
+
+
+def _g2_contractions(cfg: TrainingConfig, lam: float) -> np.ndarray:
+    """P_t = prod_{s>t} rho_s for t = 1..T (P_T = 1), rho_s = 1 - eta lam |B_s| / b."""
+    if cfg.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE):
+        sizes = _batch_sizes(cfg)[np.arange(cfg.steps) % cfg.steps_per_epoch]
+    else:
+        sizes = np.full(cfg.steps, float(cfg.batch_size))
+    rho = 1.0 - cfg.learning_rate * lam * sizes / cfg.batch_size
+    tail = np.cumprod(rho[::-1])[::-1]  # prod_{s>=t}
+    return np.append(tail[1:], 1.0)
+
+
+def g2_position_shifts(params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
+    r"""G2 with fixed batches: per batch index j, the mean displacement
+    ``m_j = (eta C / b) sum_{uses t of batch j} prod_{s>t} rho_s`` (the two laws
+    sit at ``+-m_j``), and the common variance."""
+    cfg, assumptions = _params(params)
+    prods = _g2_contractions(cfg, assumptions.strong_convexity)
+    a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
+    sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+    shifts = a * np.bincount(np.arange(cfg.steps) % cfg.steps_per_epoch, weights=prods, minlength=cfg.steps_per_epoch)
+    return shifts, sigma_p**2 * float(np.sum(prods**2))
+
+
+def g2_divergence(
+    orders, params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12, **kw
+) -> ExactDivergence:
+    r"""G2 (strongly convex quadratics, lam = ``strong_convexity``, M = lam): exact divergence.
+
+    CYCLIC: ``alpha (2 m_j)^2 / (2 V)`` at batch index ``position`` (default:
+    the worst j). SHUFFLE_ONCE: the uniform mixture over the position of the
+    differing example (batch j with probability ``|B_j| / n``), by certified
+    quadrature. RANDOM_BATCH: exact enumeration of the ``2^T`` inclusion
+    patterns (only for ``T <= max_enumerated_steps``). Replace-one only.
+    """
+    cfg, assumptions = _params(params)
+    orders = np.asarray(orders, dtype=float)
+    if cfg.relation is not Relation.REPLACE_ONE:
+        raise ValueError(f"relation must be replace_one for G2. Found {cfg.relation.value}.")
+    if cfg.learning_rate is None or assumptions.strong_convexity <= 0:
+        raise ValueError("G2 needs learning_rate and strong_convexity > 0.")
+    if cfg.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE):
+        shifts, variance = g2_position_shifts(params)
+        if cfg.sampling is Sampling.CYCLIC:
+            j = int(np.argmax(np.abs(shifts))) if position is None else int(position)
+            m = shifts[j]
+            return _mixture_divergence(
+                orders, [1.0], [m], [1.0], [-m], variance, detail=f"G2 cyclic, position {j}", **kw
+            )
+        weights = _batch_sizes(cfg) / cfg.dataset_size
+        return _mixture_divergence(
+            orders, weights, shifts, weights, -shifts, variance, detail="G2 shuffle_once mixture", **kw
+        )
+    if cfg.sampling is Sampling.RANDOM_BATCH:
+        if cfg.steps > max_enumerated_steps:
+            raise ValueError(
+                f"steps must be <= max_enumerated_steps = {max_enumerated_steps} for G2 random_batch "
+                f"(2^T enumeration). Found {cfg.steps}."
+            )
+        prods = _g2_contractions(cfg, assumptions.strong_convexity)
+        a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
+        sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+        variance = sigma_p**2 * float(np.sum(prods**2))
+        patterns = (np.arange(2**cfg.steps)[:, None] >> np.arange(cfg.steps)[None, :]) & 1
+        q = cfg.sampling_probability
+        k = patterns.sum(axis=1)
+        weights = np.exp(k * math.log(q) + (cfg.steps - k) * math.log1p(-q)) if q < 1 else (k == cfg.steps) * 1.0
+        means = a * patterns @ prods
+        keep = weights > 0
+        return _mixture_divergence(
+            orders,
+            weights[keep],
+            means[keep],
+            weights[keep],
+            -means[keep],
+            variance,
+            detail=f"G2 random_batch, {keep.sum()} inclusion patterns",
+            **kw,
+        )
+    raise ValueError(f"sampling must be cyclic, shuffle_once or random_batch for G2. Found {cfg.sampling.value}.")
+
+
+# ------------------------------------------------------------------ G3: projected random walk
+
+
+@dataclasses.dataclass(frozen=True)
+class G3Grid:
+    """Grid sizes and the certified error terms of one G3 computation."""
+
+    nodes: int
+    fine_cells: int
+    relative_error: float  # eps: relative error of every computed cell mass
+    quantisation: float  # Lambda * h_f, the upper-end allowance of the quantisation
+
+
+class _Walk:
+    r"""Transition operators of the projected walk on ``[-D/2, D/2]`` with atoms at the ends.
+
+    State vector: ``[a_L, f(x_0), ..., f(x_{G-1}), a_R]`` (atom masses and the
+    density at the G equispaced nodes). One step with drift d maps it by
+    ``K_d``: trapezoid quadrature of the Gaussian kernel against the density,
+    exact Gaussian kernels for the atoms, mass beyond an end onto its atom.
+    """
+
+    def __init__(self, diameter: float, std: float, drifts: tuple[float, ...], nodes: int, fine_cells: int):
+        # the fine cells subdivide the node spacing, so every source sits on the fine lattice
+        self.refine = max(1, -(-fine_cells // (nodes - 1)))
+        fine_cells = self.refine * (nodes - 1)
+        self.diameter, self.std, self.nodes, self.fine_cells = diameter, std, nodes, fine_cells
+        self._offset_cache: dict[float, np.ndarray] = {}
+        half = diameter / 2.0
+        self.x = np.linspace(-half, half, nodes)
+        h = diameter / (nodes - 1)
+        w = np.full(nodes, h)
+        w[0] = w[-1] = h / 2.0
+        self.src = np.concatenate(([-half], self.x, [half]))
+        self.src_w = np.concatenate(([1.0], w, [1.0]))
+        self.edges = np.linspace(-half, half, fine_cells + 1)
+        self.kernels = {d: self._kernel(d) for d in drifts}
+
+    def _columns(self, src: np.ndarray, d: float) -> np.ndarray:
+        """Rows [atom L, nodes..., atom R] of the image of unit masses at ``src`` shifted by ``d``."""
+        half, s = self.diameter / 2.0, self.std
+        diff = (self.x[:, None] - src[None, :] - d) / s
+        out = np.empty((self.nodes + 2, src.size))
+        out[1:-1] = np.exp(-0.5 * diff**2 - _LOG_SQRT_2PI) / s
+        out[0] = special.ndtr((-half - src - d) / s)
+        out[-1] = special.ndtr((src + d - half) / s)
+        return out
+
+    def _kernel(self, d: float) -> np.ndarray:
+        return self._columns(self.src, d) * self.src_w[None, :]
+
+    def start(self, x0: float, d: float) -> np.ndarray:
+        return self._columns(np.array([x0]), d)[:, 0]
+
+    def step(self, state: np.ndarray, d: float) -> np.ndarray:
+        return self.kernels[d] @ state
+
+    def _offset_masses(self, d: float) -> np.ndarray:
+        """Mass of fine cell k from a unit mass at lattice point i depends on k - m i only."""
+        if d not in self._offset_cache:
+            s, h_f, n_f = self.std, self.diameter / self.fine_cells, self.fine_cells
+            j = np.arange(-n_f, n_f + 1)  # edge offsets, in units of h_f
+            u = (j * h_f - d) / s
+            left, right = special.ndtr(u), special.ndtr(-u)
+            # Phi(hi) - Phi(lo), or Phi_c(lo) - Phi_c(hi) right of the mean: both tails keep relative precision
+            self._offset_cache[d] = np.where(u[:-1] > 0, right[:-1] - right[1:], left[1:] - left[:-1])
+        return self._offset_cache[d]
+
+    def final_cells(self, state: np.ndarray | None, d: float, x0: float) -> np.ndarray:
+        """Masses of [atom L, fine cells..., atom R] after one more step with drift d."""
+        half, s = self.diameter / 2.0, self.std
+        if state is None:
+            src, weight = np.array([x0]), np.array([1.0])
+        else:
+            src, weight = self.src, self.src_w * state
+        out = np.empty(self.fine_cells + 2)
+        out[0] = special.ndtr((-half - src - d) / s) @ weight
+        out[-1] = special.ndtr((src + d - half) / s) @ weight
+        if state is None:
+            e = self.edges
+            u = (e[:, None] - src[None, :] - d) / s
+            left, right = special.ndtr(u), special.ndtr(-u)
+            masses = np.where(u[:-1] > 0, right[:-1] - right[1:], left[1:] - left[:-1])
+            out[1:-1] = masses @ weight
+            return out
+        g = self._offset_masses(d)
+        lattice = np.concatenate(([0], np.arange(self.nodes), [self.nodes - 1])) * self.refine
+        chunk = max(1, 4_000_000 // src.size)
+        for start in range(0, self.fine_cells, chunk):
+            k = np.arange(start, min(start + chunk, self.fine_cells))
+            out[1 + k] = g[k[:, None] - lattice[None, :] + self.fine_cells] @ weight
+        return out
+
+
+def g3_error_terms(
+    diameter: float, std: float, drifts: tuple[float, ...], nodes: int, fine_cells: int, steps: int
+) -> G3Grid:
+    r"""Certified relative error of the G3 cell masses and the quantisation allowance.
+
+    With W = D + max|d| and L = D + max d - min d (d over the drifts and 0), the
+    true density before a step is ``phi_s * nu`` with nu supported on an interval
+    of length L, so ``|(log f)'| <= W/s^2`` and ``|(log f)''| <= max(1/s^2,
+    L^2/(4 s^4))`` on K; the kernels (Gaussian density, Gaussian CDF of the ends,
+    Gaussian cell mass) have ``|(log k)'| <= (W/s + 1)/s`` (normal hazard bound
+    ``phi/Phi_c(u) <= u_+ + 1``) and ``|(log k)''| <= 1/s^2``. The trapezoid
+    rule on ``g = f k`` then errs by at most ``eps_q = (h^2/12)(B + A^2) e^(A h)``
+    relative to the integral, A, B the sums of those bounds. Rounding: positive
+    sums of G + 2 terms, ``eps_fp = 4 (G + 4) u`` per step.
+    """
+    ds = (0.0, *drifts)
+    width = diameter + max(abs(d) for d in ds)
+    span = diameter + max(ds) - min(ds)
+    s2 = std**2
+    a_coef = width / s2 + (width / std + 1.0) / std
+    b_coef = max(1.0 / s2, span**2 / (4.0 * s2**2)) + 1.0 / s2
+    h = diameter / (nodes - 1)
+    eps_q = h**2 / 12.0 * (b_coef + a_coef**2) * math.exp(a_coef * h)
+    # cancellation in a CDF difference over a fine cell: relative error <= 4u Phi/(phi h_f/s) <= 4u (1.3 + W/s) s/h_f
+    h_f = diameter / fine_cells
+    eps_fp = 4.0 * (nodes + 4) * _UNIT_ROUNDOFF + 4.0 * _UNIT_ROUNDOFF * (1.3 + width / std) * std / h_f
+    eps = math.expm1((steps - 1) * math.log1p(eps_q) + (steps + 1) * math.log1p(eps_fp))
+    return G3Grid(nodes, fine_cells, eps, span / s2 * diameter / fine_cells)
+
+
+def _choose_nodes(diameter, std, drifts, steps, tolerance, max_nodes, fine_cells) -> int:
+    lo, hi = 50, max_nodes
+    if g3_error_terms(diameter, std, drifts, hi, fine_cells, steps).relative_error > tolerance:
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if g3_error_terms(diameter, std, drifts, mid, fine_cells, steps).relative_error <= tolerance:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _renyi_of_cells(orders: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        lp, lq = np.log(p), np.log(q)
+    out = np.empty_like(orders)
+    for i, a in enumerate(orders):
+        out[i] = _logsumexp(np.where(p > 0, a * lp + (1.0 - a) * lq, -np.inf)) / (a - 1.0)
+    return out
+
+
+def g3_divergence(
+    orders,
+    params: Mapping[str, Any],
+    *,
+    x0: float = 0.0,
+    position: int | None = None,
+    tolerance: float = 2e-4,
+    max_nodes: int = 2500,
+    fine_cells: int = 20_000,
+    max_positions: int = 16,
+) -> tuple[ExactDivergence, G3Grid]:
+    r"""G3 (projected 1-D random walk, seed 001 section 4): certified divergence.
+
+    Args:
+      orders: Renyi orders.
+      params: public API keyword parameters; ``diameter`` is D (the walk lives on
+        ``[-D/2, D/2]``), ``noise_multiplier``, ``learning_rate``, ``clip_norm``,
+        ``batch_size`` give the per-step noise ``s = eta z C / b`` and the drift
+        ``eta C / b`` of a use of the differing example.
+      x0: starting point, in K.
+      position: CYCLIC/SHUFFLE_ONCE... for CYCLIC, the batch index of the
+        differing example (default: the worst over all positions when
+        ``l <= max_positions``, else over a subset, reported in ``detail``).
+      tolerance: target relative error of the cell masses (chooses the number of
+        nodes, at most ``max_nodes``; the achieved error is returned).
+      fine_cells: cells of the final quantisation (upper-end allowance
+        ``L h_f / s^2``).
+
+    Per step the differing example is in the batch deterministically (CYCLIC,
+    SHUFFLE_ONCE, RESHUFFLE: mixtures over its position, the permutation being
+    independent of the data) or with probability q = b/n (RANDOM_BATCH,
+    POISSON). Replace-one: drifts ``+-eta C/b``; add-or-remove (POISSON): drift
+    ``eta C/b`` against no drift.
+
+    Returns:
+      (ExactDivergence, G3Grid with the grid sizes and error terms).
+    """
+    cfg, assumptions = _params(params)
+    orders = np.asarray(orders, dtype=float)
+    if assumptions.diameter is None or cfg.learning_rate is None:
+        raise ValueError("G3 needs diameter and learning_rate.")
+    diameter = assumptions.diameter
+    if not -diameter / 2.0 <= x0 <= diameter / 2.0:
+        raise ValueError(f"x0 must be in [-D/2, D/2] = [{-diameter / 2:g}, {diameter / 2:g}]. Found {x0}.")
+    std = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+    step = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
+    if cfg.relation is Relation.REPLACE_ONE:
+        d_p, d_q = step, -step
+    else:
+        if cfg.sampling is not Sampling.POISSON:
+            raise ValueError(f"relation add_or_remove_one is implemented for poisson only. Found {cfg.sampling.value}.")
+        d_p, d_q = step, 0.0
+    drifts = tuple(sorted({0.0, d_p, d_q}))
+    steps, per_epoch = cfg.steps, cfg.steps_per_epoch
+    nodes = _choose_nodes(diameter, std, drifts, steps, tolerance, max_nodes, fine_cells)
+    walk = _Walk(diameter, std, drifts, nodes, fine_cells)
+    fine_cells = walk.fine_cells
+    grid = g3_error_terms(diameter, std, drifts, nodes, fine_cells, steps)
+
+    def advance(state, d_in, prob):
+        """One step: with probability ``prob`` the differing example is used (drift d_in)."""
+        if state is None:
+            parts = [(prob, walk.start(x0, d_in)), (1.0 - prob, walk.start(x0, 0.0))]
+        else:
+            parts = [
+                (prob, None if prob == 0 else walk.step(state, d_in)),
+                (1.0 - prob, None if prob == 1 else walk.step(state, 0.0)),
+            ]
+        return sum(p * v for p, v in parts if p > 0)
+
+    def finish(state, d_in, prob):
+        parts = []
+        if prob > 0:
+            parts.append(prob * walk.final_cells(state, d_in, x0))
+        if prob < 1:
+            parts.append((1.0 - prob) * walk.final_cells(state, 0.0, x0))
+        return sum(parts)
+
+    def fixed_position_law(d_in, j):
+        state = None
+        for t in range(steps - 1):
+            state = advance(state, d_in, 1.0 if t % per_epoch == j else 0.0)
+        return finish(state, d_in, 1.0 if (steps - 1) % per_epoch == j else 0.0)
+
+    def sampled_law(d_in, q):
+        state = None
+        for _ in range(steps - 1):
+            state = advance(state, d_in, q)
+        return finish(state, d_in, q)
+
+    def reshuffle_law(d_in, weights):
+        # the position is redrawn every pass: mix over it pass by pass (linearity)
+        state, t = None, 0
+        while True:
+            length = min(per_epoch, steps - t)
+            last = t + length == steps
+            mixed = 0.0
+            for j, w in enumerate(weights):
+                s_j = state
+                for k in range(length - (1 if last else 0)):
+                    s_j = advance(s_j, d_in, 1.0 if k == j else 0.0)
+                mixed = mixed + w * (finish(s_j, d_in, 1.0 if length - 1 == j else 0.0) if last else s_j)
+            if last:
+                return mixed
+            state, t = mixed, t + length
+
+    def divergence(p_cells, q_cells):
+        return np.maximum(_renyi_of_cells(orders, p_cells, q_cells), _renyi_of_cells(orders, q_cells, p_cells))
+
+    weights = _batch_sizes(cfg) / cfg.dataset_size
+    detail = f"G3 {cfg.sampling.value} {cfg.relation.value}, x0={x0:g}"
+    certified_upper = True
+    if cfg.sampling is Sampling.CYCLIC:
+        if position is not None:
+            positions = [int(position)]
+        elif per_epoch <= max_positions:
+            positions = list(range(per_epoch))
+        else:
+            r = (steps - 1) % per_epoch
+            positions = sorted({0, 1, r, (r - 1) % per_epoch, per_epoch - 1})
+            certified_upper = False
+        values = [divergence(fixed_position_law(d_p, j), fixed_position_law(d_q, j)) for j in positions]
+        computed = np.max(values, axis=0)
+        detail += f", worst of positions {positions}"
+    elif cfg.sampling is Sampling.SHUFFLE_ONCE:
+        if per_epoch > max_positions:
+            raise ValueError(
+                f"steps per epoch must be <= max_positions = {max_positions} for G3 shuffle_once. Found {per_epoch}."
+            )
+        p_cells = sum(w * fixed_position_law(d_p, j) for j, w in enumerate(weights))
+        q_cells = sum(w * fixed_position_law(d_q, j) for j, w in enumerate(weights))
+        computed = divergence(p_cells, q_cells)
+    elif cfg.sampling is Sampling.RESHUFFLE:
+        if per_epoch > max_positions:
+            raise ValueError(
+                f"steps per epoch must be <= max_positions = {max_positions} for G3 reshuffle. Found {per_epoch}."
+            )
+        computed = divergence(reshuffle_law(d_p, weights), reshuffle_law(d_q, weights))
+    else:
+        q = cfg.sampling_probability
+        computed = divergence(sampled_law(d_p, q), sampled_law(d_q, q))
+    if grid.relative_error >= 0.5:
+        raise ValueError(f"G3 grid error {grid.relative_error:.3g} too large; reduce steps or D/s.")
+    ell = -math.log1p(-grid.relative_error)
+    err = (2.0 * orders - 1.0) * ell / (orders - 1.0) + 64 * _UNIT_ROUNDOFF * fine_cells
+    lower = np.maximum(computed - err, 0.0)
+    upper = computed + err + grid.quantisation if certified_upper else np.full_like(computed, np.inf)
+    detail += f", nodes={nodes}, fine cells={fine_cells}, rel. mass error={grid.relative_error:.2e}"
+    return ExactDivergence(orders, lower, upper, detail), grid
+
+
+# ------------------------------------------------------------------ instances
+
+
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """One ground-truth instance: a family, the public API parameters describing
+    the run (and the loss assumptions it satisfies), and G3's starting point."""
+
+    family: str  # "G1", "G2" or "G3"
+    params: Mapping[str, Any]
+    x0: float = 0.0
+
+    def exact(self, orders, **kw) -> ExactDivergence:
+        if self.family == "G1":
+            return g1_divergence(orders, self.params, **kw)
+        if self.family == "G2":
+            return g2_divergence(orders, self.params, **kw)
+        if self.family == "G3":
+            return g3_divergence(orders, self.params, x0=self.x0, **kw)[0]
+        raise ValueError(f"family must be G1, G2 or G3. Found {self.family!r}.")
+
+    def describe(self) -> str:
+        keys = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        extra = f", x0={self.x0!r}" if self.family == "G3" else ""
+        return f"{self.family}({keys}{extra})"
+
+
+def g1_params(**kw: Any) -> dict[str, Any]:
+    """API parameters of a G1 instance: linear losses (M = 0), no projection,
+    gradient norms exactly C everywhere (clipping=False is true)."""
+    return {"smoothness": 0.0, "clipping": False, "learning_rate": 0.1, **kw}
+
+
+def g2_params(*, strong_convexity: float, **kw: Any) -> dict[str, Any]:
+    """API parameters of a G2 instance: lam-strongly convex quadratics, M = lam."""
+    return {"smoothness": strong_convexity, "strong_convexity": strong_convexity, "clipping": False, **kw}
+
+
+def g3_params(*, diameter: float, **kw: Any) -> dict[str, Any]:
+    """API parameters of a G3 instance: linear losses on [-D/2, D/2] (M = 0,
+    gradient norms <= C everywhere)."""
+    return {"smoothness": 0.0, "clipping": False, "diameter": diameter, **kw}

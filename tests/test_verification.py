@@ -1,0 +1,177 @@
+"""G3 (projected 1-D random walk) correctness, its certified grid error, and a
+fast subset of the soundness fuzzing (the full run is marked slow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import integrate, special
+
+import lastiter_plugins as lp
+from lastiter_plugins.verification import fuzz
+from lastiter_plugins.verification.exact import g1_divergence, g1_params, g3_divergence, g3_error_terms, g3_params
+
+ORDERS = np.array([2.0, 4.0, 8.0])
+SMALL = {"max_nodes": 400, "fine_cells": 4000, "tolerance": 1e-3}
+
+
+def _phi(x, s):
+    return np.exp(-0.5 * (x / s) ** 2) / (s * math.sqrt(2 * math.pi))
+
+
+def _two_step_law(x0, d1, d2, half, s):
+    """Independent closed form / quad for the law after two projected steps with drifts d1, d2."""
+    a_l = special.ndtr((-half - x0 - d1) / s)
+    a_r = special.ndtr((x0 + d1 - half) / s)
+    r = s / math.sqrt(2.0)
+
+    def density(y):
+        m = ((y - d2) + (x0 + d1)) / 2.0
+        inner = _phi((y - d2) - (x0 + d1), s * math.sqrt(2.0)) * (
+            special.ndtr((half - m) / r) - special.ndtr((-half - m) / r)
+        )
+        return a_l * _phi(y + half - d2, s) + a_r * _phi(y - half - d2, s) + inner
+
+    def atom(sign):
+        edge = sign * half  # mass beyond +half (sign=1) or below -half (sign=-1)
+
+        def tail(x):
+            return special.ndtr(sign * (x + d2 - edge) / s)
+
+        inner, _ = integrate.quad(lambda x: tail(x) * _phi(x - x0 - d1, s), -half, half, epsabs=0, epsrel=1e-13)
+        return a_l * tail(-half) + a_r * tail(half) + inner
+
+    return density, atom(-1), atom(1)
+
+
+def _renyi(alpha, laws_p, laws_q, half):
+    (p, pl, pr), (q, ql, qr) = laws_p, laws_q
+    inner, _ = integrate.quad(
+        lambda y: p(y) ** alpha * q(y) ** (1 - alpha), -half, half, epsabs=0, epsrel=1e-12, limit=200
+    )
+    return math.log(inner + pl**alpha * ql ** (1 - alpha) + pr**alpha * qr ** (1 - alpha)) / (alpha - 1)
+
+
+def _mix(laws, weights):
+    def density(y):
+        return sum(w * law[0](y) for law, w in zip(laws, weights, strict=True))
+
+    return (
+        density,
+        sum(w * law[1] for law, w in zip(laws, weights, strict=True)),
+        sum(w * law[2] for law, w in zip(laws, weights, strict=True)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "b", "sampling", "x0"),
+    [(1, 1, "cyclic", 0.0), (2, 1, "cyclic", 0.3), (4, 1, "random_batch", -0.2), (3, 1, "shuffle_once", 0.1)],
+    ids=["cyclic-both-steps", "cyclic-position", "random-batch-mixture", "shuffle-once-mixture"],
+)
+def test_two_steps_match_an_independent_computation(n, b, sampling, x0):
+    """T = 2: the certified interval contains the divergence computed by closed
+    forms and scipy quadrature (no grid)."""
+    d, z, diameter = 0.5, 1.0, 1.6  # drift eta C / b = 0.5, noise s = 0.5, D / s = 3.2
+    params = g3_params(diameter=diameter, dataset_size=n, batch_size=b, noise_multiplier=z, steps=2,
+                       learning_rate=0.5, clip_norm=1.0, sampling=sampling)  # fmt: skip
+    s, half = 0.5, diameter / 2
+    position = 0 if sampling == "cyclic" else None
+    exact, grid = g3_divergence(ORDERS, params, x0=x0, position=position, **SMALL)
+
+    def law(pattern, sign):
+        return _two_step_law(x0, sign * d * pattern[0], sign * d * pattern[1], half, s)
+
+    if sampling == "cyclic":
+        pattern = (1, 1) if n == 1 else (1, 0)
+        laws = [(law(pattern, 1), law(pattern, -1))]
+        weights = [1.0]
+    elif sampling == "random_batch":
+        q = b / n
+        patterns = [(1, 1), (1, 0), (0, 1), (0, 0)]
+        laws = [(law(p, 1), law(p, -1)) for p in patterns]
+        weights = [q ** sum(p) * (1 - q) ** (2 - sum(p)) for p in patterns]
+    else:  # shuffle_once, n = 3, b = 1: position j in {0, 1, 2}, used at step j + 1 if j < 2
+        patterns = [(1, 0), (0, 1), (0, 0)]
+        laws = [(law(p, 1), law(p, -1)) for p in patterns]
+        weights = [1 / 3] * 3
+    p_law = _mix([pq[0] for pq in laws], weights)
+    q_law = _mix([pq[1] for pq in laws], weights)
+    for i, alpha in enumerate(ORDERS):
+        truth = max(_renyi(alpha, p_law, q_law, half), _renyi(alpha, q_law, p_law, half))
+        assert exact.lower[i] <= truth <= exact.upper[i], (alpha, exact.lower[i], truth, exact.upper[i])
+    assert grid.relative_error < 1e-3
+
+
+def test_one_step_without_reachable_boundary_is_the_gaussian_closed_form():
+    """D / s = 40: the projection is never active at the orders checked; T = 1 is G1's 2 alpha / z^2."""
+    params = g3_params(diameter=40.0, dataset_size=1, batch_size=1, noise_multiplier=2.0, steps=1,
+                       learning_rate=1.0, sampling="cyclic")  # fmt: skip
+    exact, _ = g3_divergence(np.array([2.0, 3.0]), params)
+    closed = g1_divergence(np.array([2.0, 3.0]), g1_params(dataset_size=1, batch_size=1, noise_multiplier=2.0,
+                                                           steps=1, sampling="cyclic"))  # fmt: skip
+    assert np.all(exact.lower <= closed.lower + 1e-9) and np.all(closed.upper <= exact.upper + 1e-9)
+
+
+def test_full_batch_sampling_equals_cyclic():
+    """q = 1 (b = n): RANDOM_BATCH and CYCLIC are the same process; the intervals coincide."""
+    common = dict(diameter=1.0, dataset_size=2, batch_size=2, noise_multiplier=1.5, steps=4, learning_rate=0.4)
+    a, _ = g3_divergence(ORDERS, g3_params(sampling="cyclic", **common), x0=0.1, **SMALL)
+    b, _ = g3_divergence(ORDERS, g3_params(sampling="random_batch", **common), x0=0.1, **SMALL)
+    np.testing.assert_allclose(a.lower, b.lower, rtol=1e-9)
+
+
+def test_certified_intervals_at_two_resolutions_overlap_and_shrink():
+    params = g3_params(diameter=1.2, dataset_size=3, batch_size=1, noise_multiplier=1.0, steps=6,
+                       learning_rate=0.3, sampling="random_batch")  # fmt: skip
+    coarse, g_coarse = g3_divergence(ORDERS, params, max_nodes=150, fine_cells=1500, tolerance=1e-9)
+    fine, g_fine = g3_divergence(ORDERS, params, max_nodes=600, fine_cells=6000, tolerance=1e-9)
+    assert np.all(np.maximum(coarse.lower, fine.lower) <= np.minimum(coarse.upper, fine.upper))
+    assert g_fine.relative_error < g_coarse.relative_error / 10
+    assert np.all(fine.width < coarse.width)
+
+
+def test_grid_error_bound_is_second_order_in_the_spacing():
+    e1 = g3_error_terms(1.0, 0.3, (0.0, 0.1, -0.1), 200, 2000, 10).relative_error
+    e2 = g3_error_terms(1.0, 0.3, (0.0, 0.1, -0.1), 399, 2000, 10).relative_error
+    assert 3.5 < e1 / e2 < 4.5
+
+
+def test_grid_error_is_far_below_the_soundness_margins():
+    """On the reference G3 instances the certified width of the exact value is
+    < 2% of the exact value and < 1/10 of each last-iterate bound's margin."""
+    rows = []
+    for sampling, relation, bid in [
+        ("random_batch", "replace_one", "altschuler-talwar"),
+        ("poisson", "add_or_remove_one", "liang-bounded"),
+        ("cyclic", "replace_one", "kong-ribero-bounded"),
+    ]:
+        params = g3_params(diameter=1.0, dataset_size=4, batch_size=1, noise_multiplier=1.0, steps=8,
+                           learning_rate=0.5, sampling=sampling, relation=relation)  # fmt: skip
+        exact, _ = g3_divergence(ORDERS, params, max_nodes=1500, fine_cells=12000, tolerance=1e-4)
+        bound = lp.rdp(bid, ORDERS, **params)
+        margin = bound - exact.estimate
+        rows.append((bid, exact.width.max(), margin.min()))
+        assert np.all(exact.width < 0.02 * exact.estimate)
+        assert np.all(exact.width < 0.1 * margin)
+    print("\n".join(f"{b}: certified width {w:.2e}, smallest margin {m:.3g}" for b, w, m in rows))
+
+
+def test_fuzz_subset_fast():
+    """A fixed-seed subset of the soundness fuzzing: every bound checked >= 4 times."""
+    report = fuzz.fuzz(checks_per_bound=4, seed=7, orders=np.array([2.0, 4.0, 16.0]))
+    print("\n" + report.summary())
+    assert not report.violations, report.summary()
+    assert set(report.checks) >= set(fuzz.TARGETS)
+    assert all(report.checks[b] >= 4 for b in fuzz.TARGETS)
+
+
+@pytest.mark.slow
+def test_fuzz_full():
+    """>= 1000 checks per bound (minutes; run with --runslow)."""
+    report = fuzz.fuzz(checks_per_bound=1000, seed=2026)
+    print("\n" + report.summary())
+    assert not report.violations, report.summary()
+    assert all(report.checks[b] >= 1000 for b in fuzz.TARGETS)
