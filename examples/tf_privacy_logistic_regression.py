@@ -140,8 +140,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--verbose", type=int, default=0, help="Keras fit verbosity (2 prints epsilon per epoch)")
     args = parser.parse_args(argv)
 
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(2)
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(2)
+    except RuntimeError:  # TensorFlow already initialised (e.g. when run from the tests)
+        pass
     data = load_data()
     constants = derive_constants(data[0], args.lam)
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"

@@ -481,3 +481,25 @@ def test_statement_accepts_whole_fractional_epochs():
     text = compute_last_iterate_privacy_statement(**dict(STATEMENT, num_epochs=2.5))
     assert "2.5 epochs = 40 iterations" in " ".join(text.split())
     assert math.isfinite(lp.account("best", DELTA, **dict(_keyword(), epochs=None, steps=40)).epsilon)
+
+
+# ---------------------------------------------------------------- the example
+
+
+def test_example_runs_and_prints_the_statement(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "tf_privacy_logistic_regression.py"
+    spec = importlib.util.spec_from_file_location("tf_privacy_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    x, _, _, _ = example.load_data()
+    assert np.allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-6)
+    constants = example.derive_constants(x, lam=0.05)
+    assert constants["clip"] == pytest.approx(2.0) and constants["smoothness"] == pytest.approx(0.3, rel=1e-6)
+    example.main(["--epochs", "2", "--sampling", "cyclic"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "for the final model only [best via ye-shokri-cyclic" in out
+    assert "protects the release of the FINAL model only" in out
+    assert "Baseline: TF Privacy's compute_dp_sgd_privacy_statement" in out
