@@ -41,7 +41,7 @@ import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dp_accounting
 import numpy as np
@@ -52,6 +52,8 @@ from lastiter_plugins.bounds import composition
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_delta, validate_orders
 from lastiter_plugins.errors import NotApplicableError
+
+_T = TypeVar("_T")
 
 DEFAULT_DELTA = 1e-5
 FORMATS = ("table", "markdown", "json", "csv")
@@ -145,9 +147,14 @@ class BestLine:
     order: float | None
     protects: str | None
     how: str  # how the minimum was taken
+    every_iterate_epsilon: float | None = None  # smallest valid composition-type number, same relation
+    every_iterate_winner: str | None = None
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["notes"] = list(self.notes)
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,13 +197,12 @@ _FOOTER = (
 )
 
 
-def _catching(fn: Callable[[], tuple[float, float | None]]) -> tuple[float, float | None, tuple[str, ...]]:
+def _catching(fn: Callable[[], _T]) -> tuple[_T, tuple[str, ...]]:
     """Run ``fn``; turn its warnings into notes instead of printing them."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        eps, order = fn()
-    notes = tuple(dict.fromkeys(str(w.message).strip() for w in caught))
-    return eps, order, notes
+        value = fn()
+    return value, tuple(dict.fromkeys(str(w.message).strip() for w in caught))
 
 
 # ---------------------------------------------------------------- registry rows
@@ -214,13 +220,8 @@ def _registry_row(
     eps = order = None
     notes: tuple[str, ...] = ()
     if check.applies:
-        result_box: list[api.EpsilonResult] = []
-
-        def compute() -> tuple[float, float]:
-            result_box.append(api.compute_epsilon(spec.id, cfg_r, a, delta, orders))
-            return result_box[0].epsilon, result_box[0].order
-
-        eps, order, notes = _catching(compute)
+        result, notes = _catching(functools.partial(api.compute_epsilon, spec.id, cfg_r, a, delta, orders))
+        eps, order = result.epsilon, result.order
     return Row(
         id=spec.id,
         label=spec.id,
@@ -352,13 +353,13 @@ def _swor_event(cfg: TrainingConfig) -> dp_accounting.DpEvent:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def _dpa_pld_swor_supported() -> bool:
+    """Whether the installed dp-accounting's PLD accountant takes sampling without
+    replacement (0.4.3 and 0.6.0 do not)."""
     accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
-    return bool(accountant.supports(dp_accounting.SampledWithoutReplacementDpEvent(10, 2, _unit_gaussian())))
-
-
-def _unit_gaussian() -> dp_accounting.DpEvent:
-    return dp_accounting.GaussianDpEvent(1.0)
+    event = dp_accounting.SampledWithoutReplacementDpEvent(10, 2, dp_accounting.GaussianDpEvent(1.0))
+    return bool(accountant.supports(event))
 
 
 def _dpa_pld_swor(cfg: TrainingConfig, delta: float, orders: np.ndarray) -> tuple[float, None]:
@@ -544,9 +545,9 @@ def _standard_row(acc: StandardAccountant, cfg: TrainingConfig, delta: float, or
         return None
     why_not: list[str] = []
     if cfg.sampling not in acc.covers:
-        covered = ", ".join(s.value for s in acc.covers)
+        covered = acc.covers[0].value if len(acc.covers) == 1 else "one of " + ", ".join(s.value for s in acc.covers)
         why_not.append(
-            f"sampling must be one of {covered} for {acc.label}. Found {cfg.sampling.value}: "
+            f"sampling must be {covered} for {acc.label}. Found {cfg.sampling.value}: "
             "its number assumes a sampling your pipeline does not do."
         )
     if not acc.guarantee:
@@ -560,7 +561,7 @@ def _standard_row(acc: StandardAccountant, cfg: TrainingConfig, delta: float, or
         why_not.append(f"dp-accounting {version}'s PLDAccountant does not support SampledWithoutReplacementDpEvent.")
     else:
         try:
-            eps, order, notes = _catching(lambda: acc.compute(cfg, delta, orders))
+            (eps, order), notes = _catching(functools.partial(acc.compute, cfg, delta, orders))
         except Exception as exc:  # a host library's failure is reported in the row, not hidden
             notes = (f"{acc.label} failed: {type(exc).__name__}: {exc}",)
     valid = not why_not
@@ -624,17 +625,23 @@ def best_lines(
 
     For the registry the per-order RDP minimum ``best`` of BOUNDS.md section 5 is
     used (it can be below every single bound); counted standard accountants of
-    the same relation join by their epsilon. A relation with no valid row is
-    listed only when it is the declared one.
+    the same relation join by their epsilon. Each line also names the smallest
+    valid every-iterate number of the same relation (composition or a standard
+    accountant), the number the last-iterate bounds are to be compared with. A
+    relation with no valid row is listed only when it is the declared one.
     """
     orders = validate_orders(orders)
     relations = [config.relation, *(r for r in Relation if r is not config.relation)]
     out = []
     for relation in relations:
         candidates: list[tuple[float, str, float | None, str]] = []
-        how = []
+        how: list[str] = []
+        notes: tuple[str, ...] = ()
+        compute_best = functools.partial(
+            api.compute_epsilon, registry.BEST, config.replace(relation=relation), assumptions, delta, orders
+        )
         try:
-            result = api.compute_epsilon(registry.BEST, config.replace(relation=relation), assumptions, delta, orders)
+            result, notes = _catching(compute_best)
         except NotApplicableError:
             pass
         else:
@@ -653,7 +660,26 @@ def best_lines(
                 out.append(BestLine(relation.value, True, None, None, None, None, "no valid accountant"))
             continue
         eps, winner, order, protects = min(candidates, key=lambda c: c[0])
-        out.append(BestLine(relation.value, relation is config.relation, eps, winner, order, protects, "; ".join(how)))
+        every = [
+            (r.epsilon, r.id)
+            for r in rows
+            if r.counted and r.relation == relation.value and r.protects == EVERY_ITERATE and r.epsilon is not None
+        ]
+        every_eps, every_id = min(every) if every else (None, None)
+        out.append(
+            BestLine(
+                relation=relation.value,
+                declared=relation is config.relation,
+                epsilon=eps,
+                winner=winner,
+                order=order,
+                protects=protects,
+                how="; ".join(how),
+                every_iterate_epsilon=every_eps,
+                every_iterate_winner=every_id,
+                notes=notes,
+            )
+        )
     return tuple(out)
 
 
@@ -732,7 +758,16 @@ def _best_text(b: BestLine) -> str:
     if b.epsilon is None:
         return f"{b.relation}{declared}: no valid accountant for this pipeline"
     order = f", order {b.order:g}" if b.order is not None else ""
-    return f"{b.relation}{declared}: epsilon = {_num(b.epsilon)} via {b.winner}{order}, protects {b.protects}"
+    text = f"{b.relation}{declared}: epsilon = {_num(b.epsilon)} via {b.winner}{order}, protects {b.protects}"
+    if b.protects == FINAL_MODEL and b.every_iterate_epsilon is not None:
+        ratio = b.every_iterate_epsilon / b.epsilon if b.epsilon > 0 else math.inf
+        text += (
+            f"; {ratio:.3g}x below the best valid every-iterate accountant "
+            f"({b.every_iterate_winner}: {_num(b.every_iterate_epsilon)})"
+        )
+    if b.notes:
+        text += " [" + "; ".join(b.notes) + "]"
+    return text
 
 
 def _notes(row: Row) -> list[str]:

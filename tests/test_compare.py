@@ -88,6 +88,8 @@ def test_builtin_last_iterate_wins_by_a_large_factor(builtin):
     assert best.winner == "ye-shokri-shuffle" and best.protects == compare.FINAL_MODEL
     standard = min(r.epsilon for r in builtin.rows if r.kind != "last-iterate bound" and r.counted)
     assert standard / best.epsilon > 15
+    assert (best.every_iterate_epsilon, best.every_iterate_winner) == (standard, "dp-accounting-pld-epoch")
+    assert "20.8x below the best valid every-iterate accountant" in compare.format_table(builtin)
 
 
 def test_standard_epoch_accountants_match_the_composition(builtin):
