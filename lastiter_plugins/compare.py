@@ -86,6 +86,7 @@ BUILTIN_SCENARIO: dict[str, Any] = {
 }
 
 _SCENARIO_TEXT_KEYS = ("name", "description")
+_REQUIRED = ("dataset_size", "batch_size", "noise_multiplier", "sampling")
 
 
 # ---------------------------------------------------------------- rows
@@ -770,6 +771,17 @@ def _best_text(b: BestLine) -> str:
     return text
 
 
+def _hosts_line(c: Comparison) -> str:
+    parts = []
+    for host, version in c.hosts.items():
+        if version is None:
+            fix = f"pip install 'lastiter-plugins[{host}]'"
+            parts.append(f"{host} not installed (its accountants are not shown: {fix})")
+        else:
+            parts.append(f"{host} {version}")
+    return "Host libraries: " + ", ".join(parts) + "."
+
+
 def _notes(row: Row) -> list[str]:
     out = []
     if row.why_not:
@@ -820,7 +832,7 @@ def format_table(c: Comparison) -> str:
         out.append(line(cells))
     out += ["", "Best valid for this pipeline, per neighbouring relation:"]
     out += [f"  {_best_text(b)}" for b in c.best]
-    out += ["", "Notes:", *notes, "", _FOOTER]
+    out += ["", "Notes:", *notes, "", _hosts_line(c), _FOOTER]
     return "\n".join(out)
 
 
@@ -846,7 +858,7 @@ def format_markdown(c: Comparison) -> str:
         out.append("| " + " | ".join(_md_escape(x) if i < len(head) - 1 else x for i, x in enumerate(cells)) + " |")
     out += ["", "Best valid for this pipeline, per neighbouring relation:", ""]
     out += [f"- {_md_escape(_best_text(b))}" for b in c.best]
-    out += ["", f"_{_FOOTER}_"]
+    out += ["", _md_escape(_hosts_line(c)), "", f"_{_FOOTER}_"]
     return "\n".join(out)
 
 
@@ -995,6 +1007,18 @@ def scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], f
             params.pop("epochs", None)
         params.update(given)
     elif given:
+        # Flags never fill in from the built-in scenario: its loss assumptions
+        # (clipping=False, ...) are true of its model, not of yours.
+        missing = [key for key in _REQUIRED if key not in given]
+        if "steps" not in given and "epochs" not in given:
+            missing.append("steps")
+        if missing:
+            flag = "--steps or --epochs" if missing[0] == "steps" else "--" + missing[0].replace("_", "-")
+            raise ValueError(
+                f"{flag} is required when compare is given flags without --config (flags describe your whole "
+                "pipeline; they do not modify the built-in scenario). Give it, or put the scenario in a TOML "
+                "file and pass --config FILE (see examples/scenarios/)."
+            )
         name, params, delta = "custom scenario", given, DEFAULT_DELTA
     else:
         name, params, delta = split_scenario(BUILTIN_SCENARIO)

@@ -333,7 +333,9 @@ def test_missing_config_file_and_incomplete_flags_exit_with_status_2(capsys, tmp
     code, _, err = run(capsys, "--config", str(tmp_path / "nope.toml"))
     assert code == 2 and "config must be a readable TOML file" in err
     code, _, err = run(capsys, "--dataset-size", "100", "--batch-size", "10")
-    assert code == 2 and "is required" in err
+    assert code == 2 and "--noise-multiplier is required" in err and "do not modify the built-in" in err
+    code, _, err = run(capsys, "--epochs", "10")  # no silent mix with the built-in scenario's assumptions
+    assert code == 2 and "--dataset-size is required" in err
     code, _, err = run(capsys, "--format", "yaml")
     assert code == 2 and err.count("\n") == 1
 
