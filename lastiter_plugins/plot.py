@@ -132,14 +132,24 @@ def _merge_identical(curves: list[Curve]) -> list[tuple[list[str], Curve]]:
     return merged
 
 
+MIN_MATPLOTLIB = (3, 7)  # legend placement "outside lower center"
+
+
 def _matplotlib():
     try:
+        import matplotlib
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise PlotDependencyError(
             "--plot needs matplotlib, which is not installed: pip install 'lastiter-plugins[plot]'."
         ) from exc
+    version = tuple(int(p) for p in matplotlib.__version__.split(".")[:2] if p.isdigit())
+    if version < MIN_MATPLOTLIB:
+        raise PlotDependencyError(
+            f"--plot needs matplotlib >= {'.'.join(map(str, MIN_MATPLOTLIB))}. Found {matplotlib.__version__}: "
+            "pip install -U 'lastiter-plugins[plot]' 'matplotlib>=3.7'."
+        )
     return Figure, FigureCanvasAgg
 
 

@@ -389,13 +389,20 @@ def test_plot_is_written(tmp_path, capsys):
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path, capsys):
-    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+    for module in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ImportError, match=r"pip install 'lastiter-plugins\[plot\]'"):
         plot.plot_epsilon_vs_epochs(SMALL, 1e-5, tmp_path / "x.png")
     code, _, err = run(capsys, "--config", str(SCENARIOS[0]), "--plot", str(tmp_path / "x.png"))
     assert code == 2 and "lastiter-plugins[plot]" in err and err.count("\n") == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_refuses_an_old_matplotlib(monkeypatch, tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    monkeypatch.setattr(matplotlib, "__version__", "3.5.1")
+    with pytest.raises(plot.PlotDependencyError, match=r"matplotlib >= 3\.7\. Found 3\.5\.1"):
+        plot.plot_epsilon_vs_epochs(SMALL, 1e-5, tmp_path / "x.png")
 
 
 def test_plot_into_a_missing_folder_exits_with_status_2(capsys, tmp_path):
