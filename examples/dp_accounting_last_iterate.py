@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dp_accounting
 from dp_accounting import dp_event
+
 from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
 
 N, BATCH, EPOCHS, NOISE, LR, DELTA = 1000, 50, 20, 4.0, 1.0, 1e-5

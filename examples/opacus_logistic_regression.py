@@ -38,13 +38,14 @@ import warnings
 
 import numpy as np
 import torch
-from lastiter_plugins.adapters import opacus as lastiter_opacus
 from opacus import PrivacyEngine
 from opacus.accountants import RDPAccountant
 from opacus.grad_sample import register_grad_sampler
 from sklearn.datasets import load_breast_cancer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+from lastiter_plugins.adapters import opacus as lastiter_opacus
 
 DELTA = 1e-5
 FEATURE_NORM = 1.0  # ||z|| for every possible example, by construction

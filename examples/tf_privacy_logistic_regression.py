@@ -41,15 +41,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 import tensorflow as tf
+from sklearn.datasets import load_breast_cancer
+from tensorflow_privacy import DPKerasSGDOptimizer
+
+from lastiter_plugins import compute_epsilon
 from lastiter_plugins.adapters.tf_privacy import (
     LastIterateCallback,
     ProjectionCallback,
     compute_last_iterate_privacy_statement,
 )
-from sklearn.datasets import load_breast_cancer
-from tensorflow_privacy import DPKerasSGDOptimizer
-
-from lastiter_plugins import compute_epsilon
 
 PRIVATE_EXAMPLES = 512
 SEED = 0

@@ -17,10 +17,11 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from lastiter_plugins.adapters import opacus as lo
 from opacus import PrivacyEngine
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from torch.utils.data import DataLoader, TensorDataset
+
+from lastiter_plugins.adapters import opacus as lo
 
 N, GLOBAL_BATCH, EPOCHS, LR, DELTA = 100, 20, 2, 0.5, 1e-5
 ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]

@@ -19,14 +19,14 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+import lastiter_plugins as lp
 from lastiter_plugins.adapters.dp_accounting import (
     BoundId,
     LastIterateAccountant,
     LastIterateDpSgdEvent,
     SamplingScheme,
 )
-
-import lastiter_plugins as lp
 
 R1 = dp_accounting.NeighboringRelation.REPLACE_ONE
 AOR = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE

@@ -14,13 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from opacus import PrivacyEngine  # noqa: E402
 from opacus.accountants import RDPAccountant, create_accountant  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
+from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [

@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 tfp_privacy = pytest.importorskip("tensorflow_privacy")
 
+import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import tf_privacy as adapter  # noqa: E402
 from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     AccountingError,
@@ -21,8 +22,6 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     ProjectionCallback,
     compute_last_iterate_privacy_statement,
 )
-
-import lastiter_plugins as lp  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 try:
