@@ -142,11 +142,40 @@ def _mixture_log_density(weights: np.ndarray, means: np.ndarray, x: np.ndarray, 
     return out
 
 
-def _tail_terms(orders, p_lo, p_hi, q_lo, q_hi, variance):
-    """Exponents and centres of the closed-form tail bounds of p^a q^(1-a) (right, left)."""
-    e_right = orders * (orders - 1.0) * (p_hi - q_lo) ** 2 / (2.0 * variance)
-    e_left = orders * (orders - 1.0) * (p_lo - q_hi) ** 2 / (2.0 * variance)
-    return e_right, orders * p_hi - (orders - 1.0) * q_lo, e_left, orders * p_lo - (orders - 1.0) * q_hi
+def _log_tail(orders, log_w, means, anchor, x, std, right: bool) -> np.ndarray:
+    r"""log of a bound on the integral of p^a q^(1-a) beyond ``x`` (right) or below it (left).
+
+    With q(t) >= phi(t - anchor) there (anchor = the smallest q-mean on the right,
+    the largest on the left, and x beyond every q-mean) and Jensen's inequality
+    :math:`(\sum_j w_j \phi_j)^a \le \sum_j w_j \phi_j^a` for a > 1:
+    :math:`p^a q^{1-a} \le \sum_j w_j \phi_V(t - c_j) e^{E_j}`,
+    :math:`c_j = a\mu_j - (a-1)\,anchor`, :math:`E_j = a(a-1)(\mu_j - anchor)^2/(2V)`.
+    """
+    a = orders[:, None]
+    c = a * means[None, :] - (a - 1.0) * anchor
+    e = a * (a - 1.0) * (means[None, :] - anchor) ** 2 / (2.0 * std**2)
+    u = (c - x) / std if right else (x - c) / std
+    return _logsumexp(log_w[None, :] + e + special.log_ndtr(u), axis=1)
+
+
+def _window_edge(orders, mixtures, start, std, right: bool, target=-45.0) -> float:
+    """The first x (searching outwards from ``start``) where every tail bound is <= e^target."""
+
+    def worst(x):
+        return max(float(_log_tail(orders, lw, m, anchor, x, std, right).max()) for lw, m, anchor in mixtures)
+
+    sign = 1.0 if right else -1.0
+    step = std
+    while worst(start + sign * step) > target:
+        step *= 2.0
+    lo, hi = 0.0, step
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if worst(start + sign * mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return start + sign * hi
 
 
 def gaussian_mixture_renyi(
@@ -161,17 +190,16 @@ def gaussian_mixture_renyi(
     cells: int = 20_000,
     max_work: float = 1e7,
     both_directions: bool = True,
+    per_order: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""Certified ``(lower, upper)`` for :math:`D_\alpha(P\|Q)` (and, with
     ``both_directions``, the maximum with :math:`D_\alpha(Q\|P)`) for
     :math:`P = \sum_j w_j \mathcal N(\mu_j, V)`, :math:`Q = \sum_k v_k \mathcal N(\nu_k, V)` in 1-D.
 
     Two single Gaussians: the closed form :math:`\alpha(\mu-\nu)^2/(2V)`.
-    Otherwise the line is cut into ``cells`` equal cells on a window chosen so
-    that the tails carry at most ``e^-45`` (closed-form bound: beyond every mean,
-    :math:`p^\alpha q^{1-\alpha} \le \phi_V(x - c)\, e^{\alpha(\alpha-1)\Delta^2/(2V)}`
-    with :math:`c = \alpha p_{max} - (\alpha-1) q_{min}`, :math:`\Delta = p_{max} - q_{min}`
-    on the right, symmetrically on the left), plus the two tail cells. The
+    Otherwise the line is cut into ``cells`` equal cells on a window beyond
+    which the tails carry at most ``e^-45`` of the integral (weight-aware
+    closed-form bound, see :func:`_log_tail`), plus the two tail cells. The
     lower end is the divergence of the exact cell masses (data processing);
     the upper end multiplies each inner cell's term by :math:`e^{(\alpha-1) v_c}`,
     where :math:`v_c = |f(e_1) - f(e_0)| + K h^2/4` bounds the variation of
@@ -183,28 +211,34 @@ def gaussian_mixture_renyi(
     ``missing_mass``: total weight dropped from both mixtures (truncated
     binomials); the lower end stays rigorous (Q's cells are inflated by it),
     the upper end is then not certified (inf).
+
+    ``per_order``: one window (and grid) per order, fitted to that order's
+    tails: tighter intervals at small orders, ``len(orders)`` times the work.
     """
     orders = np.asarray(orders, dtype=float)
     pw, pm = np.asarray(p_weights, float), np.asarray(p_means, float)
     qw, qm = np.asarray(q_weights, float), np.asarray(q_means, float)
+    if per_order and orders.size > 1:
+        kw = dict(missing_mass=missing_mass, cells=cells, max_work=max_work, both_directions=both_directions)
+        pairs = [gaussian_mixture_renyi(orders[i : i + 1], pw, pm, qw, qm, variance, **kw) for i in range(orders.size)]
+        return np.concatenate([lo for lo, _ in pairs]), np.concatenate([up for _, up in pairs])
     if pm.size == 1 and qm.size == 1 and missing_mass == 0.0:
         value = orders * (pm[0] - qm[0]) ** 2 / (2.0 * variance)
         slack = 1e-12 * value
         return value - slack, value + slack
     std = math.sqrt(variance)
+    with np.errstate(divide="ignore"):
+        lpw, lqw = np.log(pw), np.log(qw)
     all_means = np.concatenate((pm, qm))
     lo_mean, hi_mean = float(all_means.min()), float(all_means.max())
-    p_lo, p_hi, q_lo, q_hi = float(pm.min()), float(pm.max()), float(qm.min()), float(qm.max())
-    directions = [(p_lo, p_hi, q_lo, q_hi, False)]
+    # (log weights, means, anchor) of the numerator mixture, per direction and side
+    right = [(lpw, pm, float(qm.min()))]
+    left = [(lpw, pm, float(qm.max()))]
     if both_directions:
-        directions.append((q_lo, q_hi, p_lo, p_hi, True))
-    tails = [_tail_terms(orders, a, b, c, d, variance) for a, b, c, d, _ in directions]
-    x_right = max(hi_mean, *(float(t[1].max()) for t in tails)) + std * math.sqrt(
-        2.0 * (max(float(t[0].max()) for t in tails) + 45.0)
-    )
-    x_left = min(lo_mean, *(float(t[3].min()) for t in tails)) - std * math.sqrt(
-        2.0 * (max(float(t[2].max()) for t in tails) + 45.0)
-    )
+        right.append((lqw, qm, float(pm.min())))
+        left.append((lqw, qm, float(pm.max())))
+    x_right = _window_edge(orders, right, hi_mean, std, right=True)
+    x_left = _window_edge(orders, left, lo_mean, std, right=False)
     n_cells = int(max(200, min(cells, max_work / max(pm.size, qm.size))))
     edges = np.linspace(x_left, x_right, n_cells + 1)
     h = (x_right - x_left) / n_cells
@@ -217,9 +251,11 @@ def gaussian_mixture_renyi(
     variation = np.abs(np.diff(f_edges)) + curvature * h**2 / 4.0
     lower = np.zeros_like(orders)
     upper = np.zeros_like(orders)
-    for (*_, swap), (e_right, c_right, e_left, c_left) in zip(directions, tails, strict=True):
-        lp, lq = (log_q, log_p) if swap else (log_p, log_q)
+    for k in range(len(right)):
+        lp, lq = (log_q, log_p) if k == 1 else (log_p, log_q)
         lq_low = np.logaddexp(lq, math.log(missing_mass)) if missing_mass > 0 else lq
+        tail_r = _log_tail(orders, *right[k], x_right, std, right=True)
+        tail_l = _log_tail(orders, *left[k], x_left, std, right=False)
         for i, a in enumerate(orders):
             log_i = _logsumexp(a * lp + (1.0 - a) * lq_low)
             rounding = (2.0 * a - 1.0) * 64 * _UNIT_ROUNDOFF * n_cells / (a - 1.0)
@@ -228,9 +264,7 @@ def gaussian_mixture_renyi(
                 upper[i] = np.inf
                 continue
             log_inner = _logsumexp(a * lp[1:-1] + (1.0 - a) * lq[1:-1] + (a - 1.0) * variation)
-            tail_r = e_right[i] + special.log_ndtr(-(x_right - c_right[i]) / std)
-            tail_l = e_left[i] + special.log_ndtr((x_left - c_left[i]) / std)
-            log_up = _logsumexp(np.array([log_inner, tail_r, tail_l]))
+            log_up = _logsumexp(np.array([log_inner, tail_r[i], tail_l[i]]))
             upper[i] = max(upper[i], log_up / (a - 1.0) + rounding)
     return lower, upper
 
@@ -245,10 +279,10 @@ def _mixture_divergence(
 
 
 def _binomial_weights(steps: int, q: float) -> tuple[np.ndarray, np.ndarray, float]:
-    """Binomial(T, q) support and weights, dropping terms below e^-69 ~ 1e-30 of the mode (their total is returned)."""
+    """Binomial(T, q) support and weights, dropping terms below e^-700 of the mode (their total is returned)."""
     support = np.arange(steps + 1)
     log_pmf = stats.binom.logpmf(support, steps, q)
-    keep = log_pmf >= log_pmf.max() - 69.0
+    keep = log_pmf >= log_pmf.max() - 700.0
     dropped = float(np.exp(_logsumexp(log_pmf[~keep]))) if (~keep).any() else 0.0
     weights = np.exp(log_pmf[keep])
     return support[keep].astype(float), weights / weights.sum() * (1.0 - dropped), dropped
