@@ -377,6 +377,33 @@ def _read_fit(model: Any) -> FitSettings:
     )
 
 
+def _check_stopping(callbacks: Sequence[Any]) -> None:
+    """Refuse callbacks that choose the released model or the stopping time from the training."""
+    for cb in callbacks:
+        if isinstance(cb, tf.keras.callbacks.EarlyStopping):
+            if cb.restore_best_weights:
+                raise AccountingError(
+                    "EarlyStopping must not be used with restore_best_weights=True: it replaces the final "
+                    f"model by the iterate of the epoch with the best {cb.monitor!r}, an iterate selected by "
+                    "comparing intermediate iterates on (private) data. The last-iterate bounds cover the "
+                    "final iterate of a fixed number of steps only, not a selected one. Remove EarlyStopping "
+                    "and choose the number of epochs before training. Found restore_best_weights=True."
+                )
+            raise AccountingError(
+                "EarlyStopping must not be in fit's callbacks: it stops training at an epoch chosen from "
+                f"{cb.monitor!r}, computed on the private data (validation_split included), and a stopping "
+                "time chosen from the private data is not covered by the bounds, which assume a number of "
+                "steps fixed in advance. Remove EarlyStopping and choose the number of epochs before "
+                f"training. Found EarlyStopping(monitor={cb.monitor!r}, restore_best_weights=False)."
+            )
+        if isinstance(cb, tf.keras.callbacks.TerminateOnNaN):
+            raise AccountingError(
+                "TerminateOnNaN must not be in fit's callbacks: it stops training when the loss on the "
+                "private data becomes NaN, a data-dependent stopping time the bounds do not cover (they "
+                "assume a number of steps fixed in advance). Remove it. Found TerminateOnNaN."
+            )
+
+
 def _check_sampling(declared: Sampling, shuffle: bool | str) -> None:
     if isinstance(shuffle, str) or shuffle not in _SAMPLINGS_FOR_SHUFFLE:
         raise AccountingError(
@@ -496,7 +523,13 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
 
     ``epsilon`` covers the FINAL model only (``composition`` excepted, which
     covers every iterate) under the declared neighbouring relation: checkpoints
-    saved during training must not be released.
+    saved during training (``ModelCheckpoint``, ``save_best_only`` included)
+    must not be released. It covers a number of steps fixed before training:
+    ``EarlyStopping`` (with or without ``restore_best_weights``) and
+    ``TerminateOnNaN`` are refused, and a callback that sets
+    ``model.stop_training`` voids the epsilon. It describes the model only as
+    long as the model takes no step it did not count: reading ``epsilon`` after
+    a later ``fit`` without it, ``train_on_batch`` or a recompilation raises.
 
     Every batch must be full (``batch_size`` divides ``dataset_size``): TF
     Privacy divides a short last batch by its own size, which the bounds do
@@ -521,7 +554,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
     Raises:
       ValueError: invalid arguments (at construction).
       AccountingError: a setting the bounds do not cover (at ``on_train_begin``,
-        or during training for a learning-rate change).
+        or during training for a learning-rate change or a stopped training);
+        when reading ``epsilon``, ``result`` or ``config``, steps the callback
+        did not count.
       NotApplicableError: the chosen bound does not apply to the planned run.
     """
 
@@ -573,6 +608,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self._steps = 0
         self._failure: str | None = None
         self._cache: EpsilonResult | None = None
+        self._optimizer: Any = None
 
     # -- reading ------------------------------------------------------------
 
@@ -605,6 +641,33 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             raise AccountingError(self._failure)
         if self._template is None or self._steps == 0:
             raise AccountingError("no optimizer step has been counted yet: train with model.fit first.")
+        # The epsilon describes the model only while it is still the iterate after the counted steps:
+        # any later step (fit without this callback, train_on_batch, a custom loop) is unaccounted.
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not self._optimizer:
+            raise AccountingError(
+                "model.optimizer must be the optimizer whose steps this callback counted: the model was "
+                "compiled again, so steps taken with the new optimizer are not accounted. Found "
+                f"{type(optimizer).__name__} object {id(optimizer):#x}, not the accounted one "
+                f"{id(self._optimizer):#x}; account the whole training in one fit call with this callback."
+            )
+        expected = self._start_iterations + self._steps
+        iterations = int(optimizer.iterations.numpy())
+        if iterations > expected:
+            raise AccountingError(
+                f"model.optimizer.iterations must equal the {expected} steps this callback counted: the "
+                f"model took {iterations - expected} optimizer step(s) it did not see (a later fit or "
+                "train_on_batch without this callback, a custom training loop, or epsilon read by another "
+                "callback before this one's on_train_batch_end), so the epsilon would describe fewer steps "
+                f"than the model took. Found iterations={iterations}; account the whole training in one "
+                "fit call with this callback."
+            )
+        if iterations < expected:
+            raise AccountingError(
+                f"model.optimizer.iterations must equal the {expected} steps this callback counted: the "
+                "step count was set back (a restored optimizer state?), so the steps the model took are "
+                f"unknown. Found iterations={iterations}."
+            )
 
     # -- the Keras hooks ----------------------------------------------------
 
@@ -643,6 +706,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 f"released with the model. Use LayerNormalization or GroupNormalization. Found {batch_norms}."
             )
         self._check_projection(fit)
+        _check_stopping(fit.callbacks)
         planned_steps = max(fit.epochs, 1) * fit.steps_per_epoch
         template = TrainingConfig(
             dataset_size=fit.dataset_size,
@@ -657,6 +721,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         # Refuse before the first step when the bound does not apply to the planned run.
         compute_epsilon(self.bound, template, self.assumptions, self.delta, self.orders)
         self.optimizer_settings, self.fit_settings, self._template = settings, fit, template
+        self._optimizer = model.optimizer
 
     def _check_projection(self, fit: FitSettings) -> None:
         projections = [cb for cb in fit.callbacks if isinstance(cb, ProjectionCallback)]
@@ -720,6 +785,19 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             return
         if logs is not None:
             logs["epsilon"] = self.epsilon
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._template is None or self._failure is not None:
+            return
+        if getattr(self.model, "stop_training", False):
+            planned = self._template.steps
+            self._fail(
+                "model.stop_training must stay False: a callback set it and stopped "
+                f"training after {self._steps} of the {planned} planned steps. A stopping time chosen during "
+                "training from the private data is not covered by the bounds, which assume a number of "
+                "steps fixed in advance; the epsilon of this run is void. Choose the number of epochs "
+                "before training. Found model.stop_training=True."
+            )
 
 
 # ---------------------------------------------------------------- the statement
@@ -875,7 +953,11 @@ def compute_last_iterate_privacy_statement(
             "intermediate checkpoints, models evaluated or published during training, or anything "
             "computed from them: they must stay private. (TF Privacy's statement below protects the "
             "release of all model checkpoints in addition to the final model, with different numbers; "
-            "the 'composition' rows below also protect every iterate.)"
+            "the 'composition' rows below also protect every iterate.) It covers the model after the "
+            f"{steps} iterations stated, a number fixed before training: a stopping time chosen from the "
+            "private data (early stopping on a training or validation metric) and a model selected among "
+            "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not "
+            "covered."
         ),
         _assumptions_paragraph(assumptions, config.clip_norm),
     ]

@@ -310,6 +310,99 @@ def test_second_fit_with_a_used_optimizer_is_refused(data):
         model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[accountant()], verbose=0)
 
 
+def _more_fit(model, x, y):
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+def _train_on_batch(model, x, y):
+    model.train_on_batch(x[:B], y[:B])
+
+
+def _recompile_and_fit(model, x, y):
+    # A new optimizer starts at iterations = 0: its count alone would match the accounted 4 steps.
+    model.compile(optimizer=dp_sgd(), loss=model.loss)
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+UNSEEN_STEPS = [
+    ("fit-without-callback", _more_fit, "model took 4 optimizer step\\(s\\) it did not see"),
+    ("train-on-batch", _train_on_batch, "model took 1 optimizer step\\(s\\) it did not see"),
+    ("recompiled", _recompile_and_fit, "model.optimizer must be the optimizer whose steps this callback counted"),
+]
+
+
+@pytest.mark.parametrize(
+    ("train_more", "fragment"), [case[1:] for case in UNSEEN_STEPS], ids=[case[0] for case in UNSEEN_STEPS]
+)
+def test_steps_the_callback_did_not_see_void_the_epsilon(data, train_more, fragment):
+    x, y = data
+    model = make_model()
+    cb = accountant()
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0)
+    assert cb.epsilon == pytest.approx(core("best", N // B, "cyclic").epsilon, rel=1e-12)
+    train_more(model, x, y)
+    for read in ("epsilon", "result", "config"):
+        with pytest.raises(AccountingError, match=fragment):
+            getattr(cb, read)
+
+
+STOPPING_REFUSALS = [
+    (
+        "early-stopping-restore",
+        lambda: tf.keras.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True),
+        "EarlyStopping must not be used with restore_best_weights=True",
+    ),
+    (
+        "early-stopping",
+        lambda: tf.keras.callbacks.EarlyStopping(monitor="loss"),
+        "EarlyStopping must not be in fit's callbacks.*stopping time chosen from the private data",
+    ),
+    ("terminate-on-nan", tf.keras.callbacks.TerminateOnNaN, "TerminateOnNaN must not be in fit's callbacks"),
+]
+
+
+@pytest.mark.parametrize(
+    ("make_callback", "fragment"), [case[1:] for case in STOPPING_REFUSALS], ids=[case[0] for case in STOPPING_REFUSALS]
+)
+def test_data_dependent_stopping_is_refused_before_any_step(data, make_callback, fragment):
+    x, y = data
+    model = make_model()
+    callbacks = [accountant(), make_callback()]
+    with pytest.raises(AccountingError, match=fragment):
+        model.fit(x[:N], y[:N], batch_size=B, epochs=3, shuffle=False, callbacks=callbacks, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_model_checkpoint_save_best_only_is_accepted(data, tmp_path):
+    # It only saves: the model fit returns is still the last iterate (the docs say the files must stay private).
+    x, y = data
+    model = make_model()
+    cb = accountant()
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(
+        str(tmp_path / "best.weights.h5"), monitor="loss", save_best_only=True, save_weights_only=True
+    )
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb, checkpoint], verbose=0)
+    assert cb.epsilon == pytest.approx(core("best", N // B, "cyclic").epsilon, rel=1e-12)
+
+
+def test_training_stopped_by_a_callback_voids_the_epsilon(data):
+    x, y = data
+
+    class StopAfterFirstEpoch(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    model = make_model()
+    cb = accountant()
+    callbacks = [cb, StopAfterFirstEpoch()]
+    fragment = r"model\.stop_training must stay False.*after 4 of the 8 planned steps"
+    with pytest.raises(AccountingError, match=fragment):  # raised by fit, at on_train_end
+        model.fit(x[:N], y[:N], batch_size=B, epochs=2, shuffle=False, callbacks=callbacks, verbose=0)
+    assert cb.steps == N // B  # stopped after one of the two planned epochs
+    with pytest.raises(AccountingError, match=fragment):
+        _ = cb.epsilon
+
+
 def test_learning_rate_change_during_training_voids_the_epsilon(data):
     x, y = data
     model = make_model()
@@ -426,6 +519,9 @@ def test_statement_content():
     flat = " ".join(text.split())
     assert "protects the release of the FINAL model only" in flat
     assert "It does not protect intermediate checkpoints" in flat
+    assert "It covers the model after the 320 iterations stated, a number fixed before training" in flat
+    assert "early stopping on a training or validation metric" in flat
+    assert "restoring the best weights, releasing the best checkpoint) are not covered" in flat
     assert "512 examples with 32 examples per iteration (16 iterations per epoch)" in flat
     assert "20 epochs = 320 iterations" in flat
     assert "replace-one adjacency" in flat
