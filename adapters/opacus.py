@@ -28,8 +28,14 @@ What the accountant sees and checks (see docs/opacus.md):
   weight decay, maximize) whose learning rate equals the registered one on every
   step (a scheduler is refused: no safe direction exists for every bound); constant
   noise multiplier, clipping norm, loss reduction and number of accumulated batches.
+- Skipped steps (``signal_skip_step``): only Opacus' ``BatchMemoryManager`` splitting
+  one loader batch is accepted; accumulating several loader batches into one noisy
+  step is refused (a read-only forward pre-hook on the private module counts the
+  examples since the last real step; for Poisson the BatchMemoryManager sampler is
+  looked up).
 - Projection: bounds that need a diameter D need :func:`attach_projection` on the
   optimizer being accounted for.
+- Checkpoints: a shuffle-once run must resume with the same permutation (digest).
 
 Mapping of Opacus' update to the core's ``TrainingConfig`` (exact, not an
 approximation): Opacus computes ``x - lr / N * (sum of clipped gradients + N(0, (zC)^2))``
@@ -43,6 +49,8 @@ lr * b, never the optimistic "b = 1".
 from __future__ import annotations
 
 import dataclasses
+import gc
+import hashlib
 import math
 import numbers
 import secrets
@@ -64,6 +72,7 @@ try:  # the host library is optional for the package, required for this module
     from opacus.accountants import IAccountant, register_accountant
     from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
     from opacus.privacy_engine import PrivacyEngine
+    from opacus.utils.batch_memory_manager import BatchSplittingSampler
     from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
     from torch.utils.data.distributed import DistributedSampler
@@ -91,8 +100,11 @@ __all__ = [
 
 #: What every number of this adapter protects (printed by :meth:`LastIterateAccountant.report`).
 THREAT_MODEL = (
-    "Threat model: the last-iterate bounds protect the FINAL model only; intermediate checkpoints "
-    "(and any model saved during training) must not be released. The composition row certifies every iterate."
+    "Threat model: the last-iterate bounds protect the FINAL model only, after the number of steps fixed in "
+    "advance; intermediate checkpoints (and any model saved during training) must not be released. Choosing the "
+    "released model by looking at intermediate iterates (a best-validation checkpoint, early stopping that restores "
+    "the best weights) or stopping at a data-dependent time is not covered by a last-iterate bound. The composition "
+    "row certifies every iterate."
 )
 
 _EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
@@ -285,10 +297,17 @@ class ShuffleOnceSampler(Sampler[int]):
         gen = torch.Generator()
         gen.manual_seed(self.seed)
         self._permutation = tuple(torch.randperm(int(size), generator=gen).tolist())
+        self._digest = hashlib.sha256(np.asarray(self._permutation, dtype="<i8").tobytes()).hexdigest()
 
     @property
     def permutation(self) -> tuple[int, ...]:
         return self._permutation
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the permutation: lets a resumed run check that it uses the same one.
+        For a small dataset it reveals the order to whoever reads it: keep it as private as the seed."""
+        return self._digest
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._permutation)
@@ -309,6 +328,7 @@ class LoaderFacts:
       sample_rate: the per-example inclusion probability of a Poisson batch (None otherwise).
       distributed: Opacus' distributed Poisson sampler.
       description: the sampler, in words.
+      permutation_digest: for a ShuffleOnceSampler, the SHA-256 of its permutation (None otherwise).
     """
 
     sampling: Sampling
@@ -318,6 +338,7 @@ class LoaderFacts:
     sample_rate: float | None
     distributed: bool
     description: str
+    permutation_digest: str | None = None
 
     @property
     def opacus_sample_rate(self) -> float:
@@ -374,7 +395,9 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
             f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."
         )
     sampler = batch_sampler.sampler
+    digest = None
     if isinstance(sampler, ShuffleOnceSampler):
+        digest = sampler.digest
         sampling, description = Sampling.SHUFFLE_ONCE, "ShuffleOnceSampler (one secret permutation, every epoch)"
         if len(sampler) != n:
             raise LastIterateConfigurationError(
@@ -417,6 +440,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
         sample_rate=None,
         distributed=False,
         description=description,
+        permutation_digest=digest,
     )
 
 
@@ -485,16 +509,36 @@ class Projection:
         self._handle = optimizer.register_step_post_hook(lambda *_: self.apply())
         self._optimizer = weakref.ref(optimizer)
 
+    def _distance(self) -> float:
+        squares = [torch.sum((p - c).double() ** 2).to("cpu") for p, c in zip(self.params, self.center, strict=True)]
+        return math.sqrt(float(sum(squares)))
+
     @torch.no_grad()
     def apply(self) -> None:
-        """Project the parameters in place (a no-op inside the ball)."""
+        """Project the parameters in place (a no-op inside the ball).
+
+        The norm is computed in float64, and the shrink factor keeps a relative margin
+        of max(1e-6, 2 eps(dtype)) (like TF Privacy's projection) so that rounding the
+        result to the parameters' dtype cannot leave it outside the ball; the result is
+        checked and shrunk again if rounding still did.
+        """
         radius = self.diameter / 2.0
-        squares = [torch.sum((p - c).double() ** 2).to("cpu") for p, c in zip(self.params, self.center, strict=True)]
-        norm = math.sqrt(float(sum(squares)))
-        if norm > radius:
-            scale = radius / norm
+        eps = max(torch.finfo(p.dtype).eps if p.is_floating_point() else 0.0 for p in self.params)
+        margin = max(1e-6, 2.0 * eps)
+        for _ in range(8):
+            norm = self._distance()
+            if norm <= radius:
+                return
+            scale = radius * (1.0 - margin) / norm
             for p, c in zip(self.params, self.center, strict=True):
                 p.copy_(c + (p - c) * scale)
+            margin *= 4.0
+        norm = self._distance()
+        if norm > radius:
+            raise RuntimeError(
+                f"the projection must leave the parameters within radius {radius:g}; rounding to their dtype leaves "
+                f"them at distance {norm:.9g}. Use float32 or float64 parameters."
+            )
 
     def covers(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether it projects exactly the trainable parameters of ``optimizer``."""
@@ -559,6 +603,7 @@ class _Observed:
     sample_rate: float  # per loader batch, as Opacus records it (1 / len(loader))
     batch_size: int  # b of the core
     learning_rate: float  # lr * b / N, the core's step size
+    permutation_digest: str | None = None  # shuffle_once: SHA-256 of the permutation (resumption must reuse it)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -566,6 +611,7 @@ class _Observed:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> _Observed:
         fields = {f.name for f in dataclasses.fields(cls)}
+        data = {"permutation_digest": None, **data}  # checkpoints of format 1 have none
         if set(data) != fields:
             raise ValueError(f"observation must have the keys {sorted(fields)}. Found {sorted(data)}.")
         return cls(**data)
@@ -686,7 +732,17 @@ def _observe(optim: Any, reg: Registration, facts: LoaderFacts) -> _Observed:
         sample_rate=sample_rate,
         batch_size=b,
         learning_rate=reg.learning_rate * b / normaliser,
+        permutation_digest=facts.permutation_digest,
     )
+
+
+def _current_examples(optim: Any) -> int:
+    """Examples in the per-sample gradients of the step being taken (its physical batches)."""
+    for p in optim.params:
+        samples = getattr(p, "grad_sample", None)
+        if samples is not None:
+            return sum(int(g.shape[0]) for g in (samples if isinstance(samples, list) else [samples]))
+    return 0
 
 
 def _check_projection(optim: Any, reg: Registration) -> None:
@@ -736,6 +792,70 @@ class _Binding:
     facts: LoaderFacts
     # set when make_private was called by make_private_with_epsilon: (target_epsilon, target_delta, epochs)
     plan: tuple[float, float, int] | None = None
+    # weak reference to the loader's batch sampler (what BatchMemoryManager splits)
+    batch_sampler: Any = None
+
+
+def _weak(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return None
+
+
+def _batch_sizes(value: Any, dim: int, depth: int = 0) -> Iterator[int]:
+    """Sizes along ``dim`` of the tensors in a forward call's (nested) arguments."""
+    if torch.is_tensor(value):
+        if value.dim() > dim:
+            yield int(value.shape[dim])
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _batch_sizes(item, dim, depth + 1)
+    elif depth < 4 and isinstance(value, Mapping):
+        for item in value.values():
+            yield from _batch_sizes(item, dim, depth + 1)
+
+
+class _ExampleCounter:
+    """Counts the examples entering the private module in forward passes that record
+    per-sample gradients (training mode, gradients enabled) since the last real step.
+
+    A forward pre-hook that only reads the arguments. The batch size of a call is the
+    largest size along the batch dimension among its tensors (an upper bound when some
+    inputs are not batched); a call without such a tensor makes the count unknown.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self.unknown = False
+        self._dim = 0 if getattr(module, "batch_first", True) else 1
+        self._module = weakref.ref(module)
+        self._handle = module.register_forward_pre_hook(self._seen, with_kwargs=True)
+
+    def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return None  # Opacus records no per-sample gradients for this call
+        sizes = list(_batch_sizes((args, kwargs), self._dim))
+        if sizes:
+            self.count += max(sizes)
+        else:
+            self.unknown = True
+        return None
+
+    def reset(self) -> None:
+        self.count = 0
+        self.unknown = False
+
+    def watches(self, module: Any) -> bool:
+        return self._module is not None and self._module() is module
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickling or copying the model (torch.save(model)) carries a detached counter
+        return {"count": 0, "unknown": False, "_dim": self._dim, "_module": None, "_handle": None}
 
 
 # ---------------------------------------------------------------- report
@@ -835,6 +955,8 @@ class LastIterateAccountant(IAccountant):
         self._observed: _Observed | None = None
         self._binding: _Binding | None = None
         self._resumed = False
+        self._counter: _ExampleCounter | None = None
+        self._splitter: Any = None  # weak reference to the BatchMemoryManager sampler found for Poisson batches
 
     # -- IAccountant
     @classmethod
@@ -856,14 +978,40 @@ class LastIterateAccountant(IAccountant):
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         _merge_step(self.history, float(noise_multiplier), float(sample_rate))
 
-    def bind_data_loader(self, data_loader: Any) -> LoaderFacts:
+    def bind_data_loader(self, data_loader: Any, module: torch.nn.Module | None = None) -> LoaderFacts:
         """Declare the data loader the training loop iterates (the one returned by
-        ``make_private``). Needed only when the optimizer hook was not created by
-        Opacus' ``PrivacyEngine.make_private`` (which the accountant reads itself)."""
+        ``make_private``) and, for ``signal_skip_step`` / ``BatchMemoryManager`` with
+        a fixed-size loader, the private module (``GradSampleModule``) the loop calls.
+        Needed only when the optimizer hook was not created by Opacus'
+        ``PrivacyEngine.make_private`` (which the accountant reads itself)."""
         reg = self._registration
         facts = check_data_loader(data_loader, reg.sampling, reg.dataset_size)
-        self._binding = _Binding(facts)
+        self._bind(facts, None, data_loader, module)
         return facts
+
+    def _bind(self, facts: LoaderFacts, plan: Any, data_loader: Any, module: Any) -> None:
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise LastIterateConfigurationError(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
+        if self._resumed and self._observed is not None:
+            self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
+        self._binding = _Binding(facts, plan, _weak(data_loader.batch_sampler))
+        self._splitter = None
+        if self._counter is not None and not self._counter.watches(module):
+            self._counter.remove()
+            self._counter = None
+        if module is not None and self._counter is None:
+            self._counter = _ExampleCounter(module)
+        if self._counter is not None:
+            self._counter.reset()
+
+    def _check_permutation(self, saved: str | None, current: str | None) -> None:
+        if saved != current:
+            raise LastIterateConfigurationError(
+                f"a run with sampling={self._registration.sampling.value} must resume with the same permutation: the "
+                "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
+                f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
+                "Build the ShuffleOnceSampler with the seed of the interrupted run."
+            )
 
     def get_optimizer_hook_fn(self, sample_rate: float):
         reg = self._registration
@@ -879,7 +1027,8 @@ class LastIterateAccountant(IAccountant):
             outer = _engine_locals("make_private_with_epsilon")
             if outer is not None:
                 plan = (float(outer["target_epsilon"]), float(outer["target_delta"]), int(outer["epochs"]))
-            self._binding = _Binding(facts, plan)
+            module = caller.get("module")
+            self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
         def hook_fn(optim: DPOptimizer) -> None:
             self._account_step(optim)
@@ -897,6 +1046,10 @@ class LastIterateAccountant(IAccountant):
             )
         observed = _observe(optim, reg, self._binding.facts)
         _check_projection(optim, reg)
+        if getattr(optim, "_is_last_step_skipped", False):  # set by a skipped step, cleared after this hook
+            self._check_skipped_steps(optim, observed)
+        if self._resumed and self._observed is not None:
+            self._check_permutation(self._observed.permutation_digest, observed.permutation_digest)
         if self._observed is not None and observed != self._observed:
             changed = [
                 f"{k}: {getattr(self._observed, k)!r} -> {getattr(observed, k)!r}"
@@ -920,10 +1073,81 @@ class LastIterateAccountant(IAccountant):
             self._check_plan(observed, self._binding.plan)
         self._observed = observed
         self._resumed = False
+        if self._counter is not None:
+            self._counter.reset()
         self.step(
             noise_multiplier=observed.noise_multiplier,
             sample_rate=observed.sample_rate * observed.accumulated_iterations,
         )
+
+    def _check_skipped_steps(self, optim: Any, observed: _Observed) -> None:
+        """This step also sums the clipped gradients of steps skipped with ``signal_skip_step``:
+        accept it only when they are pieces of the same logical batch (BatchMemoryManager)."""
+        problem = (
+            "signal_skip_step(True) makes Opacus sum the clipped gradients of several optimizer.step() calls into one "
+            "noisy step divided by one batch; summing several data-loader batches that way is not a step any bound "
+            "covers (each step would use k batches with an effective step size k * lr)."
+        )
+        fix = (
+            "Use BatchMemoryManager(data_loader=..., optimizer=...) only to split one batch of the make_private "
+            "loader, or accumulate without skip signals (several backward() calls, then one step, which the "
+            "accountant counts)."
+        )
+        if Sampling(observed.sampling) is Sampling.POISSON:
+            if not self._from_batch_memory_manager(optim):
+                raise LastIterateConfigurationError(
+                    f"{problem} With sampling=poisson, skipped steps are accepted only from Opacus' BatchMemoryManager "
+                    "splitting a Poisson batch of the make_private data loader for this optimizer. Found skipped steps "
+                    f"and no such BatchMemoryManager. {fix}"
+                )
+            return
+        counter = self._counter
+        if counter is None:
+            raise LastIterateConfigurationError(
+                f"{problem} The accountant cannot count the examples of this step: it was not given the private "
+                "module. Found skipped steps. Create the optimizer with PrivacyEngine.make_private, or call "
+                "engine.accountant.bind_data_loader(data_loader, module=model) before training."
+            )
+        if counter.unknown:
+            raise LastIterateConfigurationError(
+                f"{problem} The accountant counts examples from the model's tensor inputs, and a training forward call "
+                "since the last step had no tensor argument with a batch dimension. Found skipped steps. Pass the "
+                f"batch as tensors. {fix}"
+            )
+        current = _current_examples(optim)
+        if counter.count < current:
+            raise LastIterateConfigurationError(
+                f"{problem} The accountant counts the examples entering the module returned by make_private (or bound "
+                f"with bind_data_loader), but this step holds per-sample gradients of {current} examples and only "
+                f"{counter.count} entered that module since the last step. Call the private module itself, not the "
+                f"module it wraps. {fix}"
+            )
+        if counter.count > observed.batch_size:
+            raise LastIterateConfigurationError(
+                f"{problem} The examples summed into one step must be at most the logical batch b = "
+                f"{observed.batch_size} (data-loader batch_size = {observed.loader_batch_size} x "
+                f"{observed.accumulated_iterations} accumulated backward passes). Found {counter.count} examples "
+                f"entering the model in training forward passes since the last step. {fix}"
+            )
+
+    def _from_batch_memory_manager(self, optim: Any) -> bool:
+        """Whether a BatchMemoryManager sampler splits the bound loader's batches for ``optim``
+        (found once by scanning the live objects, then remembered by weak reference)."""
+        binding_sampler = self._binding.batch_sampler() if self._binding.batch_sampler is not None else None
+        if binding_sampler is None:
+            return False
+
+        def splits(obj: Any) -> bool:
+            return type(obj) is BatchSplittingSampler and obj.optimizer is optim and obj.sampler is binding_sampler
+
+        found = self._splitter() if self._splitter is not None else None
+        if found is not None and splits(found):
+            return True
+        for obj in gc.get_objects():
+            if splits(obj):
+                self._splitter = weakref.ref(obj)
+                return True
+        return False
 
     def _check_plan(self, observed: _Observed, plan: tuple[float, float, int]) -> None:
         """The run make_private_with_epsilon calibrated for must still reach its target."""
@@ -1111,7 +1335,7 @@ class LastIterateAccountant(IAccountant):
     def state_dict(self, destination: Any = None) -> Any:
         destination = super().state_dict(destination if destination is not None else OrderedDict())
         destination["lastiter"] = {
-            "format": 1,
+            "format": 2,
             "registration": self._registration.to_dict(),
             "observed": None if self._observed is None else self._observed.to_dict(),
         }
@@ -1139,6 +1363,8 @@ class LastIterateAccountant(IAccountant):
             z, q, steps = entry
             history.append((float(z), float(q), int(steps)))
         observed = None if extra.get("observed") is None else _Observed.from_dict(extra["observed"])
+        if observed is not None and history and self._binding is not None:
+            self._check_permutation(observed.permutation_digest, self._binding.facts.permutation_digest)
         super().load_state_dict({"history": history, "mechanism": state_dict["mechanism"]})
         self._observed = observed
         self._resumed = bool(history)

@@ -581,3 +581,151 @@ def test_example_runs(tmp_path):
     assert proc.stdout.count("last-iterate eps =") == 2 and "Opacus RDP eps =" in proc.stdout
     assert "add_or_remove_one" in proc.stdout and "replace_one" in proc.stdout
     assert "must not be released" in proc.stdout
+
+
+# ---------------------------------------------------------------- skipped steps (signal_skip_step)
+
+
+def _train_skipping(model, optimizer, loader, skip_every=2):
+    """Manual accumulation with Opacus' skip signal: batches 0, 2, 4, ... only accumulate."""
+    for i, (xb, yb) in enumerate(loader):
+        _loss(model, xb, yb).backward()
+        if i % skip_every != skip_every - 1:
+            optimizer.signal_skip_step(True)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("poisson", [False, True], ids=["cyclic", "poisson"])
+def test_skip_step_accumulation_over_loader_batches_refused(request, poisson):
+    # Opacus keeps summed_grad across skipped steps and divides by one batch: each real step would sum
+    # two loader batches (k * b examples, effective step k * lr), which the accountant must not record as one batch
+    name = _register(request, sampling="poisson" if poisson else "cyclic", orders=POISSON_ORDERS,
+                     relation="add_or_remove_one" if poisson else "replace_one")  # fmt: skip
+    engine, model, optimizer, loader = _private(name, poisson=poisson)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(lo.LastIterateConfigurationError, match="signal_skip_step"):
+        _train_skipping(model, optimizer, loader)
+    assert engine.accountant.steps == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("poisson", [False, True], ids=["cyclic", "poisson"])
+def test_batch_memory_manager_splitting_one_batch_accepted(request, poisson):
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    name = _register(request, sampling="poisson" if poisson else "cyclic", orders=POISSON_ORDERS,
+                     relation="add_or_remove_one" if poisson else "replace_one")  # fmt: skip
+    engine, model, optimizer, loader = _private(name, poisson=poisson, loader=DataLoader(_dataset(), batch_size=20))
+    reference, ref_model, ref_optimizer, ref_loader = _private(
+        name, poisson=poisson, loader=DataLoader(_dataset(), batch_size=20)
+    )
+    _train(ref_model, ref_optimizer, ref_loader)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=optimizer) as physical:
+        for xb, yb in physical:  # 20 = 7 + 7 + 6: two skipped steps, then the real one
+            _loss(model, xb, yb).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert engine.accountant.steps == 5
+    assert engine.accountant.training_config() == reference.accountant.training_config()
+
+
+def test_skip_step_outside_make_private_needs_the_module(request):
+    from opacus.optimizers import DPOptimizer
+
+    name = _register(request, sampling="cyclic")
+    accountant = create_accountant(name)
+    model = PrivacyEngine(accountant=name)._prepare_model(_model())
+    optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
+                            expected_batch_size=10)  # fmt: skip
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
+    loader = DataLoader(_dataset(), batch_size=10)
+    xb, yb = next(iter(loader))
+    halves = [(xb[:5], yb[:5]), (xb[5:], yb[5:])]  # one loader batch in two physical pieces
+    accountant.bind_data_loader(loader)  # without the module the examples cannot be counted
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"bind_data_loader\(data_loader, module=model\)"):
+        _train_skipping(model, optimizer, halves)
+    assert accountant.steps == 0
+    optimizer._is_last_step_skipped = False  # Opacus keeps a refused step's sum while this flag is set
+    optimizer.zero_grad()
+    accountant.bind_data_loader(loader, module=model)
+    _train_skipping(model, optimizer, halves)
+    assert accountant.steps == 1
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"at most the logical batch b = 10.*Found 20 examples"):
+        _train_skipping(model, optimizer, [(xb, yb), (xb, yb)])
+    assert accountant.steps == 1
+
+
+# ---------------------------------------------------------------- shuffle-once resumption
+
+
+def test_shuffle_once_resume_needs_the_same_permutation(request):
+    name = _register(request, sampling="shuffle_once")
+
+    def run(seed):
+        sampler = lo.ShuffleOnceSampler(N, seed=seed)
+        return _private(name, loader=DataLoader(_dataset(), batch_size=10, sampler=sampler))
+
+    engine, model, optimizer, loader = run(1)
+    _train(model, optimizer, loader)
+    state = engine.accountant.state_dict()
+    # loaded after make_private: refused at once
+    engine2 = run(2)[0]
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"same permutation.*ShuffleOnceSampler"):
+        engine2.accountant.load_state_dict(state)
+    # loaded before make_private: refused when make_private shows the loader
+    engine3 = PrivacyEngine(accountant=name)
+    engine3.accountant.load_state_dict(state)
+    model3 = _model()
+    with pytest.raises(lo.LastIterateConfigurationError, match="same permutation"):
+        engine3.make_private(module=model3, optimizer=torch.optim.SGD(model3.parameters(), lr=LR),
+                             data_loader=DataLoader(_dataset(), batch_size=10, sampler=lo.ShuffleOnceSampler(N, seed=2)),
+                             noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    assert engine3.accountant.steps == 10
+    # the same seed resumes
+    engine4, model4, optimizer4, loader4 = run(1)
+    engine4.accountant.load_state_dict(state)
+    _train(model4, optimizer4, loader4)
+    assert engine4.accountant.steps == 20
+
+
+# ---------------------------------------------------------------- projection rounding, threat model
+
+
+def test_projection_in_float32_stays_inside_the_ball():
+    torch.manual_seed(1)
+    model = torch.nn.Linear(1000, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    projection = lo.attach_projection(optimizer, 0.02)
+    worst = 0.0
+    for _ in range(50):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        projection.apply()
+        norm = math.sqrt(sum(float((p.detach().double() ** 2).sum()) for p in model.parameters()))
+        worst = max(worst, norm / 0.01 - 1.0)
+    assert worst <= 0.0
+    assert worst > -1e-4  # still (almost) the Euclidean projection
+
+
+def test_threat_model_names_checkpoint_selection():
+    text = lo.THREAT_MODEL
+    assert "best-validation" in text and "early stopping" in text and "data-dependent" in text
+
+
+def test_skip_step_refused_when_forward_bypasses_the_private_module(request):
+    # examples fed to the wrapped module are not counted: a skipped step then cannot be verified
+    name = _register(request, sampling="cyclic")
+    _, model, optimizer, loader = _private(name)
+    with pytest.raises(lo.LastIterateConfigurationError, match="Call the private module itself"):
+        _train_skipping(model._module, optimizer, loader)
+
+
+def test_private_module_can_still_be_pickled(request, tmp_path):
+    # the accountant's example counter is a forward pre-hook on the module: torch.save(model) must keep working
+    name = _register(request, sampling="cyclic")
+    _, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader)
+    torch.save(model, tmp_path / "model.pt")
+    assert (tmp_path / "model.pt").stat().st_size > 0
