@@ -1048,6 +1048,7 @@ class LastIterateAccountant(IAccountant):
         _check_projection(optim, reg)
         if getattr(optim, "_is_last_step_skipped", False):  # set by a skipped step, cleared after this hook
             self._check_skipped_steps(optim, observed)
+        self._check_whole_batches(observed)
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, observed.permutation_digest)
         if self._observed is not None and observed != self._observed:
@@ -1128,6 +1129,24 @@ class LastIterateAccountant(IAccountant):
                 f"{observed.batch_size} (data-loader batch_size = {observed.loader_batch_size} x "
                 f"{observed.accumulated_iterations} accumulated backward passes). Found {counter.count} examples "
                 f"entering the model in training forward passes since the last step. {fix}"
+            )
+
+    def _check_whole_batches(self, observed: _Observed) -> None:
+        """k accumulated backward passes are accounted as k whole loader batches (b = k B):
+        refuse fewer examples than that (pieces of one batch are not k batches)."""
+        counter, batch = self._counter, observed.loader_batch_size
+        k = observed.accumulated_iterations
+        if counter is None or batch is None or k == 1:
+            return
+        last = self._registration.dataset_size - (observed.loader_batches - 1) * batch  # short last batch
+        least = (k - 1) * batch + last
+        if counter.count < least:
+            raise LastIterateConfigurationError(
+                f"each of the accumulated_iterations = {k} backward passes of a step must be a whole data-loader "
+                f"batch (the step is accounted as b = {observed.batch_size} examples, at least {least} even at the end "
+                f"of an epoch). Found {counter.count} examples entering the model in training forward passes since "
+                "the last step: pieces of one batch are not several batches. Call backward() once per loader batch, "
+                "or use BatchMemoryManager to split a batch."
             )
 
     def _from_batch_memory_manager(self, optim: Any) -> bool:

@@ -729,3 +729,15 @@ def test_private_module_can_still_be_pickled(request, tmp_path):
     _train(model, optimizer, loader)
     torch.save(model, tmp_path / "model.pt")
     assert (tmp_path / "model.pt").stat().st_size > 0
+
+
+def test_accumulating_pieces_of_one_batch_is_not_several_batches(request):
+    # two backward passes over the halves of one loader batch would be accounted as 2 batches (b = 20)
+    name = _register(request, sampling="cyclic")
+    engine, model, optimizer, loader = _private(name)
+    halves = [(xb[half], yb[half]) for xb, yb in loader for half in (slice(0, 5), slice(5, 10))]
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"whole data-loader batch.*Found 10 examples"):
+        _train(model, optimizer, halves, accumulate=2)
+    assert engine.accountant.steps == 0
+    _train(model, optimizer, loader, accumulate=2)  # two whole batches per step: b = 20
+    assert engine.accountant.steps == 5 and engine.accountant.training_config().batch_size == 20
