@@ -43,12 +43,16 @@ def main(argv: list[str] | None = None) -> int:
         "calibration": benchmark.calibration_timings(repeats=3),
     }
     if args.skip_opacus_loop:
-        results["opacus_overhead"] = {"error": "skipped (--skip-opacus-loop)"}
+        results["opacus_overhead"] = [{"error": "skipped (--skip-opacus-loop)"}]
     else:
-        try:
-            results["opacus_overhead"] = benchmark.opacus_step_overhead(steps=100 if args.quick else 300)
-        except Exception as exc:
-            results["opacus_overhead"] = {"error": f"{type(exc).__name__}: {exc}"}
+        results["opacus_overhead"] = []
+        for hidden in (0, 256):
+            try:
+                results["opacus_overhead"].append(
+                    benchmark.opacus_step_overhead(steps=100 if args.quick else 300, hidden=hidden)
+                )
+            except Exception as exc:
+                results["opacus_overhead"].append({"error": f"{type(exc).__name__}: {exc}"})
     results["seconds"] = time.perf_counter() - start
     command = "python benchmarks/bench_epsilon.py" + (" --quick" if args.quick else "")
     out = Path(args.out)

@@ -175,3 +175,21 @@ def test_fuzz_full():
     print("\n" + report.summary())
     assert not report.violations, report.summary()
     assert all(report.checks[b] >= 1000 for b in fuzz.TARGETS)
+
+
+def test_tightness_report_renders_and_flags_nothing_on_a_small_grid(tmp_path):
+    from lastiter_plugins.verification import tightness
+
+    panel = tightness.Panel(
+        "G1 cyclic small",
+        "G1",
+        (2, 5),
+        lambda t: g1_params(dataset_size=4, batch_size=2, noise_multiplier=1.0, steps=t, sampling="cyclic"),
+    )
+    rows = tightness.compute((panel,))
+    assert rows and not any(r.below for r in rows)
+    assert all(r.ratios.min() >= 1 - 1e-9 for r in rows)
+    text = tightness.to_markdown(rows, 0.0, "cmd")
+    assert "| 5 | ye-shokri-convex |" in text and "Soundness violations in this grid: 0." in text
+    tightness.plot(rows, tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 1000
