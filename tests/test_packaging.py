@@ -73,3 +73,11 @@ def test_wheel_installs_and_imports(wheel, tmp_path):
     assert proc.returncode == 0, proc.stderr
     for line in proc.stdout.split():
         assert line.startswith(str(target)), line
+
+
+def test_all_extra_is_the_union_of_the_host_extras():
+    """`all` is spelled out (pip cannot resolve a self-referencing extra with -e ".[all,dev]"): keep it in sync."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["all"]) == set(extras["opacus"]) | set(extras["tf"]) | set(extras["plot"])
