@@ -178,6 +178,7 @@ def test_fuzz_full():
 
 
 def test_tightness_report_renders_and_flags_nothing_on_a_small_grid(tmp_path):
+    pytest.importorskip("matplotlib")  # the report draws a PNG (the `plot` extra)
     from lastiter_plugins.verification import tightness
 
     panel = tightness.Panel(
