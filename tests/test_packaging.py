@@ -50,6 +50,7 @@ def test_wheel_contents(wheel):
     assert "lastiter_plugins/adapters/__init__.py" in names
     assert "lastiter_plugins/py.typed" in names
     assert "lastiter_plugins/bounds/sgm.py" in names
+    assert "lastiter_plugins/verification/exact.py" in names
     top_level = {n.split("/")[0] for n in names}
     assert "adapters" not in top_level
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
