@@ -55,8 +55,8 @@ def minimise_over_fraction(
     objective: Callable[[np.ndarray], np.ndarray],
     size: int,
     *,
-    grid_points: int = 13,
-    refine_iterations: int = 14,
+    grid_points: int = 11,
+    refine_iterations: int = 12,
 ) -> np.ndarray:
     r"""Minimise ``objective`` over a split parameter in (0, 1), independently
     for each of ``size`` orders, vectorised across the orders.
