@@ -707,15 +707,7 @@ def _observe(optim: Any, reg: Registration, facts: LoaderFacts) -> _Observed:
     normaliser = float(optim.expected_batch_size) * accumulated * world if mean else 1.0
     b = _core_batch(reg, facts, accumulated)
     if facts.batch_size is not None:  # fixed batches: no physical batch may exceed the loader's
-        for p in optim.params:
-            samples = getattr(p, "grad_sample", None)
-            for g in samples if isinstance(samples, list) else [samples]:
-                if g is not None and g.shape[0] > facts.batch_size:
-                    raise LastIterateConfigurationError(
-                        f"every batch must hold at most the data loader's batch_size = {facts.batch_size} examples. "
-                        f"Found a batch of {g.shape[0]}: train on the data loader returned by make_private."
-                    )
-            break
+        _check_physical_batches(optim, facts.batch_size)
     noise = optim.noise_multiplier
     if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):
         raise LastIterateConfigurationError(f"noise_multiplier must be a finite number > 0. Found {noise!r}.")
@@ -734,6 +726,86 @@ def _observe(optim: Any, reg: Registration, facts: LoaderFacts) -> _Observed:
         learning_rate=reg.learning_rate * b / normaliser,
         permutation_digest=facts.permutation_digest,
     )
+
+
+def _check_physical_batches(optim: Any, batch_size: int) -> None:
+    """No physical batch of this step (per-sample gradients of the first trainable
+    parameter, as in ``optim.params[0]``) may hold more than ``batch_size`` examples."""
+    for group in optim.original_optimizer.param_groups:  # = optim.param_groups, without the property call
+        for p in group["params"]:
+            if not p.requires_grad:
+                continue
+            samples = getattr(p, "grad_sample", None)
+            for g in samples if isinstance(samples, list) else [samples]:
+                if g is not None and g.shape[0] > batch_size:
+                    raise LastIterateConfigurationError(
+                        f"every batch must hold at most the data loader's batch_size = {batch_size} examples. "
+                        f"Found a batch of {g.shape[0]}: train on the data loader returned by make_private."
+                    )
+            return
+
+
+# exact types whose objects are immutable: while an attribute or param-group entry still
+# refers to the same object of one of these types, its value has not changed
+_IMMUTABLE_TYPES = frozenset((int, float, bool, str, type(None)))
+_NOT_SET = object()  # what a missing param-group entry reads as
+
+
+def _group_values(group: Mapping[str, Any]) -> tuple:
+    """The param-group entries :func:`_check_sgd` reads (defaults as there)."""
+    get = group.get
+    momentum, decay, nesterov = get("momentum", 0), get("weight_decay", 0), get("nesterov", False)
+    return momentum, decay, nesterov, get("maximize", False), get("lr", _NOT_SET)
+
+
+def _snapshot(optim: Any) -> tuple | None:
+    """The objects :func:`_observe` reads from ``optim``, besides ``accumulated_iterations``
+    and the per-sample gradients, for :func:`_unchanged`; None when one of them is not an
+    immutable plain value (a tensor learning rate can change in place) or is NaN, so that
+    every step is checked in full. Call only after :func:`_observe` accepted ``optim``."""
+    kind = type(optim)
+    reduction = optim.loss_reduction
+    expected = optim.expected_batch_size if reduction == "mean" else None
+    world = getattr(optim, "world_size", 1) if kind is DistributedDPOptimizer else 1
+    groups = tuple(_group_values(group) for group in optim.original_optimizer.param_groups)
+    values = (optim.max_grad_norm, optim.noise_multiplier, reduction, expected, world, *(v for g in groups for v in g))
+    if not all(type(v) in _IMMUTABLE_TYPES and v == v for v in values):
+        return None
+    return kind, optim.max_grad_norm, reduction, groups, expected, world, optim.noise_multiplier
+
+
+def _unchanged(optim: Any, snapshot: tuple) -> bool:
+    """Whether ``optim`` still holds the very objects of ``snapshot`` (a false "changed"
+    only costs a full check). Reads in :func:`_observe`'s order; a missing attribute
+    or entry (SGD always sets them) counts as changed."""
+    kind, clip, reduction, groups, expected, world, noise = snapshot
+    if type(optim) is not kind:
+        return False
+    try:
+        if optim.max_grad_norm is not clip or optim.loss_reduction is not reduction:
+            return False
+        base = optim.original_optimizer
+        if type(base) is not torch.optim.SGD:
+            return False
+        current = base.param_groups
+        if len(current) != len(groups):
+            return False
+        for group, (momentum, decay, nesterov, maximize, lr) in zip(current, groups, strict=True):
+            if (
+                group["lr"] is not lr
+                or group["momentum"] is not momentum
+                or group["weight_decay"] is not decay
+                or group["nesterov"] is not nesterov
+                or group["maximize"] is not maximize
+            ):
+                return False
+        if kind is DistributedDPOptimizer and getattr(optim, "world_size", 1) is not world:
+            return False
+        if expected is not None and optim.expected_batch_size is not expected:
+            return False
+        return optim.noise_multiplier is noise
+    except (AttributeError, KeyError, TypeError):  # the full check raises what it raises
+        return False
 
 
 def _current_examples(optim: Any) -> int:
@@ -957,6 +1029,9 @@ class LastIterateAccountant(IAccountant):
         self._resumed = False
         self._counter: _ExampleCounter | None = None
         self._splitter: Any = None  # weak reference to the BatchMemoryManager sampler found for Poisson batches
+        # set by a fully checked step after which the next one needs only the per-step checks:
+        # (binding, _snapshot of the optimizer, loader batch size, noise multiplier, recorded sample rate)
+        self._steady: tuple | None = None
 
     # -- IAccountant
     @classmethod
@@ -995,6 +1070,7 @@ class LastIterateAccountant(IAccountant):
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
         self._binding = _Binding(facts, plan, _weak(data_loader.batch_sampler))
+        self._steady = None
         self._splitter = None
         if self._counter is not None and not self._counter.watches(module):
             self._counter.remove()
@@ -1036,7 +1112,29 @@ class LastIterateAccountant(IAccountant):
         return hook_fn
 
     def _account_step(self, optim: Any) -> None:
-        """Validate the step about to be taken, then record it (nothing is recorded on refusal)."""
+        """Validate the step about to be taken, then record it (nothing is recorded on refusal).
+
+        After a fully checked step that was not resumed, projected or accumulated, a step
+        whose optimizer still holds the same objects (:func:`_unchanged`) with the same
+        binding and one accumulated batch would pass every check that reads only them
+        and would observe the same configuration, so only the checks of this step's
+        data run: the physical batch sizes (the full path's only remaining check) and
+        the skip flag (a skipped step takes the full path)."""
+        steady = self._steady
+        if (
+            steady is not None
+            and steady[0] is self._binding
+            and _unchanged(optim, steady[1])
+            and int(optim.accumulated_iterations) == 1
+            and not getattr(optim, "_is_last_step_skipped", False)
+        ):
+            if steady[2] is not None:
+                _check_physical_batches(optim, steady[2])
+            if self._counter is not None:
+                self._counter.reset()
+            _merge_step(self.history, steady[3], steady[4])  # what step() does (not overridden: see below)
+            return
+        self._steady = None
         reg = self._registration
         if self._binding is None:
             raise LastIterateConfigurationError(
@@ -1045,10 +1143,13 @@ class LastIterateAccountant(IAccountant):
                 "engine.accountant.bind_data_loader(data_loader) before training."
             )
         observed = _observe(optim, reg, self._binding.facts)
-        _check_projection(optim, reg)
+        snapshot = _snapshot(optim)
+        if reg.assumptions.diameter is not None:
+            _check_projection(optim, reg)
         if getattr(optim, "_is_last_step_skipped", False):  # set by a skipped step, cleared after this hook
             self._check_skipped_steps(optim, observed)
-        self._check_whole_batches(observed)
+        if observed.accumulated_iterations != 1:
+            self._check_whole_batches(observed)
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, observed.permutation_digest)
         if self._observed is not None and observed != self._observed:
@@ -1076,10 +1177,16 @@ class LastIterateAccountant(IAccountant):
         self._resumed = False
         if self._counter is not None:
             self._counter.reset()
-        self.step(
-            noise_multiplier=observed.noise_multiplier,
-            sample_rate=observed.sample_rate * observed.accumulated_iterations,
-        )
+        sample_rate = observed.sample_rate * observed.accumulated_iterations
+        self.step(noise_multiplier=observed.noise_multiplier, sample_rate=sample_rate)
+        if (
+            snapshot is not None
+            and reg.assumptions.diameter is None
+            and observed.accumulated_iterations == 1
+            and type(self).step is LastIterateAccountant.step
+        ):
+            self._steady = (self._binding, snapshot, self._binding.facts.batch_size, float(observed.noise_multiplier),
+                            float(sample_rate))  # fmt: skip
 
     def _check_skipped_steps(self, optim: Any, observed: _Observed) -> None:
         """This step also sums the clipped gradients of steps skipped with ``signal_skip_step``:
@@ -1387,3 +1494,4 @@ class LastIterateAccountant(IAccountant):
         super().load_state_dict({"history": history, "mechanism": state_dict["mechanism"]})
         self._observed = observed
         self._resumed = bool(history)
+        self._steady = None

@@ -268,6 +268,85 @@ def test_noise_multiplier_change_refused(request):
         optimizer.step()
 
 
+def _set_group(key, value):
+    def change(optimizer):
+        optimizer.param_groups[0][key] = value
+
+    return change
+
+
+def _set_tensor_lr_in_place(optimizer):
+    optimizer.param_groups[0]["lr"].fill_(LR / 2)  # same tensor object, new value
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (_set_group("momentum", 0.9), r"momentum must be 0 .*Found momentum=0.9"),
+        (_set_group("weight_decay", 1e-4), r"weight_decay must be 0 .*Found weight_decay=0.0001"),
+        (_set_group("nesterov", True), r"nesterov must be False .*Found nesterov=True"),
+        (_set_group("lr", LR / 2), r"learning_rate must stay equal.*Found lr=0.25"),
+        (_set_tensor_lr_in_place, r"learning_rate must stay equal.*Found lr=0.25"),
+        (lambda o: setattr(o, "max_grad_norm", 2.0), r"must stay constant.*clip_norm: 1.0 -> 2.0"),
+        (lambda o: setattr(o, "noise_multiplier", 0.5), r"must stay constant.*noise_multiplier: 1.0 -> 0.5"),
+        (lambda o: setattr(o, "loss_reduction", "sum"), r"must stay constant.*loss_reduction: 'mean' -> 'sum'"),
+        (lambda o: setattr(o, "expected_batch_size", 20), r"must stay constant.*normaliser: 10.0 -> 20.0"),
+    ],
+    ids=[
+        "momentum",
+        "weight-decay",
+        "nesterov",
+        "lr",
+        "tensor-lr-in-place",
+        "clip",
+        "noise",
+        "reduction",
+        "expected-batch",
+    ],
+)
+def test_change_after_many_steps_refused_at_the_next_step(request, change, match):
+    """The per-step checks stay complete after many identical steps (the hook skips
+    re-deriving the configuration only when nothing it reads has changed)."""
+    name = _register(request, sampling="cyclic")
+    tensor_lr = change is _set_tensor_lr_in_place
+    make = (lambda m: torch.optim.SGD(m.parameters(), lr=torch.tensor(LR))) if tensor_lr else None
+    engine, model, optimizer, loader = _private(name, optimizer=make)
+    _train(model, optimizer, loader, epochs=2)
+    assert engine.accountant.steps == 20
+    change(optimizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    xb, yb = next(iter(loader))
+    _loss(model, xb, yb).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match=match):
+        optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert engine.accountant.steps == 20
+
+
+def test_accumulation_after_many_steps_refused(request):
+    name = _register(request, sampling="cyclic")
+    engine, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader)
+    batches = iter(loader)
+    for _ in range(2):
+        xb, yb = next(batches)
+        _loss(model, xb, yb).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"must stay constant.*accumulated_iterations: 1 -> 2"):
+        optimizer.step()
+    assert engine.accountant.steps == 10
+
+
+def test_oversized_batch_after_many_steps_refused(request):
+    name = _register(request, sampling="cyclic")
+    engine, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader)
+    x, y = _dataset().tensors
+    _loss(model, x[:20], y[:20]).backward()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"at most the data loader's batch_size = 10.*of 20"):
+        optimizer.step()
+    assert engine.accountant.steps == 10
+
+
 def test_accumulation_must_divide_epoch(request):
     name = _register(request, sampling="cyclic")
     _, model, optimizer, loader = _private(name)
