@@ -907,6 +907,13 @@ class _ExampleCounter:
     def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return None  # Opacus records no per-sample gradients for this call
+        if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # the usual model(x): no generators
+            batch = args[0]
+            if batch.dim() > self._dim:
+                self.count += int(batch.shape[self._dim])
+            else:
+                self.unknown = True
+            return None
         sizes = list(_batch_sizes((args, kwargs), self._dim))
         if sizes:
             self.count += max(sizes)

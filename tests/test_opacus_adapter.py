@@ -820,3 +820,36 @@ def test_accumulating_pieces_of_one_batch_is_not_several_batches(request):
     assert engine.accountant.steps == 0
     _train(model, optimizer, loader, accumulate=2)  # two whole batches per step: b = 20
     assert engine.accountant.steps == 5 and engine.accountant.training_config().batch_size == 20
+
+
+class _TwoInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 1)
+
+    def forward(self, x, extra=None):
+        return self.linear(x if x.dim() > 0 else torch.zeros(1, 3))
+
+
+def test_example_counter_counts_training_forward_inputs():
+    """The counter reads the batch size from a lone tensor argument and from nested or
+    keyword arguments alike; a call without a batched tensor makes the count unknown."""
+    model = _TwoInputs()
+    counter = lo._ExampleCounter(model)
+    model(torch.zeros(4, 3))
+    model(torch.zeros(5, 3), None)  # two arguments
+    model(torch.zeros(2, 3), extra=torch.zeros(6, 3))  # the largest batch dimension among the tensors
+    with torch.no_grad():
+        model(torch.zeros(100, 3))  # no per-sample gradients: not counted
+    model.eval()
+    model(torch.zeros(100, 3))
+    model.train()
+    assert (counter.count, counter.unknown) == (4 + 5 + 6, False)
+    model(torch.tensor(1.0))  # no batch dimension
+    assert (counter.count, counter.unknown) == (15, True)
+    counter.reset()
+    model(torch.tensor(1.0), extra=torch.tensor(2.0))
+    assert (counter.count, counter.unknown) == (0, True)
+    counter.remove()
+    model(torch.zeros(4, 3))
+    assert counter.count == 0
