@@ -1023,6 +1023,7 @@ class LastIterateAccountant(IAccountant):
     """
 
     _registration: Registration | None = None
+    _steady: tuple | None = None  # see _account_step (class default: accountants pickled before it existed)
 
     def __init__(self) -> None:
         if self._registration is None:
