@@ -110,7 +110,7 @@ def _best_rdp(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> tu
         check = registry.applicability(spec, cfg, a)
         if check.applies:
             names.append(spec.id)
-            curves.append(registry.compute(spec, cfg, a, orders))
+            curves.append(registry.evaluate(spec, cfg, a, orders))
         else:
             reasons.append(check.reason)
     if not curves:

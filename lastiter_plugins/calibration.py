@@ -48,12 +48,12 @@ def calibrate_noise(
         return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, orders).epsilon
 
     hi = 1.0
-    while eps(hi) > target_epsilon:
+    while (found := eps(hi)) > target_epsilon:
         if hi >= max_noise_multiplier:
             raise CalibrationError(
                 f"no noise_multiplier <= max_noise_multiplier = {max_noise_multiplier:g} reaches "
                 f"target_epsilon = {target_epsilon:g} at delta = {delta:g} for {bound}. "
-                f"Found epsilon = {eps(hi):.6g} at noise_multiplier = {hi:g}."
+                f"Found epsilon = {found:.6g} at noise_multiplier = {hi:g}."
             )
         hi = min(2.0 * hi, max_noise_multiplier)
     lo = hi / 2.0

@@ -566,6 +566,11 @@ def compute(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: np
     check = applicability(spec, cfg, a)
     if not check.applies:
         raise NotApplicableError(check.reason)
+    return evaluate(spec, cfg, a, orders)
+
+
+def evaluate(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    """RDP of ``spec`` for a pipeline whose applicability the caller has just checked."""
     values = np.asarray(spec.compute(cfg, a, orders), dtype=float)
     if np.isnan(values).any() or (values < 0).any():  # an internal error, never a user's
         raise ArithmeticError(f"{spec.id} produced an invalid RDP value: {values}")
