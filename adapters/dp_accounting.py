@@ -167,7 +167,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
       weak_convexity: m >= 0 (0 = convex).
       strong_convexity: lam >= 0.
       diameter: D of the convex set projected onto after each step (None: no projection).
-      clipping: False asserts every per-example gradient norm <= C on the whole domain.
+      gradient_norms_within_clip: True asserts every per-example gradient norm <= C on the whole domain.
     """
 
     bound: BoundId = attr.ib(converter=_to_bound)  # type: ignore[valid-type]
@@ -182,7 +182,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     weak_convexity: float = 0.0
     strong_convexity: float = 0.0
     diameter: float | None = None
-    clipping: bool = True
+    gradient_norms_within_clip: bool = False
 
     def to_params(self) -> dict[str, Any]:
         """The keyword parameters of ``lastiter_plugins.rdp`` / ``epsilon`` / ``account``
@@ -198,7 +198,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "weak_convexity": self.weak_convexity,
             "strong_convexity": self.strong_convexity,
             "diameter": self.diameter,
-            "clipping": self.clipping,
+            "gradient_norms_within_clip": self.gradient_norms_within_clip,
             "sampling": self.sampling.value,
         }
 

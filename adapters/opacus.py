@@ -161,7 +161,7 @@ def register(
     weak_convexity: float = 0.0,
     strong_convexity: float = 0.0,
     diameter: float | None = None,
-    clipping: bool = True,
+    gradient_norms_within_clip: bool = False,
     relation: str | Relation = Relation.REPLACE_ONE,
     orders: Sequence[float] | None = None,
     force: bool = False,
@@ -180,7 +180,7 @@ def register(
         checked against the loader.
       dataset_size: n; must equal ``len(data_loader.dataset)``.
       learning_rate: the constant SGD step size; every step must use exactly it.
-      smoothness, weak_convexity, strong_convexity, diameter, clipping: the loss
+      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss
         assumptions (see ``LossAssumptions``); ``diameter`` needs
         :func:`attach_projection`.
       relation: the neighbouring relation of the guarantee.
@@ -205,7 +205,7 @@ def register(
         weak_convexity=weak_convexity,
         strong_convexity=strong_convexity,
         diameter=diameter,
-        clipping=clipping,
+        gradient_norms_within_clip=gradient_norms_within_clip,
     )
     # TrainingConfig validates dataset_size and learning_rate with the core's messages.
     probe = TrainingConfig(

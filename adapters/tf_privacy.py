@@ -432,7 +432,7 @@ class ProjectionCallback(tf.keras.callbacks.Callback):
     This is the projection :math:`\Pi` onto a closed convex set of diameter D
     that the bounded-domain bounds assume (kong-ribero-bounded,
     altschuler-talwar, liang-bounded), and the device that makes a declaration
-    ``clipping=False`` checkable: on a ball of radius R the gradient norms are
+    ``gradient_norms_within_clip=True`` checkable: on a ball of radius R the gradient norms are
     bounded whenever they grow at most linearly. The weights are scaled to
     radius ``R*(1 - 1e-6)`` when they leave the ball, so that float32 rounding
     never leaves them outside the radius R = D/2.
@@ -543,7 +543,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         secret, before fit).
       dataset_size: n, the number of training examples (checked against fit).
       delta: the target delta.
-      smoothness, weak_convexity, strong_convexity, clipping: the loss
+      smoothness, weak_convexity, strong_convexity, gradient_norms_within_clip: the loss
         assumptions (see :class:`lastiter_plugins.LossAssumptions`); they must
         hold for the per-example loss Keras passes to the optimizer.
       diameter: D of the projection; requires exactly one
@@ -571,7 +571,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         weak_convexity: float = 0.0,
         strong_convexity: float = 0.0,
         diameter: float | None = None,
-        clipping: bool = True,
+        gradient_norms_within_clip: bool = False,
         relation: str | Relation = Relation.REPLACE_ONE,
         orders: Sequence[float] | None = None,
     ) -> None:
@@ -595,7 +595,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             weak_convexity=weak_convexity,
             strong_convexity=strong_convexity,
             diameter=diameter,
-            clipping=clipping,
+            gradient_norms_within_clip=gradient_norms_within_clip,
         )
         self.orders = validate_orders(orders)
         self._reset()
@@ -856,7 +856,7 @@ def compute_last_iterate_privacy_statement(
     weak_convexity: float = 0.0,
     strong_convexity: float = 0.0,
     diameter: float | None = None,
-    clipping: bool = True,
+    gradient_norms_within_clip: bool = False,
 ) -> str:
     r"""A privacy report for the FINAL model of a DP-SGD run: the last-iterate
     counterpart of TF Privacy's ``compute_dp_sgd_privacy_statement``.
@@ -877,7 +877,7 @@ def compute_last_iterate_privacy_statement(
       l2_norm_clip: C.
       learning_rate: eta, constant.
       sampling: what the pipeline did (see :class:`lastiter_plugins.Sampling`).
-      smoothness, weak_convexity, strong_convexity, diameter, clipping: the loss assumptions.
+      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss assumptions.
 
     Returns:
       The statement, lines of at most 80 characters apart from the table rows.
@@ -914,7 +914,7 @@ def compute_last_iterate_privacy_statement(
         weak_convexity=weak_convexity,
         strong_convexity=strong_convexity,
         diameter=diameter,
-        clipping=clipping,
+        gradient_norms_within_clip=gradient_norms_within_clip,
     )
     delta = validate_delta(delta)
     sections: dict[Relation, tuple[list[tuple[str, EpsilonResult]], EpsilonResult, list[str]]] = {}
@@ -931,7 +931,7 @@ def compute_last_iterate_privacy_statement(
         weak_convexity=weak_convexity,
         strong_convexity=strong_convexity,
         diameter=diameter,
-        clipping=clipping,
+        gradient_norms_within_clip=gradient_norms_within_clip,
     )
     if not sections:
         raise ValueError(
@@ -1015,7 +1015,7 @@ def _assumptions_paragraph(a: LossAssumptions, clip_norm: float) -> str:
     domain = "no projection" if a.diameter is None else f"projection onto a convex set of diameter D = {a.diameter:g}"
     clipping = (
         "clipping may be active"
-        if a.clipping
+        if a.clipping_may_be_active
         else f"clipping declared inactive: every per-example gradient norm <= C = {clip_norm:g} on the whole domain"
     )
     return _fill(

@@ -32,7 +32,7 @@ COMMON = dict(
     steps=T,
     smoothness=1.0,
     strong_convexity=0.05,
-    clipping=False,
+    gradient_norms_within_clip=True,
     diameter=1.0,
 )
 # one pipeline per bound on which it applies

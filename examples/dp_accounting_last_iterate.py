@@ -7,7 +7,7 @@ The pipeline, on one dataset of n = 1000 records, replace-one neighbours:
      order, and release the FINAL model only. The features are scaled to norm
      <= 1, so every per-example loss is convex and 1/4-smooth, and its gradient
      (sigmoid(w.x) - y) x has norm <= 1 = C at every w: clipping is never
-     active, which the run declares with clipping=False.
+     active, which the run declares with gradient_norms_within_clip=True.
 
 Standard accounting (every iterate released) versus the last-iterate
 accountant, then the noise multiplier that meets a target epsilon, found with
@@ -43,7 +43,7 @@ def training_run(noise_multiplier: float) -> LastIterateDpSgdEvent:
         steps=STEPS,
         learning_rate=LR,
         smoothness=0.25,
-        clipping=False,
+        gradient_norms_within_clip=True,
     )
 
 

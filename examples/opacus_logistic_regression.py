@@ -19,7 +19,7 @@ Every assumption declared to the accountant is made true by construction
 - Domain: after every step the weights are projected onto the l2 ball of radius R
   (diameter D = 2R), so ||w|| <= R and every per-example gradient has norm
   < ||z|| + lam R. With max_grad_norm = C = 1 + lam R (+ a small margin), clipping
-  never changes a gradient anywhere in the domain: ``clipping=False`` is honest.
+  never changes a gradient anywhere in the domain: ``gradient_norms_within_clip=True`` is honest.
 - Sampling: one secret random permutation reused every epoch (ShuffleOnceSampler),
   batch size dividing the number of training examples.
 
@@ -138,7 +138,7 @@ def main() -> None:
         smoothness=smoothness,
         strong_convexity=lam,
         diameter=diameter,
-        clipping=False,
+        gradient_norms_within_clip=True,
     )
     engine = PrivacyEngine(accountant=name)
     model = RegularisedLogit(dim, lam).to(device)

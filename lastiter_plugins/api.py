@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from lastiter_plugins import registry
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_delta, validate_orders
 from lastiter_plugins.errors import NotApplicableError
 
@@ -29,7 +29,7 @@ _TRAINING_KEYS = (
     "sampling",
     "relation",
 )
-_ASSUMPTION_KEYS = ("smoothness", "weak_convexity", "strong_convexity", "diameter", "clipping")
+_ASSUMPTION_KEYS = ("smoothness", "weak_convexity", "strong_convexity", "diameter", "gradient_norms_within_clip")
 PARAMETERS: tuple[str, ...] = (*_TRAINING_KEYS, "steps", "epochs", *_ASSUMPTION_KEYS)
 
 
@@ -38,6 +38,7 @@ def build(**params: Any) -> tuple[TrainingConfig, LossAssumptions]:
 
     Give exactly one of ``steps`` and ``epochs`` (E epochs = E * ceil(n/b) steps).
     """
+    refuse_renamed(params)
     unknown = sorted(set(params) - set(PARAMETERS))
     if unknown:
         raise ValueError(f"unknown parameter {unknown[0]!r}; known parameters: {', '.join(PARAMETERS)}.")

@@ -38,6 +38,16 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+class _Renamed(argparse.Action):
+    """A flag that was renamed: refused with the new name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(
+            f"{option_string} was renamed: use --gradient-norms-within-clip, which asserts that every "
+            "per-example gradient norm is <= C on the whole domain (clipping never active)."
+        )
+
+
 def _orders(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -73,11 +83,12 @@ def add_training_arguments(parser: argparse.ArgumentParser, *, required: bool = 
     a.add_argument("--strong-convexity", type=float, default=0.0, help="lam >= 0")
     a.add_argument("--diameter", type=float, help="D of the set the iterates are projected onto (default: none)")
     a.add_argument(
-        "--clipping",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="--no-clipping asserts every per-example gradient norm <= C on the whole domain",
+        "--gradient-norms-within-clip",
+        action="store_true",
+        default=False,
+        help="assert that every per-example gradient norm is <= C on the whole domain (clipping never active)",
     )
+    a.add_argument("--no-clipping", action=_Renamed, nargs=0, help=argparse.SUPPRESS)
 
 
 def params_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -81,7 +81,7 @@ BUILTIN_SCENARIO: dict[str, Any] = {
     "smoothness": 0.26,
     "strong_convexity": 0.01,
     "diameter": 10.0,
-    "clipping": False,
+    "gradient_norms_within_clip": True,
     "delta": 1e-5,
 }
 
@@ -990,7 +990,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PATH", help="also write a PNG of epsilon against epochs")
     cli.add_training_arguments(parser, required=False)
     # No defaults here, so that only the flags actually given override a scenario.
-    parser.set_defaults(clip_norm=None, relation=None, weak_convexity=None, strong_convexity=None, clipping=None)
+    parser.set_defaults(
+        clip_norm=None, relation=None, weak_convexity=None, strong_convexity=None, gradient_norms_within_clip=None
+    )
 
 
 def scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
@@ -1009,7 +1011,7 @@ def scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], f
         params.update(given)
     elif given:
         # Flags never fill in from the built-in scenario: its loss assumptions
-        # (clipping=False, ...) are true of its model, not of yours.
+        # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
         missing = [key for key in _REQUIRED if key not in given]
         if "steps" not in given and "epochs" not in given:
             missing.append("steps")

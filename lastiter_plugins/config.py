@@ -155,6 +155,23 @@ class TrainingConfig:
         return self.batch_size / self.dataset_size
 
 
+#: Keywords that were renamed, with the message that names the new one.
+RENAMED_KEYWORDS: dict[str, str] = {
+    "clipping": (
+        "clipping was renamed: pass gradient_norms_within_clip=True where you passed clipping=False (it asserts "
+        "that every per-example gradient norm is <= C on the whole domain, so clipping is never active), and "
+        "leave it at its default False where you passed clipping=True."
+    ),
+}
+
+
+def refuse_renamed(params: Any) -> None:
+    """Raise ValueError naming the new keyword when ``params`` uses a renamed one."""
+    for old, message in RENAMED_KEYWORDS.items():
+        if old in params:
+            raise ValueError(message)
+
+
 @dataclasses.dataclass(frozen=True)
 class LossAssumptions:
     r"""What the user declares about the per-example losses and the domain.
@@ -168,17 +185,18 @@ class LossAssumptions:
       strong_convexity: lam >= 0 (0 = not strongly convex); must be <= M.
       diameter: D, diameter of the closed convex set the iterates are projected
         onto after every step (None: no projection).
-      clipping: True when clipping may be active. False asserts that every
-        per-example gradient norm is <= C at every point of the domain (not only
-        along the run; Kong & Ribero, seed 003, Prop. 2.1(c)), so clipping is
-        the identity; this enables the bounds that need the unclipped update.
+      gradient_norms_within_clip: the strongest assumption in the library.
+        True asserts that every per-example gradient norm is <= C at every point
+        of the domain (not only along the run; Kong & Ribero, arXiv 2407.05237,
+        Prop. 2.1(c)), so clipping is the identity; this enables the bounds that
+        need the unclipped update. False (default): clipping may be active.
     """
 
     smoothness: float | None = None
     weak_convexity: float = 0.0
     strong_convexity: float = 0.0
     diameter: float | None = None
-    clipping: bool = True
+    gradient_norms_within_clip: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -188,13 +206,20 @@ class LossAssumptions:
         set_(self, "strong_convexity", _check_real("strong_convexity", self.strong_convexity, positive=False))
         if self.diameter is not None:
             set_(self, "diameter", _check_real("diameter", self.diameter, positive=True))
-        if not isinstance(self.clipping, bool):
-            raise ValueError(f"clipping must be True or False. Found {self.clipping!r}.")
+        if not isinstance(self.gradient_norms_within_clip, bool):
+            raise ValueError(
+                f"gradient_norms_within_clip must be True or False. Found {self.gradient_norms_within_clip!r}."
+            )
         if self.strong_convexity > 0 and self.smoothness is not None and self.strong_convexity > self.smoothness:
             raise ValueError(
                 "strong_convexity must be <= smoothness (a lam-strongly convex, M-smooth function has "
                 f"lam <= M). Found strong_convexity={self.strong_convexity}, smoothness={self.smoothness}."
             )
+
+    @property
+    def clipping_may_be_active(self) -> bool:
+        """The negation of the assertion ``gradient_norms_within_clip``."""
+        return not self.gradient_norms_within_clip
 
     @property
     def convex(self) -> bool:

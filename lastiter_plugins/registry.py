@@ -111,11 +111,11 @@ def _needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions):
     # the gradient step, not for the clipped one (a clipped field is bounded,
     # hence not strongly monotone; counterexamples exist), so these bounds need
     # the user's assertion that clipping is never active.
-    if a.clipping:
+    if a.clipping_may_be_active:
         return (
-            "clipping must be declared inactive (clipping=False: every per-example gradient norm <= C on "
+            "clipping must be declared inactive (gradient_norms_within_clip=True: every per-example gradient norm <= C on "
             "the whole domain), since the contraction argument does not hold for clipped gradients",
-            "clipping=True",
+            "gradient_norms_within_clip=False",
         )
     return None
 
@@ -168,7 +168,7 @@ def _step_size(
 
 
 def _kong_ribero_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
-    return kong_ribero.max_learning_rate(a.smoothness, a.weak_convexity, a.clipping)
+    return kong_ribero.max_learning_rate(a.smoothness, a.weak_convexity, a.clipping_may_be_active)
 
 
 def _inverse(value: float) -> float:
@@ -177,7 +177,11 @@ def _inverse(value: float) -> float:
 
 _kong_ribero_step = _step_size(
     _kong_ribero_limit,
-    lambda c, a: "1/(2(M+m)) (clipping may be active)" if a.clipping else "1/(M+m) (clipping=False)",
+    lambda c, a: (
+        "1/(2(M+m)) (clipping may be active)"
+        if a.clipping_may_be_active
+        else "1/(M+m) (gradient_norms_within_clip=True)"
+    ),
     strict=False,
 )
 
@@ -204,7 +208,7 @@ _one_over_m_strict = _step_size(lambda c, a: _inverse(a.smoothness), "1/M", stri
 
 
 def _kr_lipschitz(cfg: TrainingConfig, a: LossAssumptions) -> float:
-    return kong_ribero.update_lipschitz(cfg.learning_rate, a.smoothness, a.weak_convexity, a.clipping)
+    return kong_ribero.update_lipschitz(cfg.learning_rate, a.smoothness, a.weak_convexity, a.clipping_may_be_active)
 
 
 def _kong_ribero_cyclic(cfg, a, orders):
@@ -242,7 +246,7 @@ def _altschuler_talwar(cfg, a, orders):
     # unclipped gradients (a clipped field is not strongly monotone) and eta < 2/M.
     if (
         a.strong_convexity > 0
-        and not a.clipping
+        and a.gradient_norms_within_clip
         and cfg.sampling is Sampling.RANDOM_BATCH
         and cfg.learning_rate * a.smoothness < 2.0
     ):
@@ -398,7 +402,7 @@ BOUNDS: dict[str, BoundSpec] = {
             reference="Altschuler & Talwar 2022 (seed 001), eq. 3.6; strongly convex: eq. 5.3, Remark 5.3",
             covers=_covers((Sampling.RANDOM_BATCH, Sampling.POISSON)),
             assumptions="per-example (clipped) losses convex and M-smooth; eta <= 2/M (poisson: 2b/(nM)); projection "
-            "onto a convex set of diameter D; strong convexity used only with clipping=False and random batches",
+            "onto a convex set of diameter D; strong convexity used only with gradient_norms_within_clip=True and random batches",
             conditions=(
                 _needs_learning_rate,
                 _needs_smoothness,

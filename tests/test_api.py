@@ -20,7 +20,7 @@ STRONGLY_CONVEX = dict(
     learning_rate=0.1,
     smoothness=1.0,
     strong_convexity=0.1,
-    clipping=False,
+    gradient_norms_within_clip=True,
 )
 
 
@@ -42,7 +42,8 @@ STRONGLY_CONVEX = dict(
         (dict(relation="swap"), "relation must be one of replace_one, add_or_remove_one"),
         (dict(smoothness=-1.0), "smoothness must be a finite number >= 0. Found -1.0."),
         (dict(diameter=0.0), "diameter must be a finite number > 0. Found 0.0."),
-        (dict(clipping="yes"), "clipping must be True or False"),
+        (dict(gradient_norms_within_clip="yes"), "gradient_norms_within_clip must be True or False"),
+        (dict(clipping=False), "clipping was renamed: pass gradient_norms_within_clip=True"),
         (dict(smoothness=0.1, strong_convexity=0.5), "strong_convexity must be <= smoothness"),
         (dict(epochs=3), "exactly one of steps and epochs"),
         (dict(foo=1), "unknown parameter 'foo'"),
@@ -88,8 +89,8 @@ REFUSALS = [
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.6, smoothness=1.0),
      "learning_rate must be <= 1/(2(M+m)) (clipping may be active) = 0.5 for kong-ribero-cyclic "
      "(Kong & Ribero 2024 (seed 003), Theorem 2.3). Found 0.6."),
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, clipping=False),
-     "learning_rate must be <= 1/(M+m) (clipping=False) = 1 for kong-ribero-cyclic"),
+    ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, gradient_norms_within_clip=True),
+     "learning_rate must be <= 1/(M+m) (gradient_norms_within_clip=True) = 1 for kong-ribero-cyclic"),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
      "relation must be replace_one for kong-ribero-cyclic"),
     ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0), "diameter (D) must be declared"),
@@ -106,7 +107,7 @@ REFUSALS = [
     ("liang-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "relation must be add_or_remove_one for liang-bounded"),
     ("liang-unbounded", dict(BASE, sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", clipping=True), "clipping must be declared inactive"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", gradient_norms_within_clip=False), "clipping must be declared inactive"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", dataset_size=1005), "batch_size must divide dataset_size"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),

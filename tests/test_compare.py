@@ -239,7 +239,7 @@ def test_scenario_where_clipping_makes_the_cyclic_bound_useless(scenario_results
     assert rdp_e == pytest.approx(4 * orders / z**2 * (1 + 100 / 2), rel=1e-6)
     assert rdp_2e / rdp_e == pytest.approx(201 / 101 * np.ones(2), rel=1e-6) or (rdp_2e / rdp_e > 1.95).all()
     # declaring clipping inactive changes the picture (a different, stronger assumption)
-    unclipped = compare.compare(1e-5, **(params | {"clipping": False}))
+    unclipped = compare.compare(1e-5, **(params | {"gradient_norms_within_clip": True}))
     assert unclipped.best[0].winner == "ye-shokri-convex"
     assert unclipped.row("composition").epsilon / unclipped.best[0].epsilon > 5
 
@@ -343,7 +343,7 @@ def test_missing_config_file_and_incomplete_flags_exit_with_status_2(capsys, tmp
 # ---------------------------------------------------------------- the plot
 
 SMALL = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, learning_rate=0.5, epochs=6, sampling="cyclic",
-             smoothness=1.0, clipping=False)  # fmt: skip
+             smoothness=1.0, gradient_norms_within_clip=True)  # fmt: skip
 
 
 def test_sweep_epochs():

@@ -161,11 +161,11 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         "weak_convexity",
         "strong_convexity",
         "diameter",
-        "clipping",
+        "gradient_norms_within_clip",
     ]
     defaults = LastIterateDpSgdEvent("composition", "cyclic", 100, 10, 1.0, 10, None)
     assert (defaults.clip_norm, defaults.smoothness, defaults.weak_convexity) == (1.0, None, 0.0)
-    assert (defaults.strong_convexity, defaults.diameter, defaults.clipping) == (0.0, None, True)
+    assert (defaults.strong_convexity, defaults.diameter, defaults.gradient_norms_within_clip) == (0.0, None, False)
     with pytest.raises(attr.exceptions.FrozenInstanceError):
         KR.steps = 10
 
@@ -294,7 +294,7 @@ def test_any_composition_tree_is_the_weighted_sum_of_its_leaves(tree):
         ({"steps": 2.5}, "steps"),
         ({"learning_rate": 5.0}, "learning_rate"),
         ({"smoothness": None}, "smoothness"),
-        ({"clipping": "yes"}, "clipping"),
+        ({"gradient_norms_within_clip": "yes"}, "gradient_norms_within_clip"),
         ({"clip_norm": 0.0}, "clip_norm"),
         ({"weak_convexity": -1.0}, "weak_convexity"),
         ({"sampling": "random_batch"}, "sampling"),

@@ -40,7 +40,7 @@ WORKED_EXAMPLES = [
             steps=100000,
             smoothness=1.0,
             sampling="cyclic",
-            clipping=False,
+            gradient_norms_within_clip=True,
         ),
         (8.8, 35.2, 140.8),
     ),
@@ -69,7 +69,7 @@ WORKED_EXAMPLES = [
             smoothness=1.0,
             strong_convexity=0.05,
             sampling="shuffle_once",
-            clipping=False,
+            gradient_norms_within_clip=True,
         ),
         (0.05048, 3.36162, 15.9294),
     ),
@@ -84,7 +84,7 @@ WORKED_EXAMPLES = [
             smoothness=1.0,
             strong_convexity=0.05,
             sampling="cyclic",
-            clipping=False,
+            gradient_norms_within_clip=True,
         ),
         (1.00487, 4.0195, 16.078),
     ),
@@ -99,7 +99,7 @@ WORKED_EXAMPLES = [
             smoothness=1.0,
             strong_convexity=0.5,
             sampling="random_batch",
-            clipping=False,
+            gradient_norms_within_clip=True,
         ),
         (4.15957, 13564.3, 56740.3),
     ),
@@ -209,7 +209,7 @@ def test_ye_shokri_one_epoch_is_the_gaussian_mechanism():
     """K = 1: G(1) = 0, so ye-shokri-cyclic is exactly one use, 2 alpha / z^2."""
     got = lp.rdp(
         "ye-shokri-cyclic", ORDERS, dataset_size=100, batch_size=10, noise_multiplier=2.0, learning_rate=0.1,
-        steps=10, smoothness=1.0, strong_convexity=0.5, sampling="cyclic", clipping=False,
+        steps=10, smoothness=1.0, strong_convexity=0.5, sampling="cyclic", gradient_norms_within_clip=True,
     )  # fmt: skip
     np.testing.assert_allclose(got, 2 * np.array(ORDERS) / 4.0)
 
@@ -219,7 +219,7 @@ def test_ye_shokri_random_single_step_is_mixture_formula():
     q, z, alpha = 0.1, 1.5, 4.0
     got = lp.rdp(
         "ye-shokri-random", [alpha], dataset_size=100, batch_size=10, noise_multiplier=z, learning_rate=0.2,
-        steps=1, smoothness=1.0, strong_convexity=0.5, sampling="random_batch", clipping=False,
+        steps=1, smoothness=1.0, strong_convexity=0.5, sampling="random_batch", gradient_norms_within_clip=True,
     )  # fmt: skip
     c = (alpha - 1) * 2 * alpha / z**2
     assert got[0] == pytest.approx(math.log(q * math.exp(c) + 1 - q) / (alpha - 1), rel=1e-12)
@@ -346,7 +346,7 @@ def test_sampled_without_replacement_equals_dp_accounting(q, noise):
 def test_near_one_contraction_does_not_divide_by_zero():
     """lam so small that rho rounds to 1: G(K) is its limit K - 1, no ZeroDivisionError."""
     params = dict(dataset_size=100, batch_size=10, noise_multiplier=1.0, learning_rate=0.1, steps=50,
-                  smoothness=1.0, strong_convexity=2.2e-308, clipping=False, sampling="cyclic")  # fmt: skip
+                  smoothness=1.0, strong_convexity=2.2e-308, gradient_norms_within_clip=True, sampling="cyclic")  # fmt: skip
     got = lp.rdp("ye-shokri-cyclic", [2.0], **params)[0]
     # rho = 1: e0(h) = 2 alpha/z^2 * 1/h, G = K - 1 = 4, plus one use
     assert got == pytest.approx(4.0 * (1 / 5) * 4 + 4.0)

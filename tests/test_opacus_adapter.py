@@ -438,13 +438,13 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     # kong-ribero-cyclic depends on the learning rate (through the update's Lipschitz constant)
     # (weakly convex: with m = 0 the update is non-expansive for every admissible lr)
     name = _register(request, bound="kong-ribero-cyclic", sampling="cyclic", smoothness=smooth, weak_convexity=0.1,
-                     clipping=False)  # fmt: skip
+                     gradient_norms_within_clip=True)  # fmt: skip
     loader = DataLoader(_dataset(), batch_size=batch)
     engine, model, optimizer, loader = _private(name, loader=loader, reduction=reduction)
     _train(model, optimizer, loader, epochs=2, accumulate=accumulate, reduction=reduction)
     steps = 2 * len(loader) // accumulate
     assert engine.accountant.steps == steps
-    common = {"dataset_size": N, "noise_multiplier": 1.0, "smoothness": smooth, "weak_convexity": 0.1, "clipping": False,
+    common = {"dataset_size": N, "noise_multiplier": 1.0, "smoothness": smooth, "weak_convexity": 0.1, "gradient_norms_within_clip": True,
               "sampling": "cyclic", "steps": steps}  # fmt: skip
     expected = lp.account("kong-ribero-cyclic", DELTA, **common, **core)
     result = engine.accountant.epsilon_result(DELTA)
@@ -495,7 +495,9 @@ def test_poisson_batch_rounds_up_when_sample_rate_is_not_b_over_n(request):
     ids=["best", "opacus-rounds-steps-down"],
 )
 def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
-    name = _register(request, bound=bound, sampling="cyclic", dataset_size=n, weak_convexity=0.1, clipping=False)
+    name = _register(
+        request, bound=bound, sampling="cyclic", dataset_size=n, weak_convexity=0.1, gradient_norms_within_clip=True
+    )
     engine = PrivacyEngine(accountant=name)
     model = _model()
     model, optimizer, loader = engine.make_private_with_epsilon(
@@ -519,7 +521,9 @@ def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
 def test_make_private_with_epsilon_refuses_a_run_that_would_miss_its_target(request):
     # calibrated for one loader batch per step; accumulating 2 doubles the batch and, for this bound,
     # raises epsilon after the planned epochs above the target: the first step refuses
-    name = _register(request, bound="kong-ribero-cyclic", sampling="cyclic", weak_convexity=0.1, clipping=False)
+    name = _register(
+        request, bound="kong-ribero-cyclic", sampling="cyclic", weak_convexity=0.1, gradient_norms_within_clip=True
+    )
     engine = PrivacyEngine(accountant=name)
     model = _model()
     model, optimizer, loader = engine.make_private_with_epsilon(
@@ -559,7 +563,7 @@ def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
 
 
 def test_checkpoint_round_trip(request, tmp_path):
-    name = _register(request, sampling="cyclic", clipping=False)
+    name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
     engine, model, optimizer, loader = _private(name)
     _train(model, optimizer, loader, epochs=2)
     eps = engine.get_epsilon(DELTA)
@@ -572,7 +576,7 @@ def test_checkpoint_round_trip(request, tmp_path):
     assert engine2.accountant.history == engine.accountant.history
     _train(model2, optimizer2, loader2, epochs=1)
     expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
-                          smoothness=0.25, clipping=False, sampling="cyclic", steps=30)[0]  # fmt: skip
+                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=30)[0]  # fmt: skip
     assert engine2.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
 
 
@@ -609,7 +613,7 @@ def test_checkpoint_refusals(request, tmp_path):
 
 
 def test_report_lists_every_bound_with_relation_and_threat_model(request):
-    name = _register(request, sampling="cyclic", clipping=False)
+    name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
     engine, model, optimizer, loader = _private(name)
     with pytest.raises(lo.LastIterateConfigurationError, match="at least one optimizer step"):
         engine.accountant.report(DELTA)

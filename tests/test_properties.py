@@ -38,7 +38,7 @@ def pipelines(draw):
         weak_convexity=m,
         strong_convexity=lam,
         diameter=draw(st.one_of(st.none(), st.floats(1e-3, 10.0))),
-        clipping=draw(st.booleans()),
+        gradient_norms_within_clip=draw(st.booleans()),
         sampling=draw(st.sampled_from([s.value for s in lp.Sampling])),
         relation=draw(st.sampled_from([r.value for r in lp.Relation])),
     )

@@ -26,7 +26,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 BOUNDS = list(lp.BOUND_IDS)
 SAMPLINGS = [s.value for s in lp.Sampling]
 VALID = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, learning_rate=0.1, steps=300, smoothness=1.0,
-             strong_convexity=0.1, clipping=False, diameter=1.0, sampling="shuffle_once")  # fmt: skip
+             strong_convexity=0.1, gradient_norms_within_clip=True, diameter=1.0, sampling="shuffle_once")  # fmt: skip
 
 BAD_NUMBERS = st.one_of(
     st.floats(max_value=0.0, allow_nan=False),
@@ -67,7 +67,7 @@ def _outcome_is_valid(call):
             "weak_convexity",
             "strong_convexity",
             "diameter",
-            "clipping",
+            "gradient_norms_within_clip",
             "sampling",
             "relation",
         ]
@@ -144,7 +144,7 @@ PIPELINES = st.fixed_dictionaries(
         "weak_convexity": st.floats(0.0, 2.0) | st.just(0.0),
         "strong_convexity": st.just(0.0) | st.floats(0.0, 1.0),
         "diameter": st.one_of(st.none(), st.floats(1e-3, 100.0)),
-        "clipping": st.booleans(),
+        "gradient_norms_within_clip": st.booleans(),
     }
 ).filter(lambda p: p["batch_size"] <= p["dataset_size"])
 
@@ -178,7 +178,7 @@ def _violations(p):
     """Independent encoding of BOUNDS.md preconditions: bound ids that must refuse ``p``."""
     must_refuse = set()
     s, rel, lr, big_m = p["sampling"], p["relation"], p["learning_rate"], p["smoothness"]
-    m, lam, d, clip = p["weak_convexity"], p["strong_convexity"], p["diameter"], p["clipping"]
+    m, lam, d, clip = p["weak_convexity"], p["strong_convexity"], p["diameter"], not p["gradient_norms_within_clip"]
     if s not in ("cyclic", "shuffle_once") or rel != "replace_one":
         must_refuse |= {"kong-ribero-cyclic", "ye-shokri-cyclic", "ye-shokri-convex"}
     if s not in ("random_batch", "poisson") or rel != "replace_one":

@@ -60,7 +60,7 @@ def make_model(optimizer=None, **dense):
 
 
 def accountant(**changes):
-    kwargs = dict(sampling="cyclic", dataset_size=N, delta=DELTA, smoothness=0.25, clipping=False)
+    kwargs = dict(sampling="cyclic", dataset_size=N, delta=DELTA, smoothness=0.25, gradient_norms_within_clip=True)
     kwargs.update(changes)
     return LastIterateCallback(**kwargs)
 
@@ -69,7 +69,7 @@ def core(bound, steps, sampling, **assumptions):
     config = lp.TrainingConfig(
         dataset_size=N, batch_size=B, noise_multiplier=Z, steps=steps, sampling=sampling, learning_rate=LR, clip_norm=C
     )
-    defaults = dict(smoothness=0.25, clipping=False)
+    defaults = dict(smoothness=0.25, gradient_norms_within_clip=True)
     defaults.update(assumptions)
     return lp.compute_epsilon(bound, config, lp.LossAssumptions(**defaults), DELTA)
 
@@ -113,7 +113,7 @@ def test_epsilon_equals_core_and_reaches_logs(data, capsys, optimizer_class, sam
         steps=2 * steps_per_epoch,
         sampling=sampling,
         smoothness=0.25,
-        clipping=False,
+        gradient_norms_within_clip=True,
     )
     assert cb.epsilon == pytest.approx(keyword, rel=1e-12)
     assert cb.result.relation is lp.Relation.REPLACE_ONE
@@ -452,7 +452,7 @@ def test_projection_keeps_every_iterate_in_the_ball(data):
         lp.compute_epsilon(
             "best",
             cb.config,
-            lp.LossAssumptions(smoothness=0.25, diameter=diameter, clipping=False),
+            lp.LossAssumptions(smoothness=0.25, diameter=diameter, gradient_norms_within_clip=True),
             DELTA,
         ).epsilon,
         rel=1e-12,
@@ -492,7 +492,7 @@ STATEMENT = dict(
     smoothness=0.3,
     strong_convexity=0.05,
     diameter=40.0,
-    clipping=False,
+    gradient_norms_within_clip=True,
 )
 
 
@@ -510,7 +510,7 @@ def _keyword(**changes):
         smoothness=params["smoothness"],
         strong_convexity=params["strong_convexity"],
         diameter=params["diameter"],
-        clipping=params["clipping"],
+        gradient_norms_within_clip=params["gradient_norms_within_clip"],
     )
 
 

@@ -17,7 +17,9 @@ import numpy as np
 from lastiter_plugins.bounds._common import theta
 
 
-def update_lipschitz(learning_rate: float, smoothness: float, weak_convexity: float, clipping: bool) -> float:
+def update_lipschitz(
+    learning_rate: float, smoothness: float, weak_convexity: float, clipping_may_be_active: bool
+) -> float:
     r"""Lipschitz constant L of one (clipped) gradient step.
 
     :math:`L_\eta = \sqrt{1 + 2\eta m (1 + m/(2(M+m)))}` (seed 003, eq. 13;
@@ -28,16 +30,16 @@ def update_lipschitz(learning_rate: float, smoothness: float, weak_convexity: fl
     """
     m, big_m = weak_convexity, smoothness
     l_eta = 1.0 if m == 0.0 else math.sqrt(1.0 + 2.0 * learning_rate * m * (1.0 + m / (2.0 * (big_m + m))))
-    return l_eta if not clipping else math.sqrt(2.0) * l_eta
+    return l_eta if not clipping_may_be_active else math.sqrt(2.0) * l_eta
 
 
-def max_learning_rate(smoothness: float, weak_convexity: float, clipping: bool) -> float:
+def max_learning_rate(smoothness: float, weak_convexity: float, clipping_may_be_active: bool) -> float:
     r"""Largest step size the theorems allow: 1/(2(M+m)) with clipping, 1/(M+m)
     without (seed 003, Thm. 2.2/2.3 and Prop. 2.1(c)); inf for linear losses."""
     curvature = smoothness + weak_convexity
     if curvature == 0.0:
         return math.inf
-    return 1.0 / (2.0 * curvature) if clipping else 1.0 / curvature
+    return 1.0 / (2.0 * curvature) if clipping_may_be_active else 1.0 / curvature
 
 
 def cyclic_rdp(

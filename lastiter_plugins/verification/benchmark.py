@@ -30,6 +30,7 @@ STEPS = (10**3, 10**5, 10**6, 10**7)
 
 # one configuration per bound where it applies (n = 60000, b = 600: l = 100, q = 0.01)
 _BASE = dict(dataset_size=60_000, batch_size=600, noise_multiplier=1.0, learning_rate=0.1, smoothness=1.0)
+_SC = dict(_BASE, strong_convexity=0.05, gradient_norms_within_clip=True, learning_rate=0.5)  # strongly convex
 CONFIGS: dict[str, dict[str, Any]] = {
     "kong-ribero-cyclic": dict(_BASE, sampling="cyclic"),
     "kong-ribero-bounded": dict(_BASE, sampling="random_batch", diameter=1.0),
@@ -37,17 +38,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "altschuler-talwar": dict(_BASE, sampling="random_batch", diameter=1.0),
     "liang-bounded": dict(_BASE, sampling="poisson", relation="add_or_remove_one", diameter=1.0),
     "liang-unbounded": dict(_BASE, sampling="poisson", relation="add_or_remove_one"),
-    "ye-shokri-cyclic": dict(_BASE, sampling="cyclic", strong_convexity=0.05, clipping=False, learning_rate=0.5),
-    "ye-shokri-shuffle": dict(_BASE, sampling="shuffle_once", strong_convexity=0.05, clipping=False,
-                              learning_rate=0.5),
-    "ye-shokri-random": dict(_BASE, sampling="random_batch", strong_convexity=0.05, clipping=False,
-                             learning_rate=0.5),
-    "ye-shokri-convex": dict(_BASE, sampling="cyclic", clipping=False),
-    "ye-shokri-full-batch": dict(_BASE, dataset_size=600, sampling="cyclic", clipping=False, learning_rate=0.5),
+    "ye-shokri-cyclic": dict(_SC, sampling="cyclic"),
+    "ye-shokri-shuffle": dict(_SC, sampling="shuffle_once"),
+    "ye-shokri-random": dict(_SC, sampling="random_batch"),
+    "ye-shokri-convex": dict(_BASE, sampling="cyclic", gradient_norms_within_clip=True),
+    "ye-shokri-full-batch": dict(_SC, dataset_size=600, sampling="cyclic", strong_convexity=0.0),
     "composition (random_batch)": dict(_BASE, sampling="random_batch"),
     "composition (poisson)": dict(_BASE, sampling="poisson", relation="add_or_remove_one"),
-    "best (shuffle_once)": dict(_BASE, sampling="shuffle_once", strong_convexity=0.05, clipping=False,
-                                learning_rate=0.5),
+    "best (shuffle_once)": dict(_SC, sampling="shuffle_once"),
 }  # fmt: skip
 
 

@@ -19,7 +19,7 @@ G1, linear losses (no projection, M = 0, clipping never active):
 G2, strongly convex quadratics ``f_i(x) = lam/2 |x|^2 + <g_i, x>`` (M = lam, same
   g's; the proofs only use the contraction of the gradient step and the
   sensitivity ``|grad f - grad f'| <= 2C``, so the instance is declared with
-  ``clipping=False``): per step ``x <- rho_t x - eta mean(g_B) + noise`` with
+  ``gradient_norms_within_clip=True``): per step ``x <- rho_t x - eta mean(g_B) + noise`` with
   ``rho_t = 1 - eta lam |B_t| / b``. Mean shift ``(2 eta C / b) sum_{uses t}
   prod_{s>t} rho_s``, variance ``sigma_p^2 sum_t prod_{s>t} rho_s^2``.
 
@@ -766,16 +766,21 @@ class Instance:
 
 def g1_params(**kw: Any) -> dict[str, Any]:
     """API parameters of a G1 instance: linear losses (M = 0), no projection,
-    gradient norms exactly C everywhere (clipping=False is true)."""
-    return {"smoothness": 0.0, "clipping": False, "learning_rate": 0.1, **kw}
+    gradient norms exactly C everywhere (gradient_norms_within_clip=True is true)."""
+    return {"smoothness": 0.0, "gradient_norms_within_clip": True, "learning_rate": 0.1, **kw}
 
 
 def g2_params(*, strong_convexity: float, **kw: Any) -> dict[str, Any]:
     """API parameters of a G2 instance: lam-strongly convex quadratics, M = lam."""
-    return {"smoothness": strong_convexity, "strong_convexity": strong_convexity, "clipping": False, **kw}
+    return {
+        "smoothness": strong_convexity,
+        "strong_convexity": strong_convexity,
+        "gradient_norms_within_clip": True,
+        **kw,
+    }
 
 
 def g3_params(*, diameter: float, **kw: Any) -> dict[str, Any]:
     """API parameters of a G3 instance: linear losses on [-D/2, D/2] (M = 0,
     gradient norms <= C everywhere)."""
-    return {"smoothness": 0.0, "clipping": False, "diameter": diameter, **kw}
+    return {"smoothness": 0.0, "gradient_norms_within_clip": True, "diameter": diameter, **kw}
