@@ -19,7 +19,7 @@ from lastiter_plugins.api import (
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import DEFAULT_ORDERS, OrderGridWarning
-from lastiter_plugins.errors import CalibrationError, NotApplicableError
+from lastiter_plugins.errors import CalibrationError, NotApplicableError, PipelineChangedError, UnsupportedHostError
 from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, Applicability, BoundSpec
 
 __version__ = "0.1.0"
@@ -37,9 +37,11 @@ __all__ = [
     "LossAssumptions",
     "NotApplicableError",
     "OrderGridWarning",
+    "PipelineChangedError",
     "Relation",
     "Sampling",
     "TrainingConfig",
+    "UnsupportedHostError",
     "account",
     "applicable_bounds",
     "build",

@@ -1,14 +1,32 @@
-"""Typed errors. All are ValueError subclasses, so ``except ValueError`` catches them."""
+"""Typed errors. All are ValueError subclasses, so ``except ValueError`` catches them.
+
+One family for "this pipeline is not covered": :class:`NotApplicableError` and its
+subclasses, raised by the core (a bound's precondition fails for the declared
+pipeline) and by the adapters (what a training step actually did differs from the
+declaration, or the host library is a version the adapter was not tested with).
+"""
 
 from __future__ import annotations
 
 
 class NotApplicableError(ValueError):
-    """A bound's preconditions do not hold for the declared pipeline.
+    """A bound's preconditions do not hold for the pipeline.
 
     The message names the violated condition and the theorem it comes from.
     A bound that does not apply never returns a number.
     """
+
+
+class PipelineChangedError(NotApplicableError):
+    """An observed training step differs from what the accountant was configured
+    with (batch size, data source, sampler, noise, clip norm, learning rate,
+    parameters, projection, one clipped gradient per example). The epsilon of the
+    run is void; the message names what changed and how to fix it."""
+
+
+class UnsupportedHostError(NotApplicableError):
+    """The host library (Opacus, Keras/TF Privacy, dp-accounting) is a version
+    whose internals the adapter was not tested against."""
 
 
 class CalibrationError(ValueError):
