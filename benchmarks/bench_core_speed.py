@@ -83,7 +83,7 @@ def main() -> None:
     print(f"{'bound':28} {'sampling':13} {'cold ms':>8} {'warm ms':>8} {'x Opacus':>9}  epsilon")
     for bound, changes in PIPELINES.items():
         params = {**COMMON, **changes}
-        result = lp.account(bound, 1e-5, **params)
+        result = lp.epsilon(bound, 1e-5, **params)
         cold = timed(lambda b=bound, p=params: lp.epsilon(b, 1e-5, **p), args.repeats, cold=True)
         warm = timed(lambda b=bound, p=params: lp.epsilon(b, 1e-5, **p), args.repeats, cold=False)
         print(

@@ -1,4 +1,4 @@
-r"""lastiter-plugins: last-iterate Renyi-DP accountants for DP-SGD.
+r"""lastiter-plugins: last-iterate privacy accountants for DP-SGD.
 
 Every epsilon computed here protects the FINAL model only (except the
 ``composition`` baseline, which certifies every iterate): intermediate
@@ -7,8 +7,6 @@ checkpoints must not be released. See README.md and docs/.
 
 from lastiter_plugins.api import (
     PARAMETERS,
-    EpsilonResult,
-    account,
     applicable_bounds,
     build,
     compute_epsilon,
@@ -20,7 +18,8 @@ from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import DEFAULT_ORDERS, OrderGridWarning
 from lastiter_plugins.errors import CalibrationError, NotApplicableError, PipelineChangedError, UnsupportedHostError
-from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, Applicability, BoundSpec
+from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
+from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
 
 __version__ = "0.1.0"
 
@@ -30,24 +29,27 @@ __all__ = [
     "BOUND_IDS",
     "DEFAULT_ORDERS",
     "PARAMETERS",
-    "Applicability",
+    "BoundEvaluation",
     "BoundSpec",
     "CalibrationError",
     "EpsilonResult",
+    "Kind",
     "LossAssumptions",
     "NotApplicableError",
     "OrderGridWarning",
     "PipelineChangedError",
+    "Proof",
+    "Protects",
     "Relation",
     "Sampling",
     "TrainingConfig",
     "UnsupportedHostError",
-    "account",
     "applicable_bounds",
     "build",
     "calibrate_noise",
     "compute_epsilon",
     "compute_rdp",
     "epsilon",
+    "evaluate_all",
     "rdp",
 ]

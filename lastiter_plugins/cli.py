@@ -13,18 +13,18 @@ contains NaN or Infinity (non-finite numbers are written as null).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lastiter_plugins import api, registry
+from lastiter_plugins import api, compare, registry
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import Relation, Sampling
+from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.jsonout import dump_json
 
 EXIT_USAGE = 2
 
@@ -105,75 +105,95 @@ def _bound_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bound", required=True, choices=registry.BOUND_IDS, metavar="ID", help="bound id or best")
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | np.ndarray):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(_json_safe(obj), allow_nan=False, indent=2)
-
-
 def _fmt(x: float) -> str:
     return "inf" if not math.isfinite(x) else f"{x:.6g}"
 
 
 def _cmd_rdp(args) -> str:
     params = params_from_args(args)
-    values = api.rdp(args.bound, args.orders, **params)
-    relation = params.get("relation", Relation.REPLACE_ONE.value)
+    config, assumptions = api.build(**params)
+    values = api.compute_rdp(args.bound, config, assumptions, args.orders)
+    relation, protects, proof = config.relation, registry.Protects.FINAL_MODEL, registry.PROVEN
     if args.bound != registry.BEST:
-        relation = registry.BOUNDS[args.bound].relation_for(Sampling.parse(params["sampling"])).value
+        spec = registry.BOUNDS[args.bound]
+        relation = spec.relation_for(Sampling.parse(params["sampling"]))
+        protects, proof = spec.protects, spec.proof
     if args.json:
-        return dump_json({"bound": args.bound, "orders": args.orders, "rdp": values.tolist(), "relation": relation})
-    lines = [f"RDP of {args.bound} ({relation} neighbours; final model only), nats:"]
+        return dump_json(
+            {
+                "bound": args.bound,
+                "orders": args.orders,
+                "rdp": values.tolist(),
+                "relation": relation.value,
+                "protects": protects.value,
+                "proof": str(proof),
+            }
+        )
+    flag = "" if proof.proven else f"; {proof}"
+    lines = [f"RDP of {args.bound} ({relation.value} neighbours; protects {protects.value}{flag}), nats:"]
     lines += [f"  order {a:g}: {_fmt(v)}" for a, v in zip(args.orders, values, strict=True)]
     return "\n".join(lines)
 
 
 def _cmd_epsilon(args) -> str:
-    result = api.account(args.bound, args.delta, args.orders, **params_from_args(args))
+    result = api.epsilon(args.bound, args.delta, args.orders, **params_from_args(args))
     return dump_json(result.to_dict()) if args.json else str(result)
 
 
 def _cmd_bounds(args) -> str:
     params = params_from_args(args)
-    table = api.applicable_bounds(**params)
+    params.setdefault("noise_multiplier", 1.0)  # no precondition depends on it
+    config, assumptions = api.build(**params)
+    with_numbers = args.delta is not None and "noise_multiplier" in params_from_args(args)
+    evaluations = api.evaluate_all(
+        config, assumptions, args.delta if with_numbers else None, args.orders, unproven=args.unproven
+    )
     rows = []
-    for bid, app in table.items():
-        row = {
-            "bound": bid,
-            "applies": app.applies,
-            "relation": app.relation.value if app.relation else None,
-            "reason": app.reason or None,
-            "reference": app.reference,
-            "epsilon": None,
-            "order": None,
-        }
-        if app.applies and args.delta is not None and params.get("noise_multiplier") is not None:
-            result = api.account(bid, args.delta, args.orders, **params)
-            row.update(epsilon=result.epsilon, order=result.order, winner=result.winner)
-        rows.append(row)
+    for bid, e in evaluations.items():
+        rows.append(
+            {
+                "bound": bid,
+                "applies": e.applies,
+                "relation": e.relation.value if e.relation else None,
+                "proof": str(e.proof),
+                "protects": e.protects.value,
+                "kind": e.kind.value,
+                "reason": e.reason or None,
+                "reference": e.reference,
+                "epsilon": e.epsilon,
+                "order": e.order,
+            }
+        )
+    if with_numbers:
+        try:
+            best = api.compute_epsilon(registry.BEST, config, assumptions, args.delta, args.orders)
+        except api.NotApplicableError as exc:
+            rows.append({"bound": registry.BEST, "applies": False, "reason": str(exc), "epsilon": None})
+        else:
+            rows.append(
+                {"bound": registry.BEST, "applies": True, "relation": best.relation.value, "proof": "proven"}
+                | {"protects": best.protects.value, "epsilon": best.epsilon, "order": best.order}
+                | {"winner": best.winner, "reference": best.reference, "reason": None}
+            )
     if args.json:
         return dump_json({"delta": args.delta, "bounds": rows})
     lines = [f"{'bound':28} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
     for row in rows:
-        eps = "" if row["epsilon"] is None else _fmt(row["epsilon"])
-        note = (
-            row["reason"]
-            if not row["applies"]
-            else (f"order {row['order']:g}" if row["order"] else "")
-            + (f", via {row['winner']}" if row.get("winner") not in (None, row["bound"]) else "")
-        )
-        lines.append(
-            f"{row['bound']:28} {'yes' if row['applies'] else 'no':7} {row['relation'] or '-':17} {eps:>12}  {note}"
-        )
-    lines.append("Epsilons protect the final model only (composition: every iterate); never mix relations.")
+        eps = "" if row.get("epsilon") is None else _fmt(row["epsilon"])
+        if not row["applies"]:
+            note = row["reason"]
+        else:
+            note = f"order {row['order']:g}" if row.get("order") else ""
+            if row.get("winner"):
+                note += f", via {row['winner']}"
+            if row.get("proof", "proven") != "proven":
+                note = f"{row['proof']}" + (f"; {note}" if note else "")
+        relation = row.get("relation") or "-"
+        lines.append(f"{row['bound']:28} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
+    lines.append(
+        "Epsilons protect the final model only (composition: every iterate); never mix relations. "
+        f"Unproven bounds have numbers only with --unproven ID. See {registry.DOCS}."
+    )
     return "\n".join(lines)
 
 
@@ -184,6 +204,78 @@ def _cmd_calibrate(args) -> str:
         return dump_json({"bound": args.bound, "noise_multiplier": z, "target_epsilon": args.target_epsilon})
     target = f"epsilon <= {args.target_epsilon:g} at delta = {args.delta:g}"
     return f"noise_multiplier = {z:.6g} reaches {target} ({args.bound})"
+
+
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``compare`` subcommand's arguments."""
+    parser.description = (
+        "Every accountant side by side for one pipeline. With no parameters, a built-in scenario; "
+        "--config FILE reads a TOML scenario (keys: the keyword-API parameters and delta); "
+        "flags given on the command line override the file."
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML scenario, e.g. examples/scenarios/*.toml")
+    parser.add_argument("--format", choices=compare.FORMATS, default="table", help="output format (default table)")
+    parser.add_argument(
+        "--delta", type=float, help=f"target delta (default: the scenario's, else {compare.DEFAULT_DELTA:g})"
+    )
+    parser.add_argument("--plot", metavar="PATH", help="also write a PNG of epsilon against epochs")
+    parser.add_argument(
+        "--unproven",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also compute this unproven bound (marked, never in best); repeatable",
+    )
+    add_training_arguments(parser, required=False)
+    # No defaults here, so that only the flags actually given override a scenario.
+    parser.set_defaults(
+        clip_norm=None, relation=None, weak_convexity=None, strong_convexity=None, gradient_norms_within_clip=None
+    )
+
+
+def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
+    """(name, params, delta): the built-in scenario, a --config file, and/or the flags."""
+    given = params_from_args(args)
+    if args.config:
+        scenario = compare.load_scenario(args.config)
+        name, params, delta = compare.split_scenario(scenario)
+        if name == "custom scenario":
+            name = Path(args.config).stem
+        if "steps" in given or "epochs" in given:  # the flags' steps/epochs replace the file's
+            params.pop("steps", None)
+            params.pop("epochs", None)
+        params.update(given)
+    elif given:
+        # Flags never fill in from the built-in scenario: its loss assumptions
+        # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
+        missing = [key for key in compare.REQUIRED_KEYS if key not in given]
+        if "steps" not in given and "epochs" not in given:
+            missing.append("steps")
+        if missing:
+            flag = "--steps or --epochs" if missing[0] == "steps" else "--" + missing[0].replace("_", "-")
+            raise ValueError(
+                f"{flag} is required when compare is given flags without --config (flags describe your whole "
+                "pipeline; they do not modify the built-in scenario). Give it, or put the scenario in a TOML "
+                "file and pass --config FILE (see examples/scenarios/)."
+            )
+        name, params, delta = "custom scenario", given, compare.DEFAULT_DELTA
+    else:
+        name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+    if args.delta is not None:
+        delta = validate_delta(args.delta)
+    return name, params, delta
+
+
+def _cmd_compare(args: argparse.Namespace) -> str:
+    """The ``lastiter compare`` command: the table in the chosen format (and the plot)."""
+    name, params, delta = _scenario_from_args(args)
+    comparison = compare.compare(delta, name=name, unproven=args.unproven, **params)
+    output = compare.format_comparison(comparison, args.format)
+    if args.plot:
+        path = compare.write_plot(params, delta, args.plot, title=name, unproven=args.unproven)
+        if args.format == "table":
+            output += f"\n\nPlot written to {path}"
+    return output
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,9 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_epsilon)
 
-    p = sub.add_parser("bounds", help="every bound: applies or why not, relation, epsilon")
+    p = sub.add_parser("bounds", help="every bound: applies or why not, relation, proof status, epsilon")
     p.add_argument("--delta", type=float, help="also compute epsilon at this delta (needs --noise-multiplier)")
     p.add_argument("--orders", type=_orders)
+    p.add_argument("--unproven", action="append", default=[], metavar="ID", help="also compute this unproven bound")
     add_training_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_bounds)
@@ -221,14 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=_cmd_calibrate)
 
-    try:
-        from lastiter_plugins import compare
-    except ImportError:  # the compare module is optional while it is being built
-        compare = None
-    if compare is not None:
-        p = sub.add_parser("compare", help="side-by-side comparison of every accountant")
-        compare.configure_parser(p)
-        p.set_defaults(run=compare.run)
+    p = sub.add_parser("compare", help="side-by-side comparison of every accountant")
+    _compare_arguments(p)
+    p.set_defaults(run=_cmd_compare)
     return parser
 
 

@@ -15,14 +15,19 @@ Rules the table keeps:
   Poisson-only accountants of Opacus and dp-accounting on a shuffled or cyclic
   pipeline, for example) is still computed, the way a user would call it, but
   flagged NOT valid: this is the mistake the table exists to show.
+* An unproven bound is listed with its proof status and computed only when
+  asked for by name (``unproven=``); it never enters a best-valid line.
 * The "best valid" line is computed per neighbouring relation, never as one
-  minimum over different relations (BOUNDS.md section 2). For the registry it is
-  the per-order RDP minimum of ``best`` (BOUNDS.md section 5); valid standard
+  minimum over different relations. For the registry it is ``best`` (the
+  smallest epsilon over the proven bounds valid here); valid standard
   accountants that are guarantees (not Opacus' GDP approximation) join it.
 
-:func:`compare_rows` and :func:`compare` are pure functions of the scenario;
-:func:`format_comparison` renders a :class:`Comparison` as text, Markdown, JSON
-or CSV; :func:`configure_parser` and :func:`run` are the CLI hook.
+The registry rows are read from the one evaluation path
+(:func:`lastiter_plugins.evaluation.evaluate_all`). :func:`compare_rows` and
+:func:`compare` are pure functions of the scenario; :func:`format_comparison`
+renders a :class:`Comparison` as text, Markdown, JSON or CSV;
+:func:`epsilon_curves` sweeps the comparison over epochs and :func:`write_plot`
+draws it. The command line lives in :mod:`lastiter_plugins.cli`.
 
 Host versions this was written against: dp-accounting 0.4.3 (also 0.6.0),
 Opacus 1.6.0.
@@ -30,7 +35,6 @@ Opacus 1.6.0.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import functools
@@ -38,8 +42,9 @@ import importlib
 import importlib.metadata
 import io
 import math
+import sys
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,19 +52,22 @@ import dp_accounting
 import numpy as np
 from dp_accounting.pld import privacy_loss_mechanism as _pld_mechanism
 
-from lastiter_plugins import api, registry
+from lastiter_plugins import api, evaluation, plot
 from lastiter_plugins.bounds import composition
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_delta, validate_orders
-from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.jsonout import dump_json
+from lastiter_plugins.registry import Protects
 
 _T = TypeVar("_T")
 
 DEFAULT_DELTA = 1e-5
 FORMATS = ("table", "markdown", "json", "csv")
 
-FINAL_MODEL = "final model only"
-EVERY_ITERATE = "every iterate"
+FINAL_MODEL = Protects.FINAL_MODEL.value
+EVERY_ITERATE = Protects.EVERY_ITERATE.value
+DEFAULT_POINTS = 25
+_NOT_DRAWN = ("opacus-gdp",)  # an approximation, not a bound: never drawn
 
 #: The scenario ``lastiter compare`` runs when given no parameters (also
 #: examples/scenarios/shuffle-once-logistic-regression.toml). L2-regularised
@@ -86,7 +94,7 @@ BUILTIN_SCENARIO: dict[str, Any] = {
 }
 
 _SCENARIO_TEXT_KEYS = ("name", "description")
-_REQUIRED = ("dataset_size", "batch_size", "noise_multiplier", "sampling")
+REQUIRED_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "sampling")
 
 
 # ---------------------------------------------------------------- rows
@@ -110,7 +118,8 @@ class Row:
       order: optimal Renyi order (RDP accountants only).
       protects: ``final model only`` or ``every iterate``.
       reference: theorem or host-library API.
-      counted: whether it takes part in the best-valid line (valid, a guarantee).
+      counted: whether it takes part in the best-valid line (valid, proven, a guarantee).
+      proof: ``proven`` or ``unproven: <reason>`` (standard accountants: their own theorems).
       notes: extra remarks (order at the grid's edge, host warnings, errors).
     """
 
@@ -127,6 +136,7 @@ class Row:
     protects: str
     reference: str
     counted: bool
+    proof: str = "proven"
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,36 +219,42 @@ def _catching(fn: Callable[[], _T]) -> tuple[_T, tuple[str, ...]]:
 # ---------------------------------------------------------------- registry rows
 
 
-def _registry_row(
-    spec: registry.BoundSpec, cfg: TrainingConfig, a: LossAssumptions, delta: float, orders: np.ndarray
-) -> Row:
-    native = spec.relation_for(cfg.sampling)
-    # Each bound is shown under the relation it is proven for with this sampling;
-    # the best-valid lines keep the relations apart.
-    cfg_r = cfg.replace(relation=native) if native is not None else cfg
-    check = registry.applicability(spec, cfg_r, a)
-    relation = check.relation.value if check.relation is not None else cfg.relation.value
-    eps = order = None
-    notes: tuple[str, ...] = ()
-    if check.applies:
-        result, notes = _catching(functools.partial(api.compute_epsilon, spec.id, cfg_r, a, delta, orders))
-        eps, order = result.epsilon, result.order
-    return Row(
-        id=spec.id,
-        label=spec.id,
-        kind="last-iterate bound" if spec.last_iterate else "composition",
-        valid=check.applies,
-        why_not=check.reasons,
-        covers=tuple(s.value for s in spec.covers),
-        relation=relation,
-        assumptions=spec.assumptions,
-        epsilon=eps,
-        order=order,
-        protects=FINAL_MODEL if spec.last_iterate else EVERY_ITERATE,
-        reference=spec.reference,
-        counted=check.applies,
-        notes=notes,
+def _registry_rows(
+    cfg: TrainingConfig, a: LossAssumptions, delta: float, orders: np.ndarray, unproven: Iterable[str]
+) -> list[Row]:
+    """One row per bound of the table, read from the evaluation path. Each bound is
+    shown under the relation it is proven for with this sampling; the best-valid
+    lines keep the relations apart."""
+    evaluations, notes = _catching(
+        functools.partial(
+            evaluation.evaluate_all, cfg, a, delta, orders, unproven=tuple(unproven), under_own_relation=True
+        )
     )
+    rows = []
+    for e in evaluations.values():
+        row_notes = tuple(n for n in notes if e.bound in n)
+        if e.applies and not e.proof.proven and e.result is None:
+            row_notes += (f"unproven: computed only when asked for by name (--unproven {e.bound}).",)
+        rows.append(
+            Row(
+                id=e.bound,
+                label=e.bound,
+                kind="last-iterate bound" if e.protects is Protects.FINAL_MODEL else "composition",
+                valid=e.applies,
+                why_not=e.reasons,
+                covers=tuple(s.value for s in e.covers),
+                relation=(e.relation or cfg.relation).value,
+                assumptions=e.assumptions,
+                epsilon=e.epsilon,
+                order=e.order,
+                protects=e.protects.value,
+                reference=e.reference,
+                counted=e.applies and e.proof.proven and e.result is not None,
+                proof=str(e.proof),
+                notes=row_notes,
+            )
+        )
+    return rows
 
 
 # ---------------------------------------------------------------- standard accountants
@@ -593,15 +609,18 @@ def compare_rows(
     assumptions: LossAssumptions,
     delta: float,
     orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    unproven: Iterable[str] = (),
 ) -> tuple[Row, ...]:
     """Every registry bound and every installed standard accountant, in a fixed order.
 
     Registry bounds come first, then standard accountants; within each group
     valid rows are sorted by epsilon, the others keep the table's order.
+    ``unproven`` names unproven bounds whose numbers are asked for (shown, never counted).
     """
     delta = validate_delta(delta)
     orders = validate_orders(orders)
-    bounds = [_registry_row(spec, config, assumptions, delta, orders) for spec in registry.BOUNDS.values()]
+    bounds = _registry_rows(config, assumptions, delta, orders, unproven)
     standard = [row for acc in STANDARD_ACCOUNTANTS if (row := _standard_row(acc, config, delta, orders))]
     return (*_sorted(bounds), *_sorted(standard))
 
@@ -616,70 +635,38 @@ def _sorted(rows: list[Row]) -> list[Row]:
     return [row for _, row in sorted(enumerate(rows), key=key)]
 
 
-def best_lines(
-    config: TrainingConfig,
-    assumptions: LossAssumptions,
-    delta: float,
-    rows: Sequence[Row],
-    orders: Sequence[float] | np.ndarray | None = None,
-) -> tuple[BestLine, ...]:
+def best_lines(config: TrainingConfig, rows: Sequence[Row]) -> tuple[BestLine, ...]:
     """The smallest valid epsilon per neighbouring relation (declared relation first).
 
-    For the registry the per-order RDP minimum ``best`` of BOUNDS.md section 5 is
-    used (it can be below every single bound); counted standard accountants of
-    the same relation join by their epsilon. Each line also names the smallest
-    valid every-iterate number of the same relation (composition or a standard
+    The candidates are the counted rows of that relation: the proven registry
+    bounds that apply (their minimum is ``best``) and the valid standard
+    accountants that are guarantees. Each line also names the smallest valid
+    every-iterate number of the same relation (composition or a standard
     accountant), the number the last-iterate bounds are to be compared with. A
     relation with no valid row is listed only when it is the declared one.
     """
-    orders = validate_orders(orders)
     relations = [config.relation, *(r for r in Relation if r is not config.relation)]
     out = []
     for relation in relations:
-        candidates: list[tuple[float, str, float | None, str]] = []
-        how: list[str] = []
-        notes: tuple[str, ...] = ()
-        compute_best = functools.partial(
-            api.compute_epsilon, registry.BEST, config.replace(relation=relation), assumptions, delta, orders
-        )
-        try:
-            result, notes = _catching(compute_best)
-        except NotApplicableError:
-            pass
-        else:
-            protects = FINAL_MODEL if registry.BOUNDS[result.winner].last_iterate else EVERY_ITERATE
-            candidates.append((result.epsilon, result.winner, result.order, protects))
-            members = [
-                r.id for r in rows if r.kind != "standard accountant" and r.counted and r.relation == relation.value
-            ]
-            how.append("per-order RDP minimum of " + ", ".join(members))
-        for row in rows:
-            if row.kind == "standard accountant" and row.counted and row.relation == relation.value:
-                candidates.append((row.epsilon, row.id, row.order, row.protects))
-                how.append(row.id)
-        if not candidates:
+        counted = [r for r in rows if r.counted and r.relation == relation.value and r.epsilon is not None]
+        if not counted:
             if relation is config.relation:
                 out.append(BestLine(relation.value, True, None, None, None, None, "no valid accountant"))
             continue
-        eps, winner, order, protects = min(candidates, key=lambda c: c[0])
-        every = [
-            (r.epsilon, r.id)
-            for r in rows
-            if r.counted and r.relation == relation.value and r.protects == EVERY_ITERATE and r.epsilon is not None
-        ]
+        winner = min(counted, key=lambda r: r.epsilon)
+        every = [(r.epsilon, r.id) for r in counted if r.protects == EVERY_ITERATE]
         every_eps, every_id = min(every) if every else (None, None)
         out.append(
             BestLine(
                 relation=relation.value,
                 declared=relation is config.relation,
-                epsilon=eps,
-                winner=winner,
-                order=order,
-                protects=protects,
-                how="; ".join(how),
+                epsilon=winner.epsilon,
+                winner=winner.id,
+                order=winner.order,
+                protects=winner.protects,
+                how="smallest epsilon of " + ", ".join(r.id for r in counted),
                 every_iterate_epsilon=every_eps,
                 every_iterate_winner=every_id,
-                notes=notes,
             )
         )
     return tuple(out)
@@ -710,16 +697,18 @@ def compare(
     orders: Sequence[float] | np.ndarray | None = None,
     *,
     name: str = "custom scenario",
+    unproven: Iterable[str] = (),
     **params: Any,
 ) -> Comparison:
     """The side-by-side comparison for the keyword-API ``params`` (see :func:`api.build`).
 
-    Pure: the same scenario gives the same :class:`Comparison`.
+    Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
+    unproven bounds whose numbers are shown (marked, never counted).
     """
     config, assumptions = api.build(**params)
     delta = validate_delta(delta)
-    rows = compare_rows(config, assumptions, delta, orders)
-    best = best_lines(config, assumptions, delta, rows, orders)
+    rows = compare_rows(config, assumptions, delta, orders, unproven=unproven)
+    best = best_lines(config, rows)
     return Comparison(
         name=name,
         params=dict(params),
@@ -784,7 +773,7 @@ def _hosts_line(c: Comparison) -> str:
 
 
 def _notes(row: Row) -> list[str]:
-    out = []
+    out = [] if row.proof == "proven" else [row.proof]
     if row.why_not:
         out.append(("NOT valid here: " if row.epsilon is not None else "does not apply: ") + " ".join(row.why_not))
     else:
@@ -793,7 +782,7 @@ def _notes(row: Row) -> list[str]:
     return out
 
 
-_COLUMNS = ("accountant", "valid here", "relation", "epsilon", "order", "protects", "sampling covered")
+_COLUMNS = ("accountant", "valid here", "relation", "epsilon", "order", "protects", "proof", "sampling covered")
 
 
 def _cells(row: Row, note: str = "") -> tuple[str, ...]:
@@ -804,6 +793,7 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
         _num(row.epsilon),
         _num(row.order, 6) if row.order is not None else "-",
         row.protects,
+        "proven" if row.proof == "proven" else "UNPROVEN",
         ", ".join(row.covers),
     )
 
@@ -848,7 +838,7 @@ def format_markdown(c: Comparison) -> str:
         f"**{_md_escape(c.name)}**: {_md_escape(_scenario_line(c))}; epsilon at delta = {c.delta:g}.",
         "",
         "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"] * 3) + "|",
+        "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"] * 4) + "|",
     ]
     for row in c.rows:
         cells = list(_cells(row))
@@ -875,6 +865,7 @@ CSV_FIELDS = (
     "protects",
     "covers",
     "counted",
+    "proof",
     "why_not",
     "assumptions",
     "reference",
@@ -905,6 +896,7 @@ def format_csv(c: Comparison) -> str:
                 "protects": r.protects,
                 "covers": " ".join(r.covers),
                 "counted": str(r.counted).lower(),
+                "proof": r.proof,
                 "why_not": " ".join(r.why_not),
                 "assumptions": r.assumptions,
                 "reference": r.reference,
@@ -925,6 +917,7 @@ def format_csv(c: Comparison) -> str:
                 "protects": b.protects or "",
                 "covers": "",
                 "counted": "",
+                "proof": "proven" if b.epsilon is not None else "",
                 "why_not": "" if b.epsilon is not None else b.how,
                 "assumptions": "",
                 "reference": b.winner or "",
@@ -941,15 +934,13 @@ def format_comparison(c: Comparison, fmt: str = "table") -> str:
     if fmt == "markdown":
         return format_markdown(c)
     if fmt == "json":
-        from lastiter_plugins.cli import dump_json
-
         return dump_json(c.to_dict())
     if fmt == "csv":
         return format_csv(c)
     raise ValueError(f"format must be one of {', '.join(FORMATS)}. Found {fmt!r}.")
 
 
-# ---------------------------------------------------------------- scenario files and the CLI
+# ---------------------------------------------------------------- scenario files
 
 
 def load_scenario(path: str | Path) -> dict[str, Any]:
@@ -975,70 +966,90 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config must be valid TOML. Found {str(path)!r}: {exc}.") from None
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
-    """Add the ``compare`` subcommand's arguments (called by cli.build_parser)."""
-    from lastiter_plugins import cli
-
-    parser.description = (
-        "Every accountant side by side for one pipeline. With no parameters, a built-in scenario; "
-        "--config FILE reads a TOML scenario (keys: the keyword-API parameters and delta); "
-        "flags given on the command line override the file."
-    )
-    parser.add_argument("--config", metavar="FILE", help="TOML scenario, e.g. examples/scenarios/*.toml")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
-    parser.add_argument("--delta", type=float, help=f"target delta (default: the scenario's, else {DEFAULT_DELTA:g})")
-    parser.add_argument("--plot", metavar="PATH", help="also write a PNG of epsilon against epochs")
-    cli.add_training_arguments(parser, required=False)
-    # No defaults here, so that only the flags actually given override a scenario.
-    parser.set_defaults(
-        clip_norm=None, relation=None, weak_convexity=None, strong_convexity=None, gradient_norms_within_clip=None
-    )
+# ---------------------------------------------------------------- epsilon against epochs
 
 
-def scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
-    """(name, params, delta): the built-in scenario, a --config file, and/or the flags."""
-    from lastiter_plugins import cli
-
-    given = cli.params_from_args(args)
-    if args.config:
-        scenario = load_scenario(args.config)
-        name, params, delta = split_scenario(scenario)
-        if name == "custom scenario":
-            name = Path(args.config).stem
-        if "steps" in given or "epochs" in given:  # the flags' steps/epochs replace the file's
-            params.pop("steps", None)
-            params.pop("epochs", None)
-        params.update(given)
-    elif given:
-        # Flags never fill in from the built-in scenario: its loss assumptions
-        # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
-        missing = [key for key in _REQUIRED if key not in given]
-        if "steps" not in given and "epochs" not in given:
-            missing.append("steps")
-        if missing:
-            flag = "--steps or --epochs" if missing[0] == "steps" else "--" + missing[0].replace("_", "-")
-            raise ValueError(
-                f"{flag} is required when compare is given flags without --config (flags describe your whole "
-                "pipeline; they do not modify the built-in scenario). Give it, or put the scenario in a TOML "
-                "file and pass --config FILE (see examples/scenarios/)."
-            )
-        name, params, delta = "custom scenario", given, DEFAULT_DELTA
-    else:
-        name, params, delta = split_scenario(BUILTIN_SCENARIO)
-    if args.delta is not None:
-        delta = validate_delta(args.delta)
-    return name, params, delta
+def sweep_epochs(total_epochs: int, points: int = DEFAULT_POINTS) -> list[int]:
+    """Integer epoch counts 1 .. total_epochs, at most ``points`` of them, evenly spread."""
+    if total_epochs < 1:
+        raise ValueError(f"total_epochs must be an integer >= 1. Found {total_epochs!r}.")
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise ValueError(f"points must be an integer >= 2. Found {points!r}.")
+    return sorted({int(e) for e in np.rint(np.linspace(1, total_epochs, min(points, total_epochs)))})
 
 
-def run(args: argparse.Namespace) -> str:
-    """The ``lastiter compare`` command: the table in the chosen format (and the plot)."""
-    name, params, delta = scenario_from_args(args)
-    comparison = compare(delta, name=name, **params)
-    output = format_comparison(comparison, args.format)
-    if args.plot:
-        from lastiter_plugins import plot
+def _progress(items: Sequence[int], enabled: bool | None):
+    """tqdm progress bar on stderr when it is a terminal (or when forced), else the plain items."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a nicety: no tqdm, no bar
+        return items
+    return tqdm(items, desc="epsilon sweep", unit="point", file=sys.stderr, leave=False)
 
-        path = plot.plot_epsilon_vs_epochs(params, delta, args.plot, title=name)
-        if args.format == "table":
-            output += f"\n\nPlot written to {path}"
-    return output
+
+def epsilon_curves(
+    params: Mapping[str, Any],
+    delta: float,
+    *,
+    points: int = DEFAULT_POINTS,
+    orders=None,
+    progress: bool | None = None,
+    unproven: Iterable[str] = (),
+) -> tuple[np.ndarray, list[plot.Curve]]:
+    """Epsilon of every row of the comparison at epochs 1 .. the scenario's length.
+
+    The last point is the scenario itself (its exact number of steps, a partial
+    last epoch included).
+
+    Returns:
+      (epochs, curves): epochs as floats (steps / steps per epoch), one
+      :class:`Curve` per accountant that gave a number at the scenario's length.
+    """
+    delta = validate_delta(delta)
+    config, assumptions = api.build(**params)
+    per_epoch = config.steps_per_epoch
+    steps = [e * per_epoch for e in sweep_epochs(config.epochs_started, points) if e * per_epoch < config.steps]
+    steps.append(config.steps)
+    table: dict[str, list[float]] = {}
+    meta: dict[str, Any] = {}
+    for i, t in enumerate(_progress(steps, progress)):
+        for row in compare_rows(config.replace(steps=t), assumptions, delta, orders, unproven=unproven):
+            column = table.setdefault(row.id, [math.nan] * len(steps))
+            column[i] = math.nan if row.epsilon is None else row.epsilon
+            meta[row.id] = row  # the last point (the scenario) decides validity and labels
+    curves = []
+    for row_id, values in table.items():
+        row = meta[row_id]
+        if row_id in _NOT_DRAWN or row.epsilon is None:
+            continue
+        curves.append(
+            plot.Curve(row_id, row.relation, row.protects, row.valid, row.kind, np.array(values, dtype=float))
+        )
+    return np.array(steps, dtype=float) / per_epoch, curves
+
+
+def write_plot(
+    params: Mapping[str, Any],
+    delta: float,
+    path: str | Path,
+    *,
+    points: int = DEFAULT_POINTS,
+    title: str | None = None,
+    orders=None,
+    progress: bool | None = None,
+    unproven: Iterable[str] = (),
+) -> Path:
+    """Sweep the comparison over epochs and write the PNG (see :mod:`lastiter_plugins.plot`).
+
+    Raises:
+      PlotDependencyError: matplotlib is missing (an ImportError and a ValueError).
+      ValueError: invalid parameters, or the folder of ``path`` does not exist.
+    """
+    plot.check_can_plot(path)  # fail before the (slow) sweep
+    epochs, curves = epsilon_curves(params, delta, points=points, orders=orders, progress=progress, unproven=unproven)
+    config, _ = api.build(**params)
+    return plot.draw_epsilon_vs_epochs(epochs, curves, path, config=config, delta=delta, title=title)

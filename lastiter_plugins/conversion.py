@@ -1,14 +1,29 @@
-r"""RDP -> (epsilon, delta), and the order grid shared by the whole library."""
+r"""RDP -> (epsilon, delta), and the order grid shared by the whole library.
+
+Every epsilon is dp-accounting's improved conversion (``compute_epsilon``;
+Canonne, Kamath & Steinke 2020, arXiv 2004.00010, Prop. 12) at one order, with
+the RDP bound's own value at that order. Three ways of choosing the order:
+
+* :func:`rdp_to_epsilon`: the best order of a fixed grid;
+* :func:`epsilon_of_linear_rdp`: the exact continuous optimum for curves linear in
+  the order (:math:`r(\alpha) = \rho\alpha`);
+* :func:`refine_epsilon`: starting from the grid optimum, a bounded search that
+  evaluates the bound at new orders.
+
+A finer choice of order can only lower epsilon to a value the curve proves; it
+never interpolates RDP values between orders.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
+from scipy import optimize
 
 
 def _default_orders() -> np.ndarray:
@@ -24,6 +39,12 @@ def _default_orders() -> np.ndarray:
 #: every integer up to 100 (the sampled-Gaussian bounds are exact at integers),
 #: then geometric. Read-only; pass your own ``orders`` to change it.
 DEFAULT_ORDERS: np.ndarray = _default_orders()
+
+#: dp-accounting's conversion gives ``inf`` at orders <= 1.01 (a numerical
+#: cut-off); the smallest order at which it gives a number is the next float.
+MIN_CONVERSION_ORDER: float = float(np.nextafter(1.01, 2.0))
+
+RdpCallable = Callable[[np.ndarray], np.ndarray]
 
 
 class OrderGridWarning(UserWarning):
@@ -49,31 +70,283 @@ def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
 
 
 def validate_delta(delta: float) -> float:
+    """``delta`` as a float, checked to lie in (0, 1)."""
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not (0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
     return float(delta)
 
 
-def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
-    r"""Smallest epsilon over the orders, by dp-accounting's improved conversion
-    (Canonne, Kamath & Steinke 2020 / Balle et al. 2020; ``compute_epsilon``).
-
-    Warns with :class:`OrderGridWarning` when the optimum is at an edge of the grid.
-
-    Returns:
-      (epsilon, optimal order); epsilon is ``inf`` when every order is ``inf``.
-    """
-    delta = validate_delta(delta)
-    finite = np.isfinite(rdp)
-    if not finite.any():
-        return math.inf, float(orders[0])
-    eps, order = _dp_rdp.compute_epsilon(orders[finite], rdp[finite], delta)
-    eps, order = float(eps), float(order)
+def _warn_if_at_edge(orders: np.ndarray, order: float, eps: float) -> None:
     if eps > 0 and orders.size > 1 and order in (float(orders.min()), float(orders.max())):
         warnings.warn(
             f"the optimal Renyi order {order:g} is at the edge of the order grid "
             f"[{orders.min():g}, {orders.max():g}]; epsilon may improve with a wider grid.",
             OrderGridWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
+
+
+def _usable(orders: np.ndarray, rdp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (order, RDP) pairs the conversion can use: finite RDP (inf and NaN are skipped)."""
+    orders = np.asarray(orders, dtype=float).reshape(-1)
+    rdp = np.asarray(rdp, dtype=float).reshape(-1)
+    if orders.shape != rdp.shape:
+        raise ValueError(f"orders and rdp must have the same length. Found {orders.size} and {rdp.size}.")
+    finite = np.isfinite(rdp)
+    if (rdp[finite] < 0).any():
+        raise ValueError(f"RDP values must be >= 0. Found {rdp[finite].min():g}.")
+    return orders[finite], rdp[finite]
+
+
+def _grid_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    """dp-accounting's ``compute_epsilon`` over the finite values; (inf, first order) when none."""
+    usable_orders, usable_rdp = _usable(orders, rdp)
+    if usable_orders.size == 0:
+        return math.inf, float(np.asarray(orders, dtype=float).reshape(-1)[0])
+    with np.errstate(over="ignore"):
+        eps, order = _dp_rdp.compute_epsilon(usable_orders, usable_rdp, delta)
+    return float(eps), float(order)
+
+
+def _epsilon_each(orders: np.ndarray, rdp: np.ndarray, delta: float) -> np.ndarray:
+    """dp-accounting's per-order conversion, vectorised (same formula and special cases).
+
+    Used only to rank candidate orders; every returned number is recomputed by
+    dp-accounting itself. Non-finite RDP gives ``inf``.
+    """
+    orders = np.asarray(orders, dtype=float)
+    rdp = np.asarray(rdp, dtype=float)
+    out = np.full(orders.shape, math.inf)
+    finite = np.isfinite(rdp)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        zero = finite & (delta**2 + np.expm1(-np.where(finite, rdp, 0.0)) > 0)
+        ok = finite & ~zero & (orders > 1.01)
+        a, r = orders[ok], rdp[ok]
+        out[ok] = np.maximum(r + np.log1p(-1.0 / a) - np.log(delta * a) / (a - 1.0), 0.0)
+    out[zero] = 0.0
+    return np.where(np.isnan(out), math.inf, out)
+
+
+def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    r"""Smallest epsilon over the orders, by dp-accounting's improved conversion
+    (Canonne, Kamath & Steinke 2020, arXiv 2004.00010, Prop. 12; ``compute_epsilon``).
+
+    Orders whose RDP is not finite are skipped. Warns with :class:`OrderGridWarning`
+    when the optimum is at an edge of the grid.
+
+    Args:
+      orders: Renyi orders (> 1).
+      rdp: RDP (nats) at each order, >= 0 where finite.
+      delta: target delta in (0, 1).
+
+    Returns:
+      (epsilon, optimal order); epsilon is ``inf`` (at the first order) when no
+      RDP value is finite.
+
+    Raises:
+      ValueError: an invalid delta, mismatched lengths, or a negative RDP value.
+    """
+    delta = validate_delta(delta)
+    orders = np.asarray(orders, dtype=float).reshape(-1)
+    eps, order = _grid_epsilon(orders, rdp, delta)
+    _warn_if_at_edge(orders, order, eps)
+    return eps, order
+
+
+def _stationary_order(slope: float, log_inv_delta: float) -> float:
+    r"""The unique minimiser over :math:`\alpha > 1` of the conversion formula for the
+    line :math:`r(\alpha) = \mathrm{slope}\cdot\alpha`: the root of
+    :math:`g(x) = \mathrm{slope}\,x^2 + \log(1+x) - L`, :math:`x = \alpha - 1`,
+    :math:`L = \log(1/\delta)`, bracketed by
+    :math:`x_{lo} = 2L/(1+\sqrt{1+4\,\mathrm{slope}\,L})` and
+    :math:`x_{hi} = \min(\sqrt{L/\mathrm{slope}}, e^L - 1)` (docs/_drafts/conversion.md, section 2).
+    Finite for every slope >= 0 (at most 1/delta).
+    """
+    big = log_inv_delta
+    with np.errstate(over="ignore"):
+        x_lo = 2.0 * big / (1.0 + math.sqrt(1.0 + 4.0 * slope * big)) if slope < 1e300 else 0.0
+    x_hi = math.expm1(min(big, 709.0))  # g(x_hi) >= 0 unless delta < e^-709 (then a valid, finite order)
+    if slope > 0.0:
+        x_hi = min(x_hi, math.sqrt(big / slope))
+
+    def g(x: float) -> float:
+        return slope * x * x + math.log1p(x) - big
+
+    lo_val, hi_val = g(x_lo), g(x_hi)
+    if lo_val >= 0.0:
+        x = x_lo
+    elif hi_val <= 0.0:
+        x = x_hi
+    else:
+        x = optimize.brentq(g, x_lo, x_hi, xtol=1e-300, rtol=4.0 * np.finfo(float).eps, maxiter=500, disp=False)
+    return 1.0 + x
+
+
+def epsilon_of_linear_rdp(rho: float, delta: float) -> tuple[float, float]:
+    r"""Exact continuous optimum of the conversion for an RDP curve linear in the order.
+
+    For :math:`r(\alpha) = \rho\alpha` (every bound that is a multiple of the order,
+    e.g. :math:`c\,\alpha/z^2`), the improved conversion (Canonne, Kamath & Steinke
+    2020, arXiv 2004.00010, Prop. 12) has derivative
+    :math:`\rho - (\log(1/\delta) - \log\alpha)/(\alpha-1)^2`, with exactly one zero
+    :math:`\alpha^*` in :math:`(1, 1/\delta]`, its global minimiser (derivation in
+    docs/_drafts/conversion.md). The order is clipped to dp-accounting's domain
+    (:math:`\alpha > 1.01`), and epsilon is dp-accounting's ``compute_epsilon`` at
+    that one order with RDP :math:`\rho\alpha`: valid by construction, whatever the
+    precision of the root.
+
+    Args:
+      rho: slope of the curve, >= 0 (``inf`` gives ``inf``).
+      delta: target delta in (0, 1).
+
+    Returns:
+      (epsilon, order): epsilon equals ``compute_epsilon([order], [rho * order], delta)``.
+
+    Raises:
+      ValueError: ``rho`` is negative or NaN, or ``delta`` is not in (0, 1).
+    """
+    delta = validate_delta(delta)
+    if isinstance(rho, bool) or not isinstance(rho, numbers.Real) or math.isnan(rho) or rho < 0:
+        raise ValueError(f"rho (the RDP per unit order) must be >= 0. Found {rho!r}.")
+    rho = float(rho)
+    if math.isinf(rho):
+        return math.inf, MIN_CONVERSION_ORDER
+    # The KL case of the conversion (epsilon = 0) holds first at the smallest order.
+    at_min, _ = _grid_epsilon(np.array([MIN_CONVERSION_ORDER]), np.array([rho * MIN_CONVERSION_ORDER]), delta)
+    if at_min == 0.0:
+        return 0.0, MIN_CONVERSION_ORDER
+    order = max(_stationary_order(rho, -math.log(delta)), MIN_CONVERSION_ORDER)
+    with np.errstate(over="ignore"):
+        value = rho * order
+    eps, _ = _grid_epsilon(np.array([order]), np.array([value]), delta)
+    return eps, order
+
+
+def _evaluate(rdp_at: RdpCallable, new_orders: np.ndarray) -> np.ndarray:
+    values = np.asarray(rdp_at(new_orders.copy()), dtype=float).reshape(-1)
+    if values.shape != new_orders.shape:
+        raise ValueError(f"rdp_at must return one value per order: {new_orders.size} asked, {values.size} returned.")
+    if (values < 0).any():
+        raise ValueError(f"rdp_at returned a negative RDP value: {values[values < 0][0]:g}.")
+    return values
+
+
+# A local minimum of the grid's epsilons is searched in the first round when it is
+# within this factor of the best one: on the default grid the continuous optimum of
+# a basin is at most ~4% below its best grid value (benchmarks/bench_conversion.py),
+# so a basin farther off cannot hold the optimum. At most _MAX_BASINS are searched.
+_BASIN_SLACK = 0.1
+_MAX_BASINS = 3
+
+
+def _basins(eps: np.ndarray, best: float) -> list[int]:
+    """Indices of the local minima of ``eps`` (plateaus counted once) within the slack of ``best``, best first."""
+    left = np.concatenate(([math.inf], eps[:-1]))
+    right = np.concatenate((eps[1:], [math.inf]))
+    found = np.flatnonzero((eps < left) & (eps <= right) & (eps <= best * (1.0 + _BASIN_SLACK)))
+    return [int(i) for i in found[np.argsort(eps[found], kind="stable")][:_MAX_BASINS]]
+
+
+def _candidates(
+    centre: int, orders: np.ndarray, rdp: np.ndarray, low: float, high: float, points: int, log_inv_delta: float
+) -> np.ndarray:
+    """New orders strictly between the evaluated neighbours of ``orders[centre]``: ``points`` evenly
+    spaced ones, split between the two sides of the centre; the integers nearest the centre (the
+    sampled-Gaussian bounds are exact at integers, chords between them); and the stationary order
+    of the conversion for the chord of the curve over the bracket."""
+    mid = float(orders[centre])
+    lo = max(float(orders[max(centre - 1, 0)]), low)
+    hi = min(float(orders[min(centre + 1, orders.size - 1)]), high)
+    if not lo < hi:
+        return np.empty(0)
+    sides = [(a, b) for a, b in ((lo, mid), (mid, hi)) if a < b]
+    counts = [points] if len(sides) == 1 else [points // 2, points - points // 2]
+    new = [x for (a, b), k in zip(sides, counts, strict=True) for x in np.linspace(a, b, k + 2)[1:-1]]
+    new += [math.floor(mid), math.ceil(mid)] if mid != math.floor(mid) else [mid - 1.0, mid + 1.0]
+    with np.errstate(invalid="ignore", over="ignore"):
+        r_lo, r_hi = np.interp([lo, hi], orders, rdp)  # a slope for a guess only, never an RDP value
+        slope = (r_hi - r_lo) / (hi - lo)
+    if math.isfinite(slope) and slope >= 0.0:
+        new.append(_stationary_order(slope, log_inv_delta))
+    new_arr = np.array(new, dtype=float)
+    return new_arr[(new_arr > lo) & (new_arr < hi)]
+
+
+def refine_epsilon(
+    rdp_at: RdpCallable,
+    orders: np.ndarray,
+    rdp: np.ndarray,
+    delta: float,
+    *,
+    points: int = 12,
+    rounds: int = 3,
+) -> tuple[float, float]:
+    r"""The grid conversion, refined by evaluating the bound at new orders.
+
+    Starts from :func:`rdp_to_epsilon` on ``(orders, rdp)``. Each round makes one
+    vectorised call ``rdp_at(new_orders)``: ``points`` orders evenly spaced strictly
+    between the evaluated orders either side of the best one so far (half on each
+    side), the integers nearest it, and the stationary order of the conversion for
+    the chord of the curve over that bracket (exact for a linear curve). The first
+    round does this around each local minimum of the grid's epsilons within 10% of
+    the best (at most 3: a minimum of several bounds can have several basins). Epsilon is the minimum of dp-accounting's
+    ``compute_epsilon`` (Canonne, Kamath & Steinke 2020, arXiv 2004.00010, Prop. 12)
+    over every evaluated order, so it is valid at the returned order and never above
+    the grid value. No smoothness is assumed (the sampled Gaussian's chord bound has
+    kinks at integer orders). The search stays within ``[min(orders), max(orders)]``;
+    :class:`OrderGridWarning` is issued, as by :func:`rdp_to_epsilon`, when the grid
+    optimum sits at an edge. Derivation: docs/_drafts/conversion.md.
+
+    Args:
+      rdp_at: the RDP bound (nats) at an array of orders > 1; may return ``inf``.
+      orders: the grid of orders (> 1) at which ``rdp`` was computed.
+      rdp: the bound's values at ``orders``.
+      delta: target delta in (0, 1).
+      points: evenly spaced new orders per bracket and round (>= 1).
+      rounds: maximal number of calls of ``rdp_at`` (>= 0; 0 gives the grid result).
+        A call asks for at most ``points + 3`` orders, ``3 * (points + 3)`` in the first.
+
+    Returns:
+      (epsilon, order): epsilon equals ``compute_epsilon([order], [rdp_at([order])[0]], delta)``
+      (or the grid value at a grid order).
+
+    Raises:
+      ValueError: an invalid delta, points or rounds, mismatched lengths, a negative
+        RDP value, or ``rdp_at`` returning the wrong number of values.
+    """
+    delta = validate_delta(delta)
+    if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 1:
+        raise ValueError(f"points must be an integer >= 1. Found {points!r}.")
+    if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 0:
+        raise ValueError(f"rounds must be an integer >= 0. Found {rounds!r}.")
+    orders = np.asarray(orders, dtype=float).reshape(-1)
+    rdp = np.asarray(rdp, dtype=float).reshape(-1)
+    eps, order = _grid_epsilon(orders, rdp, delta)
+    _warn_if_at_edge(orders, order, eps)
+    if not (0.0 < eps < math.inf) or rounds == 0:
+        return eps, order
+    log_inv_delta = -math.log(delta)
+    low, high = max(float(orders.min()), MIN_CONVERSION_ORDER), float(orders.max())
+    sort = np.argsort(orders, kind="stable")
+    seen_orders, seen_rdp = orders[sort], rdp[sort]
+    seen_eps = _epsilon_each(seen_orders, seen_rdp, delta)
+    for step in range(int(rounds)):
+        centres = _basins(seen_eps, float(seen_eps.min())) if step == 0 else [int(np.argmin(seen_eps))]
+        pieces = [_candidates(c, seen_orders, seen_rdp, low, high, int(points), log_inv_delta) for c in centres]
+        new = np.setdiff1d(np.concatenate(pieces), seen_orders)
+        if new.size == 0:
+            break
+        values = _evaluate(rdp_at, new)
+        seen_orders = np.concatenate([seen_orders, new])
+        seen_rdp = np.concatenate([seen_rdp, values])
+        seen_eps = np.concatenate([seen_eps, _epsilon_each(new, values, delta)])
+        sort = np.argsort(seen_orders, kind="stable")
+        seen_orders, seen_rdp, seen_eps = seen_orders[sort], seen_rdp[sort], seen_eps[sort]
+        if float(seen_eps.min()) == 0.0:
+            break
+    # The final numbers are dp-accounting's own, over the new orders (the grid's are known).
+    fresh = ~np.isin(seen_orders, orders)
+    refined, refined_order = _grid_epsilon(seen_orders[fresh], seen_rdp[fresh], delta) if fresh.any() else (eps, order)
+    if refined < eps:
+        return refined, refined_order
     return eps, order

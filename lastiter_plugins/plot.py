@@ -1,8 +1,9 @@
-r"""Epsilon against epochs for every accountant of the comparison (``lastiter compare --plot``).
+r"""Drawing epsilon against epochs (``lastiter compare --plot``).
 
-The sweep recomputes the whole table of :mod:`lastiter_plugins.compare` at a
-few numbers of epochs (1 .. the scenario's), so every line is exactly what the
-table would print for that length of training. Lines: every registry bound that
+The curves come from :func:`lastiter_plugins.compare.epsilon_curves`, which
+recomputes the whole comparison at a few numbers of epochs (1 .. the scenario's),
+so every line is exactly what the table would print for that length of training;
+this module only draws them. Lines: every registry bound that
 applies (solid), the valid standard accountants (solid), and the standard
 accountants that are NOT valid for the pipeline (dashed, grey legend entry), so
 the mistake of using them stays visible. Opacus' GDP approximation is left out
@@ -19,19 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from lastiter_plugins import api
-from lastiter_plugins.compare import FINAL_MODEL, compare_rows
-from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.config import TrainingConfig
+from lastiter_plugins.registry import Protects
 
-DEFAULT_POINTS = 25
-_LEFT_OUT = ("opacus-gdp",)  # an approximation, not a bound: never drawn
 _OFF_SCALE_FACTOR = 5.0  # y axis ends this factor above the largest composition-type curve
 
 
@@ -49,66 +44,6 @@ class Curve:
     valid: bool
     kind: str
     epsilon: np.ndarray  # NaN where the accountant gave no number
-
-
-def sweep_epochs(total_epochs: int, points: int = DEFAULT_POINTS) -> list[int]:
-    """Integer epoch counts 1 .. total_epochs, at most ``points`` of them, evenly spread."""
-    if total_epochs < 1:
-        raise ValueError(f"total_epochs must be an integer >= 1. Found {total_epochs!r}.")
-    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
-        raise ValueError(f"points must be an integer >= 2. Found {points!r}.")
-    return sorted({int(e) for e in np.rint(np.linspace(1, total_epochs, min(points, total_epochs)))})
-
-
-def _progress(items: Sequence[int], enabled: bool | None):
-    """tqdm progress bar on stderr when it is a terminal (or when forced), else the plain items."""
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is a nicety: no tqdm, no bar
-        return items
-    return tqdm(items, desc="epsilon sweep", unit="point", file=sys.stderr, leave=False)
-
-
-def epsilon_curves(
-    params: Mapping[str, Any],
-    delta: float,
-    *,
-    points: int = DEFAULT_POINTS,
-    orders=None,
-    progress: bool | None = None,
-) -> tuple[np.ndarray, list[Curve]]:
-    """Epsilon of every row of the comparison at epochs 1 .. the scenario's length.
-
-    The last point is the scenario itself (its exact number of steps, a partial
-    last epoch included).
-
-    Returns:
-      (epochs, curves): epochs as floats (steps / steps per epoch), one
-      :class:`Curve` per accountant that gave a number at the scenario's length.
-    """
-    delta = validate_delta(delta)
-    config, assumptions = api.build(**params)
-    per_epoch = config.steps_per_epoch
-    steps = [e * per_epoch for e in sweep_epochs(config.epochs_started, points) if e * per_epoch < config.steps]
-    steps.append(config.steps)
-    table: dict[str, list[float]] = {}
-    meta: dict[str, Any] = {}
-    for i, t in enumerate(_progress(steps, progress)):
-        for row in compare_rows(config.replace(steps=t), assumptions, delta, orders):
-            column = table.setdefault(row.id, [math.nan] * len(steps))
-            column[i] = math.nan if row.epsilon is None else row.epsilon
-            meta[row.id] = row  # the last point (the scenario) decides validity and labels
-    curves = []
-    for row_id, values in table.items():
-        row = meta[row_id]
-        if row_id in _LEFT_OUT or row.epsilon is None:
-            continue
-        curves.append(Curve(row_id, row.relation, row.protects, row.valid, row.kind, np.array(values, dtype=float)))
-    return np.array(steps, dtype=float) / per_epoch, curves
 
 
 def _merge_identical(curves: list[Curve]) -> list[tuple[list[str], Curve]]:
@@ -153,40 +88,44 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def plot_epsilon_vs_epochs(
-    params: Mapping[str, Any],
-    delta: float,
+def check_can_plot(path: str | Path) -> Path:
+    """Fail early (before a slow sweep): matplotlib importable and the folder of ``path`` exists.
+
+    Raises:
+      PlotDependencyError: matplotlib is missing (an ImportError and a ValueError).
+      ValueError: the folder of ``path`` does not exist.
+    """
+    _matplotlib()
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise ValueError(f"plot path must be in an existing folder. Found {str(path)!r}.")
+    return path
+
+
+def draw_epsilon_vs_epochs(
+    epochs: np.ndarray,
+    curves: list[Curve],
     path: str | Path,
     *,
-    points: int = DEFAULT_POINTS,
+    config: TrainingConfig,
+    delta: float,
     title: str | None = None,
-    orders=None,
-    progress: bool | None = None,
 ) -> Path:
     """Write a PNG of epsilon (log scale) against epochs, one line per accountant.
 
     Args:
-      params: the keyword-API parameters of the scenario (its length is the last point).
-      delta: target delta.
+      epochs: the x values (steps / steps per epoch).
+      curves: one :class:`Curve` per accountant.
       path: where to write the PNG (its folder must exist).
-      points: at most this many epoch counts in the sweep.
+      config: the scenario's training configuration (for the axis labels and title).
+      delta: target delta.
       title: figure title (default: the sampling scheme).
-      orders: Renyi orders (default: the library's grid).
-      progress: show a tqdm bar (default: when stderr is a terminal).
 
     Returns:
       The path written.
-
-    Raises:
-      PlotDependencyError: matplotlib is missing (an ImportError and a ValueError).
-      ValueError: invalid parameters, or the folder of ``path`` does not exist.
     """
-    Figure, FigureCanvasAgg = _matplotlib()  # fail before the (slow) sweep
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise ValueError(f"plot path must be in an existing folder. Found {str(path)!r}.")
-    epochs, curves = epsilon_curves(params, delta, points=points, orders=orders, progress=progress)
-    config, _ = api.build(**params)
+    Figure, FigureCanvasAgg = _matplotlib()
+    path = check_can_plot(path)
 
     finite = np.concatenate([c.epsilon[np.isfinite(c.epsilon) & (c.epsilon > 0)] for c in curves] or [np.ones(1)])
     reference = [c.epsilon for c in curves if c.kind != "last-iterate bound"]
@@ -203,7 +142,7 @@ def plot_epsilon_vs_epochs(
     n_valid = n_invalid = 0
     for ids, curve in _merge_identical(curves):
         y = np.where(np.isfinite(curve.epsilon) & (curve.epsilon > 0), curve.epsilon, np.nan)
-        scope = "final model" if curve.protects == FINAL_MODEL else "every iterate"
+        scope = "final model" if curve.protects == Protects.FINAL_MODEL.value else "every iterate"
         label = f"{' = '.join(ids)} ({curve.relation}; {scope})"
         if np.isfinite(y).any() and np.nanmin(y) > top:
             label += f" [off scale: {np.nanmax(y):.3g}]"

@@ -83,12 +83,12 @@ def test_unknown_bound():
 # (bound, params, fragment of the refusal): each precondition refuses, naming condition and theorem.
 REFUSALS = [
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, sampling="reshuffle"),
-     "sampling must be one of cyclic, shuffle_once for kong-ribero-cyclic (Kong & Ribero 2024 (seed 003), Theorem 2.3)"),
+     "sampling must be one of cyclic, shuffle_once for kong-ribero-cyclic (Kong & Ribero 2024, arXiv 2407.05237, Theorem 2.3)"),
     ("kong-ribero-cyclic", dict(BASE, smoothness=1.0), "learning_rate (the constant SGD step size) must be given"),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1), "smoothness (M"),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.6, smoothness=1.0),
      "learning_rate must be <= 1/(2(M+m)) (clipping may be active) = 0.5 for kong-ribero-cyclic "
-     "(Kong & Ribero 2024 (seed 003), Theorem 2.3). Found 0.6."),
+     "(Kong & Ribero 2024, arXiv 2407.05237, Theorem 2.3). Found 0.6."),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, gradient_norms_within_clip=True),
      "learning_rate must be <= 1/(M+m) (gradient_norms_within_clip=True) = 1 for kong-ribero-cyclic"),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
@@ -107,9 +107,8 @@ REFUSALS = [
     ("liang-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "relation must be add_or_remove_one for liang-bounded"),
     ("liang-unbounded", dict(BASE, sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", gradient_norms_within_clip=False), "clipping must be declared inactive"),
+    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip must be True"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", dataset_size=1005), "batch_size must divide dataset_size"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),
     ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", batch_size=1000), "ceil(dataset_size / batch_size) must be >= 2"),
     ("ye-shokri-shuffle", dict(STRONGLY_CONVEX, sampling="cyclic"), "sampling must be one of shuffle_once"),
@@ -123,7 +122,7 @@ REFUSALS = [
      "learning_rate must be < 1/M"),
     ("composition", dict(BASE, relation="add_or_remove_one"), "relation must be replace_one for composition"),
     ("composition", dict(BASE, sampling="poisson"), "relation must be add_or_remove_one for composition"),
-    ("best", dict(BASE, relation="add_or_remove_one"), "no bound applies to sampling=cyclic"),
+    ("best", dict(BASE, relation="add_or_remove_one"), "no proven bound applies to sampling=cyclic"),
 ]  # fmt: skip
 
 
@@ -154,6 +153,8 @@ def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
         "ye-shokri-cyclic",
         "ye-shokri-shuffle",
         "ye-shokri-convex",
+        "shifted-interpolation-cyclic",
+        "shifted-interpolation-shuffle",
         "composition",
         "best",
     }
@@ -180,24 +181,49 @@ def test_best_never_mixes_relations():
     params = dict(
         BASE, sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0
     )
-    result = lp.account("best", 1e-5, **params)
+    result = lp.epsilon("best", 1e-5, **params)
     assert registry.BOUNDS[result.winner].relation_for(lp.Sampling.POISSON) is lp.Relation.ADD_OR_REMOVE_ONE
     assert result.relation is lp.Relation.ADD_OR_REMOVE_ONE
-    # the replace-one-only A&T bound applies to the same pipeline under replace_one, never in this minimum
-    assert lp.applicable_bounds(**{**params, "relation": "replace_one"})["altschuler-talwar"].applies
+    # the replace-one-only kong-ribero-curvature-free and composition(SWOR) never enter this minimum
+    replace_one = lp.applicable_bounds(**{**params, "relation": "replace_one"})
+    assert not replace_one["liang-unbounded"].applies
+    assert result.winner in ("liang-bounded", "liang-unbounded", "composition")
+
+
+AT_PARAMS = dict(
+    BASE, sampling="random_batch", learning_rate=0.5, smoothness=1.0, diameter=0.5, gradient_norms_within_clip=True
+)
+
+
+def test_unproven_bound_never_enters_best_and_is_computed_only_by_name():
+    table = lp.evaluate_all(*lp.build(**AT_PARAMS), delta=1e-5)
+    assert table["altschuler-talwar"].applies and table["altschuler-talwar"].result is None  # not asked for
+    asked = lp.evaluate_all(*lp.build(**AT_PARAMS), delta=1e-5, unproven=["altschuler-talwar"])
+    at = asked["altschuler-talwar"].result
+    assert at is not None and not at.proof.proven
+    best = lp.epsilon("best", 1e-5, **AT_PARAMS)
+    assert best.winner != "altschuler-talwar" and best.proof.proven
+    proven = [e.epsilon for e in asked.values() if e.result is not None and e.proof.proven]
+    assert best.epsilon == min(proven)
 
 
 def test_epsilon_result_is_labelled():
-    result = lp.account("best", 1e-5, **{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
-    assert result.winner == "ye-shokri-shuffle"
+    result = lp.epsilon("best", 1e-5, **{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
+    assert result.winner == "shifted-interpolation-shuffle"
+    assert result.kind is lp.Kind.GDP and result.order is None
     assert result.protects == "the final model only"
     text = str(result)
-    for part in ("final model only", "replace_one", "shuffle_once", "ye-shokri-shuffle", "1e-05"):
+    for part in ("final model only", "replace_one", "shuffle_once", "shifted-interpolation-shuffle", "1e-05"):
         assert part in text
     d = result.to_dict()
     assert d["relation"] == "replace_one" and d["epsilon"] == result.epsilon
-    comp = lp.account("composition", 1e-5, **BASE)
+    assert d["proof"] == "proven" and d["kind"] == "gdp" and d["order"] is None
+    comp = lp.epsilon("composition", 1e-5, **BASE)
     assert comp.protects == "every iterate"
+    # an unproven bound is computed when asked for by name, and says so everywhere it is shown
+    at = lp.epsilon("altschuler-talwar", 1e-5, **AT_PARAMS)
+    assert not at.proof.proven and "unproven: the proof of Theorem 3.1" in str(at)
+    assert at.to_dict()["proof"].startswith("unproven: ")
 
 
 def test_epsilon_matches_dp_accounting_conversion():
@@ -206,7 +232,11 @@ def test_epsilon_matches_dp_accounting_conversion():
     orders = lp.DEFAULT_ORDERS
     params = {**STRONGLY_CONVEX, "sampling": "cyclic"}
     curve = lp.rdp("ye-shokri-cyclic", orders, **params)
-    assert lp.epsilon("ye-shokri-cyclic", 1e-6, **params) == pytest.approx(compute_epsilon(orders, curve, 1e-6))
+    result = lp.epsilon("ye-shokri-cyclic", 1e-6, **params)
+    # lossless: never above the grid optimum, and exactly dp-accounting's conversion at the order returned
+    assert result.epsilon <= compute_epsilon(orders, curve, 1e-6)[0] * (1 + 1e-12)
+    at_order = lp.rdp("ye-shokri-cyclic", [result.order], **params)
+    assert result.epsilon == pytest.approx(compute_epsilon([result.order], at_order, 1e-6)[0], rel=1e-12)
 
 
 def test_orders_are_copied_and_default_grid_is_read_only():

@@ -39,7 +39,8 @@ def test_epsilon_json_names_the_winner(capsys):
     assert code == 0
     data = json.loads(out)
     assert {"epsilon", "order", "delta", "relation", "bound", "winner"} <= set(data)
-    assert data["bound"] == "best" and data["winner"] == "ye-shokri-shuffle"
+    assert data["bound"] == "best" and data["winner"] == "shifted-interpolation-shuffle"
+    assert data["proof"] == "proven" and data["kind"] == "gdp"
     assert data["epsilon"] == pytest.approx(lp.epsilon("best", 1e-5, **KWARGS)[0])
     assert data["protects"] == "the final model only"
 
@@ -121,3 +122,31 @@ def test_console_script_entry_point_runs():
     )
     assert proc.returncode == 0, proc.stderr
     assert "final model only" in proc.stdout
+
+
+def test_rdp_json_says_what_the_number_protects(capsys):
+    code, out, err = run(capsys, "rdp", "--bound", "composition", "--orders", "2", *PARAMS, "--json")
+    assert code == 0, err
+    assert json.loads(out)["protects"] == "every iterate"
+    code, out, _ = run(capsys, "rdp", "--bound", "ye-shokri-shuffle", "--orders", "2", *PARAMS, "--json")
+    assert json.loads(out)["protects"] == "the final model only" and json.loads(out)["proof"] == "proven"
+
+
+def test_renamed_clipping_flag_is_refused_naming_the_new_one(capsys):
+    argv = [a for a in PARAMS if a != "--gradient-norms-within-clip"]
+    code, _, err = run(capsys, "epsilon", "--bound", "best", "--delta", "1e-5", *argv, "--no-clipping")
+    assert code == 2 and "--gradient-norms-within-clip" in err and err.count("\n") == 1
+
+
+def test_unproven_bound_is_marked_in_the_bounds_table(capsys):
+    argv = ["--dataset-size", "1000", "--batch-size", "10", "--noise-multiplier", "1", "--steps", "500",
+            "--learning-rate", "0.5", "--smoothness", "1", "--diameter", "0.5", "--gradient-norms-within-clip",
+            "--sampling", "random_batch"]  # fmt: skip
+    code, out, err = run(capsys, "bounds", "--delta", "1e-5", *argv, "--json")
+    assert code == 0, err
+    rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
+    assert rows["altschuler-talwar"]["proof"].startswith("unproven: ") and rows["altschuler-talwar"]["epsilon"] is None
+    assert rows["best"]["winner"] != "altschuler-talwar"
+    code, out, _ = run(capsys, "bounds", "--delta", "1e-5", *argv, "--json", "--unproven", "altschuler-talwar")
+    rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
+    assert rows["altschuler-talwar"]["epsilon"] is not None

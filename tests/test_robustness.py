@@ -44,7 +44,7 @@ def _outcome_is_valid(call):
             value = call()
         except ValueError:
             return None
-    values = np.atleast_1d(np.asarray(value[0] if isinstance(value, tuple) else value, dtype=float))
+    values = np.atleast_1d(np.asarray(value.epsilon if isinstance(value, lp.EpsilonResult) else value, dtype=float))
     assert not np.isnan(values).any(), value
     assert (values >= 0).all(), value
     return value

@@ -48,6 +48,19 @@ def theta(lipschitz: float, s: np.ndarray | float) -> np.ndarray:
     return np.exp(log_theta(lipschitz, s))
 
 
+def inverse(value: float) -> float:
+    """1/value, with 1/0 = inf (a step-size limit with no curvature is no limit)."""
+    return math.inf if value == 0 else 1.0 / value
+
+
+def gradient_step_contraction(learning_rate: float, strong_convexity: float, smoothness: float) -> float:
+    r"""Lipschitz constant of :math:`x \mapsto x - \eta \nabla f(x)` for a lam-strongly
+    convex, M-smooth f: :math:`c = \max(|1-\eta\lambda|, |1-\eta M|)` (< 1 for
+    0 < eta < 2/M and lam > 0; Hardt, Recht & Singer 2016, arXiv 1509.01240, Lemma 3.7).
+    Holds for the unclipped gradient step only."""
+    return max(abs(1.0 - learning_rate * strong_convexity), abs(1.0 - learning_rate * smoothness))
+
+
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 

@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import minimise_over_fraction
+from lastiter_plugins.bounds._common import inverse, minimise_over_fraction
 from lastiter_plugins.bounds.sgm import sgm_rdp
+
+
+def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
+    r"""Largest step size keeping every gradient step non-expansive (arXiv 2205.13710,
+    Observation 3.3): 2/M. Decision (audit): a Poisson batch of up to n examples is
+    divided by the expected b, so its step is eta*|B|/b; non-expansive for every batch
+    needs eta <= 2b/(nM) = 2q/M, ``poisson_sampling_probability`` = q."""
+    limit = 2.0 * inverse(smoothness)
+    return limit if poisson_sampling_probability is None else limit * poisson_sampling_probability
 
 
 def _min_over_horizon(per_step: np.ndarray, shift: np.ndarray, steps: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 r"""Ye & Shokri, "Differentially Private Learning Needs Hidden State (Or Much
-Faster Convergence)" (seed 004).
+Faster Convergence)" (NeurIPS 2022, arXiv 2203.05363).
 
 Paper symbols: per-step noise :math:`\mathcal N(0, 2\eta\sigma^2 I)`, so
 :math:`\sigma^2 = \eta z^2 C^2/(2b^2)`; gradient-sum sensitivity
@@ -10,6 +10,13 @@ smoothness :math:`\beta = M`; K epochs of l batches. The gradient update is
 :math:`\lambda`-strongly convex, M-smooth losses and :math:`\eta < 2/(\lambda+M)`.
 That contraction is a property of the unclipped gradient step: the bounds
 here are only valid when clipping is never active (enforced by the registry).
+
+Short last batch (cyclic and shuffle-once bounds): with l = ceil(n/b) batches, the
+last holding r < b examples and divided by b, that step is only
+:math:`\rho' = 1-\eta\lambda r/b` contractive. ``last_batch_fraction`` = r/b
+switches on the re-derived bounds (Lemma 3.2 with per-step Lipschitz constants,
+worst placement of the short step, see :func:`cyclic_rdp`); r = b gives the
+paper's formulas exactly.
 """
 
 from __future__ import annotations
@@ -17,8 +24,26 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
-from lastiter_plugins.bounds._common import log_theta, theta
+from lastiter_plugins.bounds._common import inverse, log_theta, theta
+
+
+def max_learning_rate(strong_convexity: float, smoothness: float) -> float:
+    r"""Step sizes must be < 2/(lam+M) for the rho-contraction (arXiv 2203.05363, Lemma D.3);
+    with lam = 0 (Theorem D.4) this is 2/M."""
+    return 2.0 * inverse(strong_convexity + smoothness)
+
+
+def full_batch_max_learning_rate(smoothness: float) -> float:
+    r"""Full-batch gradient descent (arXiv 2203.05363, Theorem D.6) needs eta < 1/M."""
+    return inverse(smoothness)
+
+
+def contraction(learning_rate: float, strong_convexity: float) -> float:
+    r"""rho = 1 - eta*lam, the contraction factor of one gradient step of lam-strongly
+    convex, M-smooth losses with eta < 2/(lam+M) (arXiv 2203.05363, Lemma D.3)."""
+    return 1.0 - learning_rate * strong_convexity
 
 
 def _base_term(orders: np.ndarray, noise_multiplier: float) -> np.ndarray:
@@ -27,60 +52,246 @@ def _base_term(orders: np.ndarray, noise_multiplier: float) -> np.ndarray:
 
 
 def _epoch_growth(rho: float, epochs: int, steps_per_epoch: int) -> float:
-    r"""G(K) = (1 - rho^(2(K-1)(l-h))) / (1 - rho^(2(l-h))), h = floor(l/2) (seed 004, eq. 91)."""
+    r"""G(K) = (1 - rho^(2(K-1)(l-h))) / (1 - rho^(2(l-h))), h = floor(l/2) (arXiv 2203.05363, eq. 91)."""
     if epochs <= 1:
         return 0.0
     if rho == 0.0:
         return 1.0
     gap = steps_per_epoch - steps_per_epoch // 2
-    log_r = 2.0 * gap * math.log(rho)
-    if log_r == 0.0:  # rho rounds to 1 (lam ~ 0): the limit of the geometric sum
+    return _growth_from_log_factor(2.0 * gap * math.log(rho), epochs)
+
+
+def _growth_from_log_factor(log_factor: float, epochs: int) -> float:
+    r""":math:`(1 - F^{K-1}) / (1 - F)` for the per-epoch factor :math:`F = e^{\text{log\_factor}} \le 1`."""
+    if epochs <= 1:
+        return 0.0
+    if log_factor == -math.inf:
+        return 1.0
+    if log_factor == 0.0:  # F rounds to 1 (lam ~ 0): the limit of the geometric sum
         return float(epochs - 1)
-    return math.expm1((epochs - 1) * log_r) / math.expm1(log_r)
+    return math.expm1((epochs - 1) * log_factor) / math.expm1(log_factor)
+
+
+def _check_fraction(last_batch_fraction: float) -> None:
+    if not 0.0 < last_batch_fraction <= 1.0:
+        raise ValueError(
+            f"last_batch_fraction (size of the last batch / batch_size) must be in (0, 1]. Found {last_batch_fraction}."
+        )
+
+
+def _kappa_squared(contraction: float, last_batch_fraction: float) -> float:
+    r""":math:`\kappa^2 = (\rho'/\rho)^2`, :math:`\rho' = 1 - (1-\rho) r/b = 1 - \eta\lambda r/b`."""
+    if last_batch_fraction == 1.0 or contraction == 1.0:
+        return 1.0
+    short = 1.0 - (1.0 - contraction) * last_batch_fraction
+    return (short / contraction) ** 2
+
+
+def _log_theta_short(contraction: float, kappa2: float, s: np.ndarray | float) -> np.ndarray:
+    r"""log of :math:`\tilde\theta(j) = \kappa^2\theta_\rho(j)/(1 + (\kappa^2-1)\theta_\rho(j))`:
+    the fresh-start term with the short step placed right after the use (its worst place)."""
+    log_t = log_theta(contraction, s)
+    if kappa2 == 1.0:
+        return log_t
+    return math.log(kappa2) + log_t - np.log1p((kappa2 - 1.0) * np.exp(log_t))
+
+
+def _log_epoch_factor(contraction: float, kappa2: float, steps_per_epoch: int) -> float:
+    r"""log F, the per-epoch factor of the second half-epoch (w = l - h non-use steps).
+
+    kappa = 1: :math:`F = \rho^{2w}` (Ye & Shokri 2022, arXiv 2203.05363, eq. 104). Otherwise
+    :math:`F = 1/(1 + (\rho^{-2w}-1)/(\kappa^2(1-\rho^2)\bar V))` with
+    :math:`\bar V = 1 + \rho'^2(1-\rho^{2l})/((1-\rho^2)(1-\rho'^2\rho^{2(l-1)}))`
+    bounding the inverse log-Sobolev constants (worst placement of the short step).
+    """
+    w = steps_per_epoch - steps_per_epoch // 2
+    if contraction == 0.0:
+        return -math.inf
+    log_rho = math.log(contraction)
+    if kappa2 == 1.0 or log_rho == 0.0:
+        return 2.0 * w * log_rho
+    s = -log_rho
+    log_short = log_rho + 0.5 * math.log(kappa2)  # log rho'
+    one_minus_rho2 = -math.expm1(-2.0 * s)
+    ratio = -math.expm1(-2.0 * steps_per_epoch * s) / -math.expm1(2.0 * log_short - 2.0 * (steps_per_epoch - 1) * s)
+    scaled_vbar = one_minus_rho2 + math.exp(2.0 * log_short) * ratio  # (1 - rho^2) * Vbar
+    y = 2.0 * w * s  # log rho^{-2w}
+    log_expm1_y = y + math.log(-math.expm1(-y))
+    log_x = log_expm1_y - math.log(kappa2) - math.log(scaled_vbar)
+    return -float(np.logaddexp(0.0, log_x))
+
+
+def _first_term(base: np.ndarray, contraction: float, kappa2: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
+    r""":math:`(2\alpha/z^2)\,\tilde\theta(h)\,\tilde G(K)`; kappa = 1: :math:`e_0(\alpha,h)G(K)` (eq. 91)."""
+    h = steps_per_epoch // 2
+    if kappa2 == 1.0:
+        growth = _epoch_growth(contraction, epochs, steps_per_epoch)
+    else:
+        growth = _growth_from_log_factor(_log_epoch_factor(contraction, kappa2, steps_per_epoch), epochs)
+    return base * float(np.exp(_log_theta_short(contraction, kappa2, h))) * growth
 
 
 def cyclic_rdp(
-    orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: int, epochs: int, contraction: float
+    orders: np.ndarray,
+    *,
+    noise_multiplier: float,
+    steps_per_epoch: int,
+    epochs: int,
+    contraction: float,
+    last_batch_fraction: float = 1.0,
 ) -> np.ndarray:
-    r"""ye-shokri-cyclic (seed 004, Theorem 3.3, worst batch position j0 = l - 1):
+    r"""ye-shokri-cyclic (Ye & Shokri 2022, arXiv 2203.05363, Theorem 3.3, eq. 91,
+    worst batch position :math:`j_0 = l - 1`):
 
-    .. math:: \varepsilon(\alpha) = e_0(\alpha, h)\, G(K) + 2\alpha/z^2,
-       \quad e_0(\alpha, j) = \frac{2\alpha}{z^2}\theta_\rho(j),\ h = \lfloor l/2 \rfloor.
+    .. math:: \varepsilon(\alpha) = \frac{2\alpha}{z^2}\big(\tilde\theta(h)\, \tilde G(K) + 1\big),
+       \quad h = \lfloor l/2 \rfloor.
 
     Holds for every fixed partition into batches (cyclic, shuffle-once).
     ``epochs`` is K = ceil(T / l): the first term grows with K and the second is
     already the worst position, so a partial last epoch is covered.
+
+    Equal batches (``last_batch_fraction = 1``): :math:`\tilde\theta = \theta_\rho`,
+    :math:`\tilde G(K) = G(K) = (1-\rho^{2(K-1)(l-h)})/(1-\rho^{2(l-h)})`, the paper's
+    formula. Short last batch of r examples divided by b (``last_batch_fraction``
+    = r/b < 1): that step contracts only by :math:`\rho' = 1-\eta\lambda r/b`, and
+    the proof (App. D.5) is redone with per-step Lipschitz constants, placing the
+    short step where it hurts most: with :math:`\kappa = \rho'/\rho`,
+    :math:`\tilde\theta(j) = \kappa^2\theta_\rho(j)/(1+(\kappa^2-1)\theta_\rho(j))`,
+    :math:`\tilde G(K) = (1-F^{K-1})/(1-F)`,
+    :math:`F = 1/(1 + (\rho^{-2(l-h)}-1)/(\kappa^2(1-\rho^2)\bar V))`,
+    :math:`\bar V = 1 + \rho'^2(1-\rho^{2l})/((1-\rho^2)(1-\rho'^2\rho^{2(l-1)}))`.
+    The sensitivity is unchanged (the short batch is also divided by b).
+
+    Args:
+      orders: Renyi orders > 1.
+      noise_multiplier: z.
+      steps_per_epoch: l = ceil(n/b) >= 2.
+      epochs: K = ceil(T/l) >= 1.
+      contraction: :math:`\rho = 1-\eta\lambda` in (0, 1].
+      last_batch_fraction: r/b in (0, 1], r = n - (l-1) b.
+
+    Returns:
+      RDP (nats) at each order, replace-one neighbours.
     """
+    _check_fraction(last_batch_fraction)
     orders = np.asarray(orders, dtype=float)
     base = _base_term(orders, noise_multiplier)
-    h = steps_per_epoch // 2
-    return base * float(theta(contraction, h)) * _epoch_growth(contraction, epochs, steps_per_epoch) + base
+    kappa2 = _kappa_squared(contraction, last_batch_fraction)
+    return _first_term(base, contraction, kappa2, steps_per_epoch, epochs) + base
+
+
+_BLOCK_GROWTH = 1.0 + 1.0 / 64.0
+
+
+def _log_expm1(x: np.ndarray) -> np.ndarray:
+    """log(e^x - 1) = x + log(1 - e^-x) for x >= 0 (-inf at 0), without overflow."""
+    with np.errstate(divide="ignore"):
+        return x + np.log(-np.expm1(-x))
+
+
+def _log_position_excess(
+    scale: np.ndarray, contraction: float, kappa2: float, steps_per_epoch: int, exact_positions: int
+) -> np.ndarray:
+    r"""Upper bound on :math:`\log\sum_{d=1}^{l} \mathrm{expm1}(c\,\tilde\theta(d))` for each c in ``scale``
+    (the sum of :math:`E_d - 1`; kept apart from the l ones to avoid cancellation at small orders).
+
+    Exact for d <= ``exact_positions``; beyond, blocks [d0, d1] growing by a factor
+    1 + 1/64, each bounded by
+    :math:`\frac{\mathrm{expm1}(c\tilde\theta(d_0))}{\tilde\theta(d_0)}
+    \frac{\kappa^2}{1+(\kappa^2-1)t_1}(d_1-d_0+1)\frac{t_0+t_1}{2}`, :math:`t_i = \theta_\rho(d_i)`:
+    expm1 is convex and 0 at 0, :math:`\tilde\theta` is non-increasing in d, and
+    :math:`\theta_\rho(x)` is convex in x so it lies below its chord. Memory
+    O(len(scale) * exact_positions) and time O(log l), for any l.
+    """
+    exact_end = min(steps_per_epoch, exact_positions)
+    th = np.exp(_log_theta_short(contraction, kappa2, np.arange(1, exact_end + 1)))
+    out = np.empty_like(scale)
+    chunk = max(1, 4_000_000 // exact_end)
+    for start in range(0, scale.size, chunk):
+        sl = slice(start, start + chunk)
+        out[sl] = special.logsumexp(_log_expm1(scale[sl, None] * th[None, :]), axis=1)
+    if steps_per_epoch <= exact_end:
+        return out
+    starts = [exact_end + 1]
+    while True:
+        nxt = max(starts[-1] + 1, math.floor(starts[-1] * _BLOCK_GROWTH))
+        if nxt > steps_per_epoch:
+            break
+        starts.append(nxt)
+    d0 = np.array(starts, dtype=float)
+    d1 = np.append(d0[1:] - 1.0, float(steps_per_epoch))
+    t0 = theta(contraction, d0)
+    t1 = theta(contraction, d1)
+    log_th0 = _log_theta_short(contraction, kappa2, d0)
+    with np.errstate(divide="ignore"):
+        log_rest = (
+            math.log(kappa2) - np.log1p((kappa2 - 1.0) * t1) + np.log(d1 - d0 + 1.0) + np.log(0.5 * (t0 + t1)) - log_th0
+        )
+    ok = np.isfinite(log_th0) & np.isfinite(log_rest)  # theta underflowed to 0: the block adds nothing
+    if not ok.any():
+        return out
+    th0, log_rest = np.exp(log_th0[ok]), log_rest[ok]
+    chunk = max(1, 4_000_000 // th0.size)
+    for start in range(0, scale.size, chunk):
+        sl = slice(start, start + chunk)
+        terms = _log_expm1(scale[sl, None] * th0[None, :]) + log_rest[None, :]
+        out[sl] = np.logaddexp(out[sl], special.logsumexp(terms, axis=1))
+    return out
 
 
 def shuffle_rdp(
-    orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: int, epochs: int, contraction: float
+    orders: np.ndarray,
+    *,
+    noise_multiplier: float,
+    steps_per_epoch: int,
+    epochs: int,
+    contraction: float,
+    last_batch_fraction: float = 1.0,
+    exact_positions: int = 512,
 ) -> np.ndarray:
-    r"""ye-shokri-shuffle (seed 004, Theorem 4.2, shuffle once and partition, eq. 135):
+    r"""ye-shokri-shuffle (Ye & Shokri 2022, arXiv 2203.05363, Theorem 4.2, shuffle
+    once and partition, eq. 135):
 
-    .. math:: \varepsilon(\alpha) = e_0(\alpha, h) G(K) + \frac{1}{\alpha-1}
-       \log\Big(\frac1l \sum_{j=1}^{l} e^{(\alpha-1) e_0(\alpha, j)}\Big).
+    .. math:: \varepsilon(\alpha) = \frac{2\alpha}{z^2}\tilde\theta(h)\tilde G(K) + \frac{1}{\alpha-1}
+       \log\Big(\frac{b}{n}\sum_{d=1}^{l} E_d - \frac{b-r}{n} E_l\Big),
+       \quad E_d = e^{(\alpha-1)\frac{2\alpha}{z^2}\tilde\theta(d)},
 
-    The log-mean-exp over the batch position of the differing example is
-    evaluated in log space (it is dominated by j = 1 at large orders).
+    with :math:`\tilde\theta`, :math:`\tilde G` as in :func:`cyclic_rdp`. The
+    differing example lands in a batch with probability |B|/n (b/n for full
+    batches, r/n for the short one); E_d is non-increasing in d, so the weight
+    r/n is put on d = l, its worst place. For r = b this is eq. 135 (weights 1/l).
+
+    The sum over positions is exact up to d = ``exact_positions`` and bounded
+    from above beyond (see :func:`_log_position_excess`): bounded memory and
+    O(log l) time for any l, exact for l <= ``exact_positions``.
+
+    Args:
+      orders: Renyi orders > 1.
+      noise_multiplier: z.
+      steps_per_epoch: l = ceil(n/b) >= 2.
+      epochs: K = ceil(T/l) >= 1.
+      contraction: :math:`\rho = 1-\eta\lambda` in (0, 1].
+      last_batch_fraction: r/b in (0, 1], r = n - (l-1) b.
+      exact_positions: positions summed term by term.
+
+    Returns:
+      RDP (nats) at each order, replace-one neighbours.
     """
+    _check_fraction(last_batch_fraction)
     orders = np.asarray(orders, dtype=float)
     base = _base_term(orders, noise_multiplier)
-    h = steps_per_epoch // 2
-    first = base * float(theta(contraction, h)) * _epoch_growth(contraction, epochs, steps_per_epoch)
-    thetas = np.exp(log_theta(contraction, np.arange(1, steps_per_epoch + 1)))
-    mix = np.empty_like(orders)
-    chunk = max(1, 4_000_000 // steps_per_epoch)
-    for start in range(0, orders.size, chunk):
-        sl = slice(start, start + chunk)
-        exponents = ((orders[sl] - 1.0) * base[sl])[:, None] * thetas[None, :]
-        peak = exponents.max(axis=1)
-        mix[sl] = peak + np.log(np.exp(exponents - peak[:, None]).sum(axis=1)) - math.log(steps_per_epoch)
-    return first + mix / (orders - 1.0)
+    kappa2 = _kappa_squared(contraction, last_batch_fraction)
+    first = _first_term(base, contraction, kappa2, steps_per_epoch, epochs)
+    scale = (orders - 1.0) * base
+    # (b/n) sum_d E_d - ((b-r)/n) E_l = 1 + (X - (1-f) expm1(c theta~(l))) / (l-1+f), X = sum_d expm1(c theta~(d))
+    log_x = _log_position_excess(scale, contraction, kappa2, steps_per_epoch, exact_positions)
+    f = last_batch_fraction
+    if f < 1.0:
+        log_last = _log_expm1(scale * float(np.exp(_log_theta_short(contraction, kappa2, steps_per_epoch))))
+        with np.errstate(divide="ignore"):
+            log_x = log_x + np.log1p(-(1.0 - f) * np.exp(log_last - log_x))
+    log_mix = np.logaddexp(0.0, log_x - math.log(steps_per_epoch - 1.0 + f))
+    return first + log_mix / (orders - 1.0)
 
 
 def random_batch_rdp(
@@ -93,7 +304,7 @@ def random_batch_rdp(
     tolerance: float = 1e-10,
     max_iterations: int = 100_000,
 ) -> np.ndarray:
-    r"""ye-shokri-random (seed 004, Theorem 4.3, eq. 149): uniformly random batch
+    r"""ye-shokri-random (Ye & Shokri 2022, arXiv 2203.05363, Theorem 4.3, eq. 149): uniformly random batch
     of size b at every step, q = b/n,
 
     .. math:: S_0 = 1,\quad S_{t+1} = q e^{c} S_t + (1-q) S_t^{\rho^2},
@@ -105,8 +316,8 @@ def random_batch_rdp(
     because for each fixed batch sequence the bound is alpha * u with u free of
     alpha, and Lemma 4.1 with Jensen on x^(rho^2) finishes it.)
 
-    Run in log space, x_t = log S_t. Sound shortcut for large T (BOUNDS.md
-    3.7): x_t is non-decreasing and the increment d_t = x_{t+1} - x_t =
+    Run in log space, x_t = log S_t. Sound shortcut for large T: x_t is non-decreasing and the increment
+    d_t = x_{t+1} - x_t =
     log(q e^c + (1-q) e^{(rho^2 - 1) x_t}) is non-increasing in t, so
     x_T <= x_{t+1} + (T - t - 1) d_t for every t. The recursion is iterated until
     the increments have settled (their remaining decrease, extrapolated over the
@@ -142,7 +353,7 @@ def random_batch_rdp(
 
 
 def convex_rdp(orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
-    r"""ye-shokri-convex (seed 004, Theorem D.4, eq. 80 with j0 = l - 1): convex,
+    r"""ye-shokri-convex (Ye & Shokri 2022, arXiv 2203.05363, Theorem D.4, eq. 80 with j0 = l - 1): convex,
     M-smooth, fixed batches, eta < 2/M:
     :math:`\frac{2\alpha}{z^2}\left(\frac{K-1}{l} + 1\right)`."""
     orders = np.asarray(orders, dtype=float)
@@ -152,7 +363,7 @@ def convex_rdp(orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: 
 def full_batch_rdp(
     orders: np.ndarray, *, noise_multiplier: float, epochs: int, learning_rate: float, strong_convexity: float
 ) -> np.ndarray:
-    r"""ye-shokri-full-batch (seed 004, Theorem D.6, eq. 112): b = n, eta < 1/M:
+    r"""ye-shokri-full-batch (Ye & Shokri 2022, arXiv 2203.05363, Theorem D.6, eq. 112): b = n, eta < 1/M:
     :math:`\frac{4\alpha}{z^2}\sum_{k=1}^{K}(1-\eta\lambda/2)^k`."""
     orders = np.asarray(orders, dtype=float)
     a = 1.0 - learning_rate * strong_convexity / 2.0  # in (1/2, 1] under the theorem's conditions

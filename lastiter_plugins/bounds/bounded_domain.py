@@ -1,0 +1,243 @@
+r"""Bounded domain, convex smooth losses, random batches: a proven T-independent bound.
+
+Privacy amplification by iteration (Feldman, Mironov, Talwar & Thakurta 2018,
+arXiv 1808.06651, Lemmas 20-21; with a bounded-diameter start as in Altschuler &
+Talwar 2022, arXiv 2205.13710, Propositions 3.2 and 5.6) is applied for every
+FIXED batch sequence, where the update maps are deterministic; the final laws
+are mixtures over the batch sequences with the same weights for both datasets,
+so the joint convexity of :math:`e^{(\alpha-1)D_\alpha}` (Ye & Shokri 2022,
+arXiv 2203.05363, Lemma 4.1) averages the per-sequence bounds. Absorbing the
+shift of each use of the differing example in the step that creates it makes
+the average factorise over the independent Bernoulli(q) uses.
+
+Symbols: :math:`\sigma_p = \eta z C / b` (parameter-space noise),
+:math:`d = D/\sigma_p = D b / (\eta z C)`, :math:`\kappa_0 = 2\alpha/z^2`,
+:math:`L(x) = \log(1 - q + q e^{(\alpha-1)x})`. Convex case, window of the
+last R steps:
+
+.. math::
+    \varepsilon_R(\alpha) = \frac{\alpha d^2}{2R}
+      + \frac{R}{\alpha-1} L\Big(\kappa_0 + \frac{2\alpha d}{zR}\Big).
+
+Assumptions: per-example losses convex and M-smooth; every per-example gradient
+norm <= C on the domain (clipping never active); projection onto a closed
+convex set of diameter D after every step; step size :math:`\eta |B|/b \le 2/M`
+for every batch (random batches: :math:`\eta \le 2/M`; Poisson:
+:math:`\eta \le 2b/(nM)`); batches drawn independently of the data;
+replace-one neighbours. The derivation is in docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lastiter_plugins.bounds._common import log_theta
+
+_SINGLETONS = 8  # the first terms of the strongly convex sum are evaluated exactly
+_BLOCK_LOG_RATIO = 0.5  # later blocks: the variable part of x varies by at most e^(1/2)
+_NEGLIGIBLE_LOG = 30.0  # beyond c^j < e^-30 only index-doubling blocks
+_GRID = 32  # geometric grid of window lengths evaluated besides the convex minimiser
+_GRID_CONTRACTING = 24  # window lengths evaluated for the strongly convex variant
+
+
+def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
+    r"""Largest step size keeping every gradient step non-expansive: 2/M for random
+    batches (Altschuler & Talwar 2022, arXiv 2205.13710, Lemma 2.1); 2q/M = 2b/(nM) for
+    Poisson batches, which hold up to n examples and are divided by the fixed b."""
+    limit = math.inf if smoothness <= 0 else 2.0 / smoothness
+    return limit if poisson_sampling_probability is None else limit * poisson_sampling_probability
+
+
+def _log_mgf(x: np.ndarray, am1: np.ndarray, q: float) -> np.ndarray:
+    r""":math:`L(x) = \log(1 - q + q e^{(\alpha-1)x})`, stable for x from 0 to inf and q in (0, 1]."""
+    e = am1 * x
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        small = np.log1p(q * np.expm1(np.minimum(e, 30.0)))
+        large = np.logaddexp(math.log1p(-q) if q < 1.0 else -np.inf, math.log(q) + e)
+    return np.where(e < 30.0, small, large)
+
+
+def _tail_weights(steps: int, windows: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """log P(no use in the first T - R steps) and log P(some use there)."""
+    prefix = steps - windows
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_none = np.where(prefix == 0, 0.0, prefix * (math.log1p(-q) if q < 1.0 else -np.inf))
+        log_some = np.log(-np.expm1(log_none))
+    return log_none, log_some
+
+
+def _first_use_refinement(
+    scaled: np.ndarray, windows: np.ndarray, steps: int, am1: np.ndarray, q: float, log_m0: np.ndarray
+) -> np.ndarray:
+    r"""Combine a window bound with the event that the differing example is unused before the window.
+
+    ``scaled`` is :math:`(\alpha-1)\varepsilon_R`. Returns
+    :math:`\log((1-q)^{T-R} m_0^R + (1-(1-q)^{T-R}) e^{(\alpha-1)\varepsilon_R}) / (\alpha-1)`.
+    """
+    log_none, log_some = _tail_weights(steps, windows, q)
+    with np.errstate(invalid="ignore"):
+        out = np.logaddexp(log_none + windows * log_m0, np.where(np.isneginf(log_some), -np.inf, log_some + scaled))
+    return out / am1
+
+
+def _convex_scaled(windows, am1, orders, d, z, q):
+    r""":math:`(\alpha-1)\varepsilon_R` of the convex window bound."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        det = am1 * orders * d**2 / (2.0 * windows)
+        x = 2.0 * orders / z**2 + 2.0 * orders * d / (z * windows)
+        return det + windows * _log_mgf(x, am1, q)
+
+
+def _convex_minimiser(orders, am1, d, z, q, steps):
+    r"""Continuous minimiser in [1, T] of the convex window bound (it is convex in R:
+    alpha d^2/(2R) plus the perspective R L(kappa_0 + beta/R) of the convex L), by
+    bisection on the sign of the derivative in log R."""
+    a_coef = am1 * orders * d**2 / 2.0  # (alpha-1) alpha d^2 / 2
+    kappa0 = 2.0 * orders / z**2
+    beta = 2.0 * orders * d / z
+    lo = np.zeros_like(orders)
+    hi = np.full_like(orders, math.log(steps))
+    log_q = math.log(q)
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        r = np.exp(mid)
+        x = kappa0 + beta / r
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            ell = _log_mgf(x, am1, q)
+            slope = np.exp(log_q + am1 * x - ell)  # q e^{(a-1)x} / (1 - q + q e^{(a-1)x})
+            derivative = -a_coef / r**2 + ell - am1 * beta * slope / r
+        rising = ~(derivative < 0.0)  # NaN counts as rising: any R is valid
+        hi = np.where(rising, mid, hi)
+        lo = np.where(rising, lo, mid)
+    return np.exp(0.5 * (lo + hi))
+
+
+def _contracting_scaled(windows: float, am1, orders, d, z, q, contraction) -> np.ndarray:
+    r""":math:`(\alpha-1)\varepsilon_R` of the strongly convex window bound (one R, all orders).
+
+    Deterministic schedule :math:`a'_j \propto c^{R+j}` (the minimiser of
+    :math:`\sum a'^2`): deterministic part :math:`(\alpha/2) d^2 c^{2R}/S_R`, per-step
+    arguments :math:`x_j = \kappa_0 + (2\alpha/z)\, y_0 c^j`, :math:`y_0 = d c^R / S_R`,
+    :math:`S_R = \sum_{i<R} c^{2i}`, j = 0..R-1. :math:`\sum_j L(x_j)` is bounded
+    above blockwise by the trapezoid of the convex increasing L: on a block of
+    consecutive j the mean of :math:`c^j` is at most the mean of its end values.
+    """
+    log_c = math.log(contraction)
+    log_det = 2.0 * log_c + float(log_theta(contraction, windows))  # log(c^{2R} / S_R)
+    log_s = math.log(-math.expm1(2.0 * windows * log_c)) - math.log(-math.expm1(2.0 * log_c))
+    y0 = d * math.exp(windows * log_c - log_s)
+    det = am1 * orders * d**2 * math.exp(log_det) / 2.0 if d > 0 else np.zeros_like(orders)
+    # block boundaries (shared by all orders)
+    r_int = int(windows)
+    bounds = [np.arange(min(_SINGLETONS, r_int) + 1, dtype=float)]
+    if r_int > _SINGLETONS:
+        k_max = int(_NEGLIGIBLE_LOG / _BLOCK_LOG_RATIO)
+        ratio_edges = np.ceil(np.arange(1, k_max + 1) * _BLOCK_LOG_RATIO / -log_c)
+        doubling = _SINGLETONS * 2.0 ** np.arange(0, 64)
+        extra = np.concatenate((ratio_edges, doubling, [float(r_int)]))
+        bounds.append(extra[(extra > _SINGLETONS) & (extra <= r_int)])
+    edges = np.unique(np.concatenate(bounds))
+    first, last = edges[:-1], edges[1:] - 1.0  # inclusive j ranges
+    count = edges[1:] - edges[:-1]
+    kappa0 = 2.0 * orders[:, None] / z**2
+    w = 2.0 * orders[:, None] * y0 / z
+    am1c = am1[:, None]
+    l_first = _log_mgf(kappa0 + w * np.exp(first * log_c)[None, :], am1c, q)
+    l_last = _log_mgf(kappa0 + w * np.exp(last * log_c)[None, :], am1c, q)
+    total = np.sum(count[None, :] * 0.5 * (l_first + l_last), axis=1)
+    return det + total
+
+
+def _contracting(orders, am1, d, z, q, steps, contraction, log_m0):
+    """Minimum of the refined strongly convex window bound over a grid of R (each R valid)."""
+    log_c = math.log(max(contraction, 1e-300))  # a c-Lipschitz map is c'-Lipschitz for c' >= c
+    contraction = math.exp(log_c)
+    cap = min(float(steps), max(1.0, math.ceil(_NEGLIGIBLE_LOG / -log_c)))  # c^{2R} < e^-60 beyond
+    grid = np.unique(np.round(np.geomspace(1.0, cap, _GRID_CONTRACTING)))
+    best = np.full_like(orders, np.inf)
+    for r in grid:
+        scaled = _contracting_scaled(float(r), am1, orders, d, z, q, contraction)
+        value = _first_use_refinement(scaled, np.full_like(orders, r), steps, am1, q, log_m0)
+        best = np.minimum(best, value)
+    return best
+
+
+def random_batch_rdp(
+    orders: np.ndarray,
+    *,
+    sampling_probability: float,
+    noise_multiplier: float,
+    steps: int,
+    diameter: float,
+    batch_size: int,
+    learning_rate: float,
+    clip_norm: float,
+    contraction: float | None = None,
+) -> np.ndarray:
+    r"""RDP (nats) of the last iterate of projected noisy SGD with random batches, replace-one.
+
+    For every R in {1..T} (the window of the last R steps; each R is a valid bound):
+
+    .. math::
+        e^{(\alpha-1)\varepsilon} \le (1-q)^{T-R} m_0^R
+          + \big(1 - (1-q)^{T-R}\big) e^{(\alpha-1)\varepsilon_R(\alpha)},
+        \qquad m_0 = 1 - q + q e^{(\alpha-1) 2\alpha/z^2},
+
+    with :math:`\varepsilon_R` as in the module docstring (convex), or, with
+    ``contraction`` c < 1 (lam-strongly convex losses, fixed batch size b),
+    :math:`\varepsilon_R = \frac{\alpha}{2} d^2 \frac{c^{2R}}{S_R} + \frac{1}{\alpha-1}
+    \sum_{j=0}^{R-1} L(\kappa_0 + \frac{2\alpha d}{z} \frac{c^{R+j}}{S_R})`,
+    :math:`S_R = \sum_{i<R} c^{2i}`; the minimum of both variants is returned.
+    The first term covers the batch sequences in which the differing example is
+    not used before the window (then the two laws agree at its start). The
+    minimum over R is searched (bisection on the convex window bound, plus a
+    geometric grid); a search can only make the result larger than the true
+    minimum. Every value is independent of T once T exceeds the best window.
+
+    Reference: Feldman, Mironov, Talwar & Thakurta 2018, arXiv 1808.06651, Lemmas
+    20 and 21; Altschuler & Talwar 2022, arXiv 2205.13710, Propositions 3.2 and
+    5.6, Lemma 5.7 (applied per fixed batch sequence only); Ye & Shokri 2022,
+    arXiv 2203.05363, Lemma 4.1 (joint convexity). Assumptions: see the module
+    docstring; the caller checks them.
+
+    Args:
+      orders: Renyi orders (> 1).
+      sampling_probability: q = b/n, the probability that the differing example
+        is in a given batch (independently across steps).
+      noise_multiplier: z (noise std on the gradient sum is z*C).
+      steps: T >= 1.
+      diameter: D > 0 of the projection set.
+      batch_size: b (the divisor of the gradient sum).
+      learning_rate: eta > 0.
+      clip_norm: C > 0 (a bound on every per-example gradient norm on the domain).
+      contraction: c = max(|1 - eta lam|, |1 - eta M|) in [0, 1) for the strongly
+        convex variant (random batches of fixed size only), or None.
+
+    Returns:
+      RDP epsilon at each order: finite or inf, never NaN.
+    """
+    orders = np.array(orders, dtype=float).reshape(-1)
+    q, z, steps = float(sampling_probability), float(noise_multiplier), int(steps)
+    if q <= 0.0:
+        return np.zeros_like(orders)
+    am1 = orders - 1.0
+    with np.errstate(over="ignore"):
+        d = diameter * batch_size / (learning_rate * z * clip_norm)
+        log_m0 = _log_mgf(2.0 * orders / z**2, am1, q)
+    # convex window bound: its minimiser, its integer neighbours, R = T and a geometric grid
+    r_star = _convex_minimiser(orders, am1, d, z, q, steps) if math.isfinite(d) else np.full_like(orders, steps)
+    grid = np.unique(np.round(np.geomspace(1.0, float(steps), _GRID)))
+    windows = np.concatenate(
+        (
+            np.clip(np.floor(r_star), 1, steps)[None, :],
+            np.clip(np.ceil(r_star), 1, steps)[None, :],
+            np.broadcast_to(grid[:, None], (grid.size, orders.size)),
+        )
+    )
+    scaled = _convex_scaled(windows, am1, orders, d, z, q)
+    best = np.min(_first_use_refinement(scaled, windows, steps, am1, q, log_m0), axis=0)
+    if contraction is not None and contraction < 1.0 - 1e-12 and math.isfinite(d):
+        best = np.minimum(best, _contracting(orders, am1, d, z, q, steps, float(contraction), log_m0))
+    return np.where(np.isnan(best), np.inf, np.maximum(best, 0.0))

@@ -1,0 +1,375 @@
+r"""Bok, Su & Altschuler, "Shifted Interpolation for Differential Privacy"
+(ICML 2024, arXiv 2403.00278), section 4: Gaussian-DP of the last iterate of
+noisy (cyclic) gradient descent.
+
+Everything here is in units of the per-step noise std
+:math:`\sigma_p = \eta z C / b`. Our mapping (derivation in
+docs/_drafts/shifted-interpolation.md, section 0):
+
+* ``step_mu`` :math:`s = 2/z`: replace-one changes the clipped-gradient sum by
+  at most 2C, so one use of the differing example moves the update by at most
+  :math:`2\eta C/b = s\,\sigma_p`;
+* ``contraction`` :math:`c = \max(|1-\eta\lambda r/b|, |1-\eta M r/b|)`, the
+  Lipschitz constant of the (unclipped) gradient step on a batch of r examples,
+  maximised over the batch sizes that occur (a short last batch contracts
+  less); :math:`c \le 1` needs :math:`\eta \le 2/M`, :math:`c < 1` also
+  :math:`\lambda > 0`. Only valid when clipping is never active;
+* ``diameter_ratio`` :math:`\tilde D = D/\sigma_p = Db/(\eta z C)` when every
+  iterate is projected onto a closed convex set of diameter D (else None).
+
+All bounds are instances of one schedule theorem (draft, Theorem A; the
+paper's shifted interpolation in f-DP form): for shifts
+:math:`a_t \ge 0` with :math:`z_{t+1} = c z_t + s_t - a_t \ge 0`,
+:math:`z_T = 0`, the last iterates satisfy
+:math:`T(X_T, X'_T) \ge G_\mu` with :math:`\mu^2 = \sum_t a_t^2`. Every
+schedule gives a valid bound, so a minimum over schedules evaluated at any
+subset of candidates is valid (never below the true minimum's validity).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lastiter_plugins.bounds._common import log_theta
+
+_MIN_CONTRACTION = 1e-12  # c is raised to this: a c-Lipschitz map is c'-Lipschitz for c' >= c (sound)
+
+
+def replace_one_step_mu(noise_multiplier: float) -> float:
+    r"""Per-step GDP parameter :math:`s = 2/z` under replace-one (the clipped sum moves by <= 2C,
+    the noise std on the sum is zC)."""
+    if not noise_multiplier > 0:
+        raise ValueError(f"noise_multiplier must be > 0. Found {noise_multiplier}.")
+    return 2.0 / noise_multiplier
+
+
+def diameter_in_noise_units(
+    diameter: float | None, *, batch_size: int, learning_rate: float, noise_multiplier: float, clip_norm: float
+) -> float | None:
+    r""":math:`\tilde D = D / \sigma_p = D b / (\eta z C)` (None without a projection)."""
+    if diameter is None:
+        return None
+    return diameter * batch_size / (learning_rate * noise_multiplier * clip_norm)
+
+
+def worst_batch_contraction(
+    *, learning_rate: float, strong_convexity: float, smoothness: float, dataset_size: int, batch_size: int
+) -> float:
+    r"""Lipschitz constant valid for every step of a pass: the maximum over the batch
+    sizes r that occur (b, and a short last batch) of
+    :math:`\max(|1-\eta\lambda r/b|, |1-\eta M r/b|)` (Hardt, Recht & Singer 2016,
+    arXiv 1509.01240, Lemma 3.7, for the batch objective, (r lam/b)-strongly convex
+    and (r M/b)-smooth). A c_r-Lipschitz map is c-Lipschitz for c >= c_r, so using
+    the weakest factor at every step is sound. Unclipped gradients only."""
+    sizes = {batch_size, dataset_size - (-(-dataset_size // batch_size) - 1) * batch_size}
+    return max(
+        max(
+            abs(1.0 - learning_rate * strong_convexity * r / batch_size),
+            abs(1.0 - learning_rate * smoothness * r / batch_size),
+        )
+        for r in sizes
+    )
+
+
+def _check(step_mu: float, contraction: float, diameter_ratio: float | None) -> float:
+    if not step_mu >= 0 or math.isinf(step_mu):
+        raise ValueError(f"step_mu must be finite and >= 0. Found {step_mu}.")
+    if not 0.0 <= contraction <= 1.0:
+        raise ValueError(
+            f"contraction must be in [0, 1] (eta <= 2/M) for the shifted-interpolation bounds. Found {contraction}."
+        )
+    if diameter_ratio is not None and not diameter_ratio >= 0:
+        raise ValueError(f"diameter_ratio must be >= 0 or None. Found {diameter_ratio}.")
+    return max(float(contraction), _MIN_CONTRACTION)
+
+
+def _log1mexp(x: np.ndarray | float) -> np.ndarray:
+    r""":math:`\log(1 - e^{x})` for x <= 0 (-inf at x = 0)."""
+    x = np.asarray(x, dtype=float)
+    with np.errstate(divide="ignore"):
+        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
+
+
+def _geometric_ratio(log_c: float, steps: np.ndarray | float) -> np.ndarray:
+    r""":math:`\sum_{u<B} c^u = (1-c^{B})/(1-c)` from :math:`\log c` (B >= 0; B at c = 1)."""
+    steps = np.asarray(steps, dtype=float)
+    if log_c == 0.0:
+        return steps
+    return np.expm1(steps * log_c) / math.expm1(log_c)
+
+
+def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    r"""Minimal :math:`\sum a_t^2` to remove ``removed`` (measured at the window's
+    end) over ``steps`` noise steps: :math:`R^2 (1-c^2)/(1-c^{2m})` (c = 1: R^2/m)."""
+    steps = np.asarray(steps, dtype=float)
+    return np.asarray(removed, dtype=float) ** 2 / _geometric_ratio(2.0 * log_c, steps)
+
+
+def _fb_theta(log_c: float, steps_per_epoch: int, blocks: np.ndarray) -> np.ndarray:
+    r""":math:`\theta_c(l)\,\mathrm{FB}(c^l, B)
+    = \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}\cdot\frac{1-c^{lB}}{1+c^{lB}}` (0 at B = 0;
+    (B)/l at c = 1), in a form stable for l*B up to 1e12."""
+    blocks = np.asarray(blocks, dtype=float)
+    if log_c == 0.0:
+        return blocks / steps_per_epoch
+    x = steps_per_epoch * log_c  # log c^l
+    log_theta_l = float(log_theta(math.exp(log_c), np.array([float(steps_per_epoch)]))[0])
+    log_fb_prefactor = math.log1p(math.exp(x)) - float(_log1mexp(x))  # (1+c^l)/(1-c^l)
+    with np.errstate(divide="ignore"):
+        log_ratio = _log1mexp(blocks * x) - np.log1p(np.exp(blocks * x))  # (1-c^{lB})/(1+c^{lB})
+    out = np.exp(log_theta_l + log_fb_prefactor + log_ratio)
+    return np.where(blocks > 0, out, 0.0)
+
+
+def _theta(log_c: float, s: np.ndarray) -> np.ndarray:
+    s = np.asarray(s, dtype=float)
+    return np.exp(log_theta(math.exp(log_c), s))
+
+
+def full_batch_mu(*, step_mu: float, contraction: float, steps: int, diameter_ratio: float | None = None) -> float:
+    r"""mu-GDP of the last iterate of full-batch noisy gradient descent.
+
+    Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyGD, strongly
+    convex (c < 1) and convex (c = 1); exact for strongly convex full-batch
+    descent (it equals the linear-Gaussian value, pinned by the G2 test):
+
+    .. math:: \mu^2 = s^2\,\frac{1+c}{1-c}\cdot\frac{1-c^T}{1+c^T}\quad(c = 1:\ s^2 T).
+
+    With a projection onto a set of diameter D (``diameter_ratio``
+    :math:`\tilde D`), also the restarts at :math:`\tau = T - m`:
+    :math:`\mu^2 \le (c^m\tilde D + s\frac{1-c^m}{1-c})^2\frac{1-c^2}{1-c^{2m}}`
+    (:math:`c=1`: :math:`(\tilde D + ms)^2/m`), minimised over m; the paper's
+    constrained convex NoisyGD bound is a relaxation of this at
+    :math:`m = \lceil \tilde D/s\rceil`.
+
+    Assumptions: b = n; every f_i convex (lam-strongly convex for c < 1) and
+    M-smooth, eta <= 2/M (c = max(|1 - eta lam|, |1 - eta M|)); clipping never
+    active; replace-one neighbours.
+
+    Args:
+      step_mu: s = 2/z.
+      contraction: c in [0, 1].
+      steps: T >= 0.
+      diameter_ratio: D / sigma_p, or None (no projection).
+
+    Returns:
+      mu (0 for T = 0).
+    """
+    c = _check(step_mu, contraction, diameter_ratio)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0. Found {steps}.")
+    if steps == 0 or step_mu == 0.0:
+        return 0.0
+    log_c = math.log(c)
+    best = float(_window_cost(log_c, step_mu * _geometric_ratio(log_c, steps), steps))
+    if diameter_ratio is not None and steps > 1:
+        d = float(diameter_ratio)
+
+        def cost(m: np.ndarray) -> np.ndarray:
+            m = np.asarray(m, dtype=float)
+            removed = np.exp(m * log_c) * d + step_mu * _geometric_ratio(log_c, m)
+            return _window_cost(log_c, removed, m)
+
+        best = min(best, _integer_min(cost, 1, steps - 1))
+    return math.sqrt(best)
+
+
+def _integer_min(fun, lo: int, hi: int) -> float:
+    r"""Minimum of ``fun`` over integers in [lo, hi] found by a golden/ternary search
+    plus the end points and a dense sample. Every evaluated point is a valid bound,
+    so the result is an upper bound on the true minimum, never below it."""
+    if hi < lo:
+        return math.inf
+    if hi - lo <= 64:
+        return float(np.min(fun(np.arange(lo, hi + 1))))
+    sample = np.unique(np.round(np.geomspace(lo, hi, 65)).astype(np.int64))
+    values = fun(sample)
+    k = int(np.argmin(values))
+    best = float(values[k])
+    a = int(sample[max(k - 1, 0)])
+    b = int(sample[min(k + 1, sample.size - 1)])
+    while b - a > 64:
+        m1 = a + (b - a) // 3
+        m2 = b - (b - a) // 3
+        f1, f2 = fun(np.array([m1, m2]))
+        best = min(best, float(f1), float(f2))
+        if f1 <= f2:
+            b = m2
+        else:
+            a = m1
+    return min(best, float(np.min(fun(np.arange(a, b + 1)))))
+
+
+def _position_layout(steps_per_epoch: int, steps: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Uses N_j and steps after the last use r_j of each batch position j (r_j = -1 if unused)."""
+    full, rest = divmod(steps, steps_per_epoch)
+    uses = full + (positions < rest)
+    last = positions + (uses - 1) * steps_per_epoch
+    after = np.where(uses > 0, steps - 1 - last, -1)
+    return uses.astype(np.int64), after.astype(np.int64)
+
+
+def _blocks_cost(log_c: float, step_mu: float, steps_per_epoch: int, max_blocks: int, d: float | None) -> float:
+    r"""min over schedules of the cost of removing every use before the last one
+    by the time of the last use (draft section 3): S(B) with B = max_blocks,
+    and with a projection the restarts at a use, B = 1..max_blocks."""
+    if max_blocks <= 0:
+        return 0.0
+    best = float(step_mu**2 * _fb_theta(log_c, steps_per_epoch, np.array([max_blocks]))[0])
+    if d is None:
+        return best
+    per_epoch = steps_per_epoch
+
+    def cost(blocks: np.ndarray) -> np.ndarray:
+        blocks = np.asarray(blocks, dtype=float)
+        # (s/c) sum_{k=1..B} c^{kl} = s c^{l-1} (1 - c^{lB}) / (1 - c^l)
+        injected = step_mu * math.exp((per_epoch - 1) * log_c) * _geometric_ratio(per_epoch * log_c, blocks)
+        removed = np.exp(blocks * per_epoch * log_c) * d + injected
+        return _window_cost(log_c, removed, blocks * per_epoch)
+
+    return min(best, _integer_min(cost, 1, max_blocks))
+
+
+def cyclic_position_mus(
+    *,
+    step_mu: float,
+    contraction: float,
+    steps_per_epoch: int,
+    steps: int,
+    diameter_ratio: float | None = None,
+    positions: np.ndarray | None = None,
+) -> np.ndarray:
+    r"""mu-GDP of the last iterate for each batch position j of the differing example,
+    fixed batches in a fixed order (cyclic), l batches per pass, T steps.
+
+    Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyCGD
+    (strongly convex c < 1, convex c = 1), refined per position (draft section 3):
+
+    .. math:: \mu_j^2 = s^2\Big[\theta_c(r_j+1) + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
+       \cdot\frac{1-c^{l(N_j-1)}}{1+c^{l(N_j-1)}}\Big],
+
+    N_j the number of uses of batch j, r_j the steps after its last use,
+    :math:`\theta_c(m) = c^{2(m-1)}/\sum_{u<m}c^{2u}`. With a projection
+    (``diameter_ratio``), the minimum with the restart schedules
+    (draft section 3). Unused positions (T < l) get 0.
+
+    Assumptions: each f_i convex (lam-strongly convex for c < 1) and M-smooth,
+    c the worst gradient-step Lipschitz constant over the batch sizes, c <= 1;
+    clipping never active; replace-one neighbours; every batch normalised by b.
+
+    Args:
+      step_mu: s = 2/z.
+      contraction: c in [0, 1].
+      steps_per_epoch: l >= 1.
+      steps: T >= 0.
+      diameter_ratio: D / sigma_p, or None.
+      positions: batch indices j (default: all 0..l-1).
+
+    Returns:
+      mu_j for each requested position. O(l) time.
+    """
+    c = _check(step_mu, contraction, diameter_ratio)
+    if steps_per_epoch < 1 or steps < 0:
+        raise ValueError(f"steps_per_epoch must be >= 1 and steps >= 0. Found {steps_per_epoch}, {steps}.")
+    pos = np.arange(steps_per_epoch) if positions is None else np.asarray(positions, dtype=np.int64)
+    if pos.size and (pos.min() < 0 or pos.max() >= steps_per_epoch):
+        raise ValueError(f"positions must be in [0, {steps_per_epoch}).")
+    uses, after = _position_layout(steps_per_epoch, steps, pos)
+    log_c = math.log(c)
+    d = None if diameter_ratio is None else float(diameter_ratio)
+    out = np.zeros(pos.shape)
+    used = uses > 0
+    if not used.any() or step_mu == 0.0:
+        return out
+    n_used, r_used = uses[used], after[used]
+    low = int(n_used.min())  # N_j takes at most two values: E and E + 1
+    costs = np.array(
+        [_blocks_cost(log_c, step_mu, steps_per_epoch, n - 1, d) for n in range(low, int(n_used.max()) + 1)]
+    )
+    theta_last = _theta(log_c, r_used + 1.0)
+    mu2 = step_mu**2 * theta_last + costs[n_used - low]
+    if d is not None:
+        c_val = math.exp(log_c)
+        mu2 = np.minimum(mu2, (c_val * d + step_mu) ** 2 * theta_last)
+        tail = r_used >= 1
+        if tail.any():
+            mu2[tail] = np.minimum(mu2[tail], (c_val * d) ** 2 * _theta(log_c, r_used[tail].astype(float)))
+    out[used] = np.sqrt(mu2)
+    return out
+
+
+def cyclic_mu(
+    *, step_mu: float, contraction: float, steps_per_epoch: int, steps: int, diameter_ratio: float | None = None
+) -> float:
+    r"""mu-GDP of the last iterate, cyclic batches, worst position of the differing example.
+
+    Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyCGD; without
+    a projection it is their formula with E = ceil(T/l) passes:
+
+    .. math:: \mu^2 = s^2\Big[1 + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
+       \cdot\frac{1-c^{l(E-1)}}{1+c^{l(E-1)}}\Big].
+
+    A partial last pass is covered (draft section 3: the maximum over positions
+    is at the smallest r_j in each group of equal N_j, i.e. j = (T mod l) - 1
+    and j = l - 1), so this is O(1) in T and l. Assumptions as
+    :func:`cyclic_position_mus`.
+    """
+    rest = steps % steps_per_epoch if steps_per_epoch >= 1 else 0
+    candidates = sorted({steps_per_epoch - 1, (rest - 1) % max(steps_per_epoch, 1)})
+    mus = cyclic_position_mus(
+        step_mu=step_mu,
+        contraction=contraction,
+        steps_per_epoch=steps_per_epoch,
+        steps=steps,
+        diameter_ratio=diameter_ratio,
+        positions=np.array(candidates),
+    )
+    return float(mus.max())
+
+
+def batch_position_weights(dataset_size: int, batch_size: int) -> np.ndarray:
+    r"""Probability |B_j|/n that a uniformly random permutation puts a given example
+    in batch j (the last batch may be short)."""
+    if dataset_size < 1 or batch_size < 1:
+        raise ValueError(f"dataset_size and batch_size must be >= 1. Found {dataset_size}, {batch_size}.")
+    batches = -(-dataset_size // batch_size)
+    sizes = np.full(batches, float(batch_size))
+    sizes[-1] = dataset_size - (batches - 1) * batch_size
+    return sizes / dataset_size
+
+
+def shuffle_once_profile(
+    *,
+    step_mu: float,
+    contraction: float,
+    dataset_size: int,
+    batch_size: int,
+    steps: int,
+    diameter_ratio: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Privacy profile of the last iterate under shuffle-once (one secret uniformly
+    random permutation, then a fixed order for every pass): the mixture
+    :math:`\delta(\varepsilon) \le \sum_j \frac{|B_j|}{n}\,\delta_{\mu_j}(\varepsilon)`.
+
+    Beyond Bok, Su & Altschuler 2024 (arXiv 2403.00278): given the permutation
+    the run is cyclic with the differing example in batch j (same j for both
+    datasets under replace-one; the batch sizes and c do not depend on the
+    permutation), so each conditional pair is :math:`\mu_j`-GDP by
+    :func:`cyclic_position_mus`; the released laws are mixtures with the same
+    weights, and the hockey-stick divergence is jointly convex (draft section 4;
+    as Ye & Shokri 2022, arXiv 2203.05363, Thm 4.2, average positions in Renyi form).
+
+    Returns:
+      (weights, mus): one component per batch position (O(l)).
+    """
+    weights = batch_position_weights(dataset_size, batch_size)
+    mus = cyclic_position_mus(
+        step_mu=step_mu,
+        contraction=contraction,
+        steps_per_epoch=weights.size,
+        steps=steps,
+        diameter_ratio=diameter_ratio,
+    )
+    return weights, mus

@@ -1,0 +1,354 @@
+r"""The one evaluation path: every bound of the table for one pipeline.
+
+:func:`evaluate_all` returns one immutable :class:`BoundEvaluation` per bound
+(applies or why not, relation, proof status, what it protects, kind, reference,
+and, where it applies and was asked for, its RDP curve and (epsilon, delta)).
+``best``, ``compare``, the CLI, the adapters' reports and ``applicable_bounds``
+all read these results; nothing else decides whether a bound applies or what
+its number means.
+
+Rules kept here:
+
+* A bound that does not apply has no number.
+* An unproven bound (``Proof.proven`` False) is computed only when asked for by
+  name; it never enters ``best``; its results carry ``unproven: <reason>``.
+* ``best`` is the smallest epsilon over the proven bounds that apply to the
+  pipeline with the declared relation. Each candidate is a valid (epsilon,
+  delta) guarantee for that relation, so the minimum is one too; it equals the
+  conversion of the per-order minimum of the RDP curves on the same orders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from lastiter_plugins import registry
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.conversion import epsilon_of_linear_rdp, refine_epsilon, validate_delta, validate_orders
+from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.registry import BoundSpec, Kind, Proof, Protects
+
+BEST = registry.BEST
+
+
+@dataclasses.dataclass(frozen=True)
+class EpsilonResult:
+    r"""An (epsilon, delta) guarantee with everything needed to read it honestly.
+
+    Also behaves as the pair ``(epsilon, order)`` that version 0.1's ``epsilon()``
+    returned: ``eps, order = lp.epsilon(...)`` and ``lp.epsilon(...)[0]`` keep working.
+
+    Attributes:
+      bound: the bound asked for (a bound id or ``best``).
+      epsilon: epsilon at ``delta`` (``inf`` when the guarantee is vacuous).
+      delta: the delta asked for.
+      order: the Renyi order of the conversion (None for a privacy profile, converted exactly).
+      relation: the neighbouring relation of the guarantee.
+      sampling: the sampling scheme of the pipeline.
+      winner: the bound that gave the number (== bound unless bound is ``best``).
+      reference: the winner's citation.
+      steps: optimizer steps of the run.
+      proof: how the winner is justified.
+      protects: what the number covers (the final model only, or every iterate).
+      kind: the kind of guarantee the winner computes.
+    """
+
+    bound: str
+    epsilon: float
+    delta: float
+    order: float | None
+    relation: Relation
+    sampling: Sampling
+    winner: str
+    reference: str
+    steps: int
+    proof: Proof = registry.PROVEN
+    protects: Protects = Protects.FINAL_MODEL
+    kind: Kind = Kind.RDP
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.epsilon, self.order))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.epsilon, self.order)[index]
+
+    def __len__(self) -> int:
+        return 2
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (non-finite numbers become None)."""
+        return {
+            "bound": self.bound,
+            "winner": self.winner,
+            "epsilon": _finite_or_none(self.epsilon),
+            "delta": self.delta,
+            "order": self.order,
+            "relation": self.relation.value,
+            "sampling": self.sampling.value,
+            "steps": self.steps,
+            "protects": self.protects.value,
+            "proof": str(self.proof),
+            "kind": self.kind.value,
+            "reference": self.reference,
+        }
+
+    def __str__(self) -> str:
+        via = f" via {self.winner}" if self.winner != self.bound else ""
+        order = f"; order {self.order:g}" if self.order is not None else ""
+        proof = "" if self.proof.proven else f" [{self.proof}]"
+        return (
+            f"({self.epsilon:.4g}, {self.delta:g})-DP for {self.protects.value}{proof} "
+            f"[{self.bound}{via}; {self.relation.value} neighbours; sampling {self.sampling.value}; "
+            f"{self.steps} steps{order}; {self.reference}]"
+        )
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundEvaluation:
+    """One bound of the table evaluated for one pipeline.
+
+    ``result`` and ``rdp`` are None when the bound does not apply, when no delta
+    was asked for, or when the bound is unproven and was not asked for by name.
+    """
+
+    bound: str
+    title: str
+    applies: bool
+    reasons: tuple[str, ...]
+    relation: Relation | None
+    proof: Proof
+    protects: Protects
+    kind: Kind
+    reference: str
+    assumptions: str
+    covers: tuple[Sampling, ...]
+    orders: tuple[float, ...] | None = None
+    rdp: tuple[float, ...] | None = None
+    result: EpsilonResult | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        """Every violated condition, in one string (empty when the bound applies)."""
+        return " ".join(self.reasons)
+
+    @property
+    def epsilon(self) -> float | None:
+        return None if self.result is None else self.result.epsilon
+
+    @property
+    def order(self) -> float | None:
+        return None if self.result is None else self.result.order
+
+
+# ---------------------------------------------------------------- one bound
+
+
+def _epsilon_of(
+    spec: BoundSpec,
+    cfg: TrainingConfig,
+    a: LossAssumptions,
+    delta: float,
+    orders: np.ndarray,
+    curve: np.ndarray,
+    default_orders: bool,
+) -> tuple[float, float | None]:
+    """(epsilon, order) of one applicable bound whose curve on ``orders`` is ``curve``.
+
+    Lossless (docs/decisions.md): a GDP profile converts exactly (order None); an
+    RDP curve linear in the order converts at the continuous optimum over all
+    orders when the default grid is used; any other curve is refined between the
+    grid orders by evaluating the bound itself at new orders (every candidate is
+    a valid epsilon; the search can only return one of them).
+    """
+    if spec.kind is Kind.GDP:
+        return spec.profile(cfg, a).epsilon(delta), None
+    if spec.linear_in_order and default_orders:
+        return epsilon_of_linear_rdp(float(np.max(curve / orders)), delta)  # max: rho*alpha >= curve on the grid
+    return refine_epsilon(lambda new: registry.rdp_curve(spec, cfg, a, new), orders, curve, delta)
+
+
+def _result(spec: BoundSpec, cfg: TrainingConfig, eps: float, delta: float, order: float | None) -> EpsilonResult:
+    return EpsilonResult(
+        bound=spec.id,
+        epsilon=eps,
+        delta=delta,
+        order=order,
+        relation=cfg.relation,
+        sampling=cfg.sampling,
+        winner=spec.id,
+        reference=spec.reference,
+        steps=cfg.steps,
+        proof=spec.proof,
+        protects=spec.protects,
+        kind=spec.kind,
+    )
+
+
+def evaluate_bound(
+    spec: BoundSpec,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float | None = None,
+    orders: np.ndarray | None = None,
+    *,
+    compute_unproven: bool = False,
+    under_own_relation: bool = False,
+) -> BoundEvaluation:
+    """Evaluate one bound for one pipeline (see :class:`BoundEvaluation`).
+
+    Args:
+      spec: the table row.
+      config, assumptions: the validated pipeline.
+      delta: compute (epsilon, delta) and the RDP curve; None: applicability only.
+      orders: Renyi orders (default: the library's grid).
+      compute_unproven: compute the numbers of an unproven bound (asked for by name).
+      under_own_relation: evaluate the bound under the relation it is proven for
+        with this sampling (compare shows every bound so), not the declared one.
+    """
+    native = spec.relation_for(config.sampling)
+    if under_own_relation and native is not None:
+        config = config.replace(relation=native)
+    check = registry.applicability(spec, config, assumptions)
+    base = BoundEvaluation(
+        bound=spec.id,
+        title=spec.title,
+        applies=check.applies,
+        reasons=check.reasons,
+        relation=check.relation,
+        proof=spec.proof,
+        protects=spec.protects,
+        kind=spec.kind,
+        reference=spec.reference,
+        assumptions=spec.assumptions,
+        covers=tuple(spec.covers),
+    )
+    if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
+        return base
+    default_orders = orders is None
+    orders = validate_orders(orders)
+    curve = registry.rdp_curve(spec, config, assumptions, orders)
+    eps, order = _epsilon_of(spec, config, assumptions, delta, orders, curve, default_orders)
+    return dataclasses.replace(
+        base,
+        orders=tuple(orders.tolist()),
+        rdp=tuple(curve.tolist()),
+        result=_result(spec, config, eps, delta, order),
+    )
+
+
+def evaluate_all(
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float | None = None,
+    orders: np.ndarray | None = None,
+    *,
+    unproven: Iterable[str] = (),
+    under_own_relation: bool = False,
+) -> dict[str, BoundEvaluation]:
+    """Every bound of the table for one pipeline, in table order.
+
+    Args:
+      delta: compute numbers at this delta (None: applicability only).
+      orders: Renyi orders (default grid).
+      unproven: ids of unproven bounds whose numbers are asked for by name.
+      under_own_relation: see :func:`evaluate_bound`.
+    """
+    if delta is not None:
+        delta = validate_delta(delta)
+    asked = set(unproven)
+    return {
+        bid: evaluate_bound(
+            spec,
+            config,
+            assumptions,
+            delta,
+            orders,
+            compute_unproven=bid in asked,
+            under_own_relation=under_own_relation,
+        )
+        for bid, spec in registry.BOUNDS.items()
+    }
+
+
+# ---------------------------------------------------------------- best
+
+
+def _best_candidates(evaluations: dict[str, BoundEvaluation], relation: Relation) -> list[BoundEvaluation]:
+    return [
+        e
+        for e in evaluations.values()
+        if e.applies and e.proof.proven and e.relation is relation and e.result is not None
+    ]
+
+
+def _no_bound_applies(config: TrainingConfig, evaluations: dict[str, BoundEvaluation]) -> NotApplicableError:
+    reasons = [e.reason for e in evaluations.values() if not e.applies]
+    last = reasons[-1] if reasons else ""
+    return NotApplicableError(
+        f"no proven bound applies to sampling={config.sampling.value} with relation={config.relation.value} "
+        f"(best: the smallest epsilon over the proven bounds valid for the pipeline; see {registry.DOCS}): {last}"
+    )
+
+
+def best_result(
+    config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+) -> EpsilonResult:
+    """The smallest epsilon at ``delta`` over the proven bounds valid for the pipeline and its relation."""
+    evaluations = evaluate_all(config, assumptions, validate_delta(delta), orders)
+    candidates = _best_candidates(evaluations, config.relation)
+    if not candidates:
+        raise _no_bound_applies(config, evaluations)
+    winner = min(candidates, key=lambda e: (e.result.epsilon, e.bound))
+    return dataclasses.replace(winner.result, bound=BEST)
+
+
+def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    """Per-order minimum of the RDP curves of the proven bounds valid for the pipeline and its relation.
+
+    Valid at every order separately (each curve is an RDP bound for the same
+    relation), for composing the run with other mechanisms in RDP.
+    """
+    curves = []
+    for spec in registry.BOUNDS.values():
+        check = registry.applicability(spec, config, assumptions)
+        if check.applies and spec.proof.proven:
+            curves.append(registry.rdp_curve(spec, config, assumptions, orders))
+    if not curves:
+        raise _no_bound_applies(config, evaluate_all(config, assumptions))
+    return np.min(np.vstack(curves), axis=0)
+
+
+# ---------------------------------------------------------------- by name
+
+
+def epsilon_result(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+) -> EpsilonResult:
+    """(epsilon, delta) of ``bound`` (an id, or ``best``); raises NotApplicableError when it does not apply."""
+    delta = validate_delta(delta)
+    if bound == BEST:
+        return best_result(config, assumptions, delta, orders)
+    spec = registry.get_spec(bound)
+    registry.require(spec, config, assumptions)
+    evaluation = evaluate_bound(spec, config, assumptions, delta, orders, compute_unproven=True)
+    assert evaluation.result is not None  # it applies and was asked for by name
+    return evaluation.result
+
+
+def rdp_of(bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    """RDP curve of ``bound`` (an id, or ``best``) at ``orders``; raises NotApplicableError when it does not apply."""
+    if bound == BEST:
+        return best_rdp(config, assumptions, orders)
+    spec = registry.get_spec(bound)
+    registry.require(spec, config, assumptions)
+    return registry.rdp_curve(spec, config, assumptions, orders)

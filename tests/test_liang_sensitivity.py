@@ -1,0 +1,83 @@
+"""Liang et al. (arXiv 2502.17772) under add-or-remove-one: the sampled-Gaussian term
+has sensitivity C (noise multiplier sqrt(beta)*z), derivation in
+docs/_drafts/liang-sensitivity.md. Known values against dp-accounting, and ground
+truths G1 and G3 (Poisson, add_or_remove_one) that the tighter numbers must respect.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
+
+from lastiter_plugins.bounds import liang
+from lastiter_plugins.verification.exact import g1_divergence, g1_params, g3_divergence, g3_params
+
+
+@pytest.mark.parametrize(("q", "z", "steps"), [(0.01, 1.0, 1000), (0.05, 0.8, 1), (0.2, 2.5, 37)])
+def test_unbounded_equals_poisson_composition(q, z, steps):
+    """liang-unbounded = T * S_alpha(q, z): dp-accounting's PoissonSampledDpEvent(q, GaussianDpEvent(z)) x T."""
+    orders = [1.5, 2.0, 3.5, 8.0, 32.0, 128.0]
+    acc = dp_rdp.RdpAccountant(orders=orders)
+    acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), steps)
+    ours = liang.unbounded_rdp(np.array(orders), sampling_probability=q, noise_multiplier=z, steps=steps)
+    np.testing.assert_allclose(ours, acc._rdp, rtol=1e-9)
+
+
+def _g1(q_n_b, z, steps):
+    n, b = q_n_b
+    return g1_params(dataset_size=n, batch_size=b, noise_multiplier=z, steps=steps,
+                     sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+
+
+def test_unbounded_is_tight_at_one_step():
+    """One step of G1 is exactly the sampled Gaussian mechanism: the bound equals the truth
+    (a bound using noise 2z, i.e. sensitivity C/2, would fail; 2C would be 4x loose)."""
+    orders = np.array([2.0, 4.0, 8.0, 16.0, 32.0])
+    exact = g1_divergence(orders, _g1((100, 5), 1.0, 1))
+    bound = liang.unbounded_rdp(orders, sampling_probability=0.05, noise_multiplier=1.0, steps=1)
+    assert np.all(bound >= exact.lower * (1 - 1e-9))
+    assert np.all(bound <= exact.upper * (1 + 1e-6))
+    too_small = liang.unbounded_rdp(orders, sampling_probability=0.05, noise_multiplier=2.0, steps=1)
+    assert np.any(too_small < exact.lower)
+
+
+def test_g1_poisson_sweep():
+    """G1 has no projection, so only liang-unbounded applies to it."""
+    rng = np.random.default_rng(21)
+    orders = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0])
+    ratios = []
+    for _ in range(60):
+        n = int(rng.integers(10, 500))
+        b = int(rng.integers(1, max(2, n // 3)))
+        z = float(10 ** rng.uniform(-0.3, 0.7))
+        steps = int(rng.integers(1, 60))
+        q = b / n
+        exact = g1_divergence(orders, _g1((n, b), z, steps), cells=3000)
+        un = liang.unbounded_rdp(orders, sampling_probability=q, noise_multiplier=z, steps=steps)
+        assert np.all(un >= exact.lower * (1 - 1e-9)), (n, b, z, steps)
+        ratios.append(float(np.min(un / exact.lower)))
+    print(f"\nG1 poisson add/remove, liang-unbounded / exact: min {min(ratios):.4f} median {np.median(ratios):.4f}")
+
+
+@pytest.mark.parametrize(
+    ("diameter", "z", "q", "lr", "steps"),
+    [(0.01, 0.5, 0.1, 1.0, 3), (0.05, 1.0, 0.2, 1.0, 4), (0.1, 1.0, 0.05, 0.5, 5), (0.02, 0.7, 0.25, 1.0, 2),
+     (0.5, 2.0, 0.1, 1.0, 3), (0.005, 0.5, 0.5, 1.0, 4)],
+)  # fmt: skip
+def test_g3_poisson_bounded(diameter, z, q, lr, steps):
+    orders = np.array([2.0, 4.0, 8.0, 16.0])
+    b = 5
+    n = round(b / q)
+    params = g3_params(diameter=diameter, dataset_size=n, batch_size=b, noise_multiplier=z, steps=steps,
+                       learning_rate=lr, clip_norm=1.0, sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    exact, _ = g3_divergence(orders, params)
+    kw = dict(sampling_probability=b / n, noise_multiplier=z)
+    bounded = liang.bounded_rdp(
+        orders, **kw, diameter=diameter, batch_size=b, learning_rate=lr, clip_norm=1.0, expansion=1.0
+    )  # fmt: skip  (M = 0: the step is an isometry)
+    unbounded = liang.unbounded_rdp(orders, **kw, steps=steps)
+    print(f"\nG3 D={diameter} z={z} q={q} T={steps}: bounded/exact {np.round(bounded / exact.lower, 3)}")
+    assert np.all(bounded >= exact.lower)
+    assert np.all(unbounded >= exact.lower)
