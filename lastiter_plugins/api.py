@@ -31,7 +31,14 @@ _TRAINING_KEYS = (
     "sampling",
     "relation",
 )
-_ASSUMPTION_KEYS = ("smoothness", "weak_convexity", "strong_convexity", "diameter", "gradient_norms_within_clip")
+_ASSUMPTION_KEYS = (
+    "smoothness",
+    "weak_convexity",
+    "strong_convexity",
+    "diameter",
+    "gradient_norms_within_clip",
+    "clipped_loss_convex_smooth",
+)
 __all__ = [
     "PARAMETERS",
     "BoundEvaluation",

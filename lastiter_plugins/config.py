@@ -190,6 +190,14 @@ class LossAssumptions:
         of the domain (not only along the run; Kong & Ribero, arXiv 2407.05237,
         Prop. 2.1(c)), so clipping is the identity; this enables the bounds that
         need the unclipped update. False (default): clipping may be active.
+      clipped_loss_convex_smooth: the scalar-GLM route. True asserts that the
+        clipped per-example update is the gradient step of convex losses with the
+        declared smoothness and strong convexity, even where clipping is active:
+        true for losses phi(<a, x>) with phi convex (clipping phi'(<a,x>) a to norm
+        C is the gradient of psi(<a,x>) with psi' = clamp(phi', -C/|a|, C/|a|),
+        convex and no smoother than phi) plus an l2 term applied outside the clip
+        (torch SGD weight_decay under Opacus); false for vector outputs (softmax).
+        :func:`lastiter_plugins.glm.certify_linear_model` derives it.
     """
 
     smoothness: float | None = None
@@ -197,6 +205,7 @@ class LossAssumptions:
     strong_convexity: float = 0.0
     diameter: float | None = None
     gradient_norms_within_clip: bool = False
+    clipped_loss_convex_smooth: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -210,6 +219,10 @@ class LossAssumptions:
             raise ValueError(
                 f"gradient_norms_within_clip must be True or False. Found {self.gradient_norms_within_clip!r}."
             )
+        if not isinstance(self.clipped_loss_convex_smooth, bool):
+            raise ValueError(
+                f"clipped_loss_convex_smooth must be True or False. Found {self.clipped_loss_convex_smooth!r}."
+            )
         if self.strong_convexity > 0 and self.smoothness is not None and self.strong_convexity > self.smoothness:
             raise ValueError(
                 "strong_convexity must be <= smoothness (a lam-strongly convex, M-smooth function has "
@@ -220,6 +233,12 @@ class LossAssumptions:
     def clipping_may_be_active(self) -> bool:
         """The negation of the assertion ``gradient_norms_within_clip``."""
         return not self.gradient_norms_within_clip
+
+    @property
+    def update_is_gradient_step(self) -> bool:
+        """The (clipped) per-example update is the gradient step of convex M-smooth losses whose
+        gradients are bounded by C: clipping never active, or the scalar-GLM route."""
+        return self.gradient_norms_within_clip or self.clipped_loss_convex_smooth
 
     @property
     def convex(self) -> bool:

@@ -188,9 +188,10 @@ class LinearModelCertificate:
         """Keyword arguments for ``LossAssumptions`` that hold for the update actually run.
 
         Returns:
-          dict with smoothness, strong_convexity, weak_convexity, diameter and
+          dict with smoothness, strong_convexity, weak_convexity, diameter,
           gradient_norms_within_clip (True only when clipping is certified never
-          active on the whole domain).
+          active on the whole domain) and clipped_loss_convex_smooth (the
+          scalar-GLM route).
 
         Raises:
           ValueError: the configuration cannot be certified; the message names
@@ -204,6 +205,7 @@ class LinearModelCertificate:
             "weak_convexity": self.weak_convexity,
             "diameter": self.diameter,
             "gradient_norms_within_clip": not self.clipping_can_be_active,
+            "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
         }
 
 

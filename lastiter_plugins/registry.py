@@ -188,12 +188,12 @@ def _needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions):
     # the gradient step, not for the clipped one (a clipped field is bounded,
     # hence not strongly monotone; counterexamples exist), so these bounds need
     # the user's assertion that clipping is never active.
-    if a.clipping_may_be_active:
+    if not a.update_is_gradient_step:
         return (
             "gradient_norms_within_clip must be True (every per-example gradient norm <= C on the whole domain, so "
-            "clipping is never active), since the contraction / non-expansiveness argument does not hold for "
-            "clipped gradients",
-            "gradient_norms_within_clip=False",
+            "clipping is never active) or clipped_loss_convex_smooth True (the scalar-GLM route), since the "
+            "contraction / non-expansiveness argument does not hold for clipped gradients in general",
+            "gradient_norms_within_clip=False, clipped_loss_convex_smooth=False",
         )
     return None
 
@@ -235,15 +235,15 @@ def _step_size(
 
 
 def _kong_ribero_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
-    return kong_ribero.max_learning_rate(a.smoothness, a.weak_convexity, a.clipping_may_be_active)
+    return kong_ribero.max_learning_rate(a.smoothness, a.weak_convexity, not a.update_is_gradient_step)
 
 
 _kong_ribero_step = _step_size(
     _kong_ribero_limit,
     lambda c, a: (
         "1/(2(M+m)) (clipping may be active)"
-        if a.clipping_may_be_active
-        else "1/(M+m) (gradient_norms_within_clip=True)"
+        if not a.update_is_gradient_step
+        else "1/(M+m) (the update is a gradient step: clipping never active, or the scalar-GLM route)"
     ),
     strict=False,
 )
@@ -269,7 +269,11 @@ _one_over_m_strict = _step_size(lambda c, a: ye_shokri.full_batch_max_learning_r
 
 
 def _kr_lipschitz(cfg: TrainingConfig, a: LossAssumptions) -> float:
-    return kong_ribero.update_lipschitz(cfg.learning_rate, a.smoothness, a.weak_convexity, a.clipping_may_be_active)
+    # The scalar-GLM route makes the clipped update the gradient step of convex losses psi_i with
+    # |grad psi_i| <= C: Kong & Ribero's no-clipping constant L_eta applies (no sqrt(2)).
+    return kong_ribero.update_lipschitz(
+        cfg.learning_rate, a.smoothness, a.weak_convexity, not a.update_is_gradient_step
+    )
 
 
 def _kong_ribero_cyclic(cfg, a, orders):
@@ -496,7 +500,10 @@ BOK_SU_ALTSCHULER = "Bok, Su & Altschuler 2024, arXiv 2403.00278"
 DOCS = "docs/bounds.md"
 
 _SMOOTH_WEAK = "per-example losses m-weakly convex and M-smooth (upper curvature M)"
-_WITHIN_CLIP = "every per-example gradient norm <= C on the whole domain (gradient_norms_within_clip=True)"
+_WITHIN_CLIP = (
+    "every per-example gradient norm <= C on the whole domain (gradient_norms_within_clip=True) or the "
+    "scalar-GLM route (clipped_loss_convex_smooth=True)"
+)
 _CONTRACTING = (
     _needs_learning_rate,
     _needs_smoothness,

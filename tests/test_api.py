@@ -90,7 +90,7 @@ REFUSALS = [
      "learning_rate must be <= 1/(2(M+m)) (clipping may be active) = 0.5 for kong-ribero-cyclic "
      "(Kong & Ribero 2024, arXiv 2407.05237, Theorem 2.3). Found 0.6."),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, gradient_norms_within_clip=True),
-     "learning_rate must be <= 1/(M+m) (gradient_norms_within_clip=True) = 1 for kong-ribero-cyclic"),
+     "learning_rate must be <= 1/(M+m) (the update is a gradient step: clipping never active, or the scalar-GLM route) = 1 for kong-ribero-cyclic"),
     ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
      "relation must be replace_one for kong-ribero-cyclic"),
     ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0), "diameter (D) must be declared"),

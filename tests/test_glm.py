@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize
 
+import lastiter_plugins as lp
 from lastiter_plugins import feature_clip, glm
 from lastiter_plugins.config import LossAssumptions
 
@@ -389,8 +390,18 @@ def test_certificate_values_and_kwargs_logistic_with_weight_decay():
         "weak_convexity": 0.0,
         "diameter": 10.0,
         "gradient_norms_within_clip": False,
+        "clipped_loss_convex_smooth": True,
     }
-    LossAssumptions(**kwargs)
+    assumptions = LossAssumptions(**kwargs)
+    # the scalar-GLM route opens the bounds that need a gradient step, with clipping possibly active
+    params = dict(dataset_size=1000, batch_size=10, noise_multiplier=2.0, learning_rate=1.0, epochs=5)
+    table = lp.evaluate_all(*lp.build(sampling="shuffle_once", **params, **kwargs))
+    assert table["ye-shokri-shuffle"].applies and table["shifted-interpolation-shuffle"].applies
+    assert assumptions.update_is_gradient_step
+    softmax_like = {**kwargs, "clipped_loss_convex_smooth": False}
+    assert not lp.evaluate_all(*lp.build(sampling="shuffle_once", **params, **softmax_like))[
+        "ye-shokri-shuffle"
+    ].applies
     within = glm.certify_linear_model("binary_logistic", feature_norm_bound=1.0, clip_norm=1.002, bias=False, l2=0.01)
     assert within.loss_assumption_kwargs()["gradient_norms_within_clip"] is True
 
@@ -425,6 +436,7 @@ def test_softmax_with_active_clipping_is_refused_with_the_fix():
         "weak_convexity": 0.0,
         "diameter": None,
         "gradient_norms_within_clip": True,
+        "clipped_loss_convex_smooth": True,
     }
 
 
@@ -615,5 +627,8 @@ def test_certificate_kwargs_plug_into_the_accountant():
     with_never = lp.applicable_bounds(clip_norm=2.0, **pipeline, **never)
     with_active = lp.applicable_bounds(clip_norm=0.5, **pipeline, **active)
     assert with_never["ye-shokri-shuffle"].applies
-    assert not with_active["ye-shokri-shuffle"].applies  # until the registry accepts the scalar-GLM route
+    assert with_active["ye-shokri-shuffle"].applies  # the registry accepts the scalar-GLM route
     assert with_active["kong-ribero-cyclic"].applies
+    # without the route (a vector output, say) clipping possibly active closes the contraction bounds
+    vector = {**active, "clipped_loss_convex_smooth": False}
+    assert not lp.applicable_bounds(clip_norm=0.5, **pipeline, **vector)["ye-shokri-shuffle"].applies
