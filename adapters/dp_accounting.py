@@ -2,11 +2,15 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
 ``PrivacyAccountant`` that composes them with dp-accounting's standard events.
 
 * :class:`LastIterateDpSgdEvent` describes one DP-SGD training run whose FINAL
-  model only is released, accounted by one of this library's bounds
-  (``lastiter_plugins.BOUND_IDS``, ``best`` and ``composition`` included).
-* :class:`LastIterateAccountant` is a ``dp_accounting.PrivacyAccountant``. A
+  model only is released: the mechanism (data, batches, noise, steps, step
+  size, clipping, projection) and the loss assumptions, nothing about how to
+  account for it (dp_event.py's contract: an event describes the mechanism,
+  the accountant decides how to account for it).
+* :class:`LastIterateAccountant` is a ``dp_accounting.PrivacyAccountant``
+  configured with the bound it accounts last-iterate runs with
+  (``bound="best"`` by default; any id of ``lastiter_plugins.BOUND_IDS``). A
   last-iterate event contributes ``count`` times its RDP curve
-  (:func:`lastiter_plugins.compute_rdp`, computed for the accountant's
+  (:func:`lastiter_plugins.compute_rdp` for that bound and the accountant's
   neighbouring relation); every other event (Gaussian, Laplace, Poisson /
   without-replacement sampled, RepeatAndSelect, ZCDp on 0.6, ...) is delegated
   to dp-accounting's ``rdp.RdpAccountant`` with the same orders and relation.
@@ -34,7 +38,7 @@ Neighbouring relation and dp-accounting's Gaussian events: a
 ``GaussianDpEvent``'s ``noise_multiplier`` is noise / sensitivity. Under
 REPLACE_ONE the sum of C-clipped gradients moves by up to 2C when one example
 is replaced, so one DP-SGD step with noise z*C is ``GaussianDpEvent(z / 2)``
-(BOUNDS.md section 4; google/differential-privacy issue 378). That is the
+(google/differential-privacy issue 378). That is the
 convention of ``RdpAccountant`` (0.4.3 and 0.6), to which standard events are
 delegated. dp-accounting 0.6's ``PLDAccountant(REPLACE_ONE)`` applies the
 factor 2 itself. So ledgers exchanged with it must be converted; see
@@ -59,7 +63,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
 from lastiter_plugins.api import build, compute_rdp
-from lastiter_plugins.config import Relation, Sampling
+from lastiter_plugins.config import Relation, Sampling, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_orders
 from lastiter_plugins.registry import BOUND_IDS
 
@@ -123,6 +127,12 @@ def _to_bound(value: Any) -> Any:
 def _to_sampling(value: Any) -> Any:
     if isinstance(value, SamplingScheme):
         return value
+    if isinstance(value, str) and value.strip().lower() in BOUND_IDS:
+        raise ValueError(
+            f"sampling must be one of {', '.join(s.value for s in Sampling)}; found the bound id {value!r}. The "
+            "bound moved from the event to the accountant: LastIterateAccountant(bound=...), and the event's "
+            "first field is now sampling."
+        )
     return SamplingScheme(Sampling.parse(value).value)  # Sampling.parse names the parameter on failure
 
 
@@ -132,29 +142,27 @@ def _is_zero(value: Any) -> bool:
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class LastIterateDpSgdEvent(dp_event.DpEvent):
-    r"""One DP-SGD run (plain SGD, constant step, see BOUNDS.md section 1) whose
-    final model only is released, accounted with the last-iterate bound ``bound``.
+    r"""One DP-SGD run (plain SGD, constant step) whose final model only is released.
+
+    A description of the mechanism and of the loss, not of its accounting:
+    :class:`LastIterateAccountant` chooses the bound.
 
     The run: ``steps`` updates
     ``x <- Pi(x - learning_rate * ((1/b) sum_{i in B} clip_C(grad f_i(x)) + N(0, (z C / b)^2 I)))``
     with batches formed by ``sampling``; every batch is normalised by
     ``batch_size``. Intermediate iterates are NOT covered and must not be
-    released (``bound="composition"`` covers them, but is still reported as
-    covering the final model).
+    released (an accountant with ``bound="composition"`` covers them).
 
     Like dp-accounting's events, the numeric parameters are not checked on
     construction: ``LastIterateAccountant.supports`` is False (and ``compose``
     refuses) when they are invalid or the bound's preconditions fail.
-    ``bound`` and ``sampling`` are checked and stored as :data:`BoundId` /
-    :data:`SamplingScheme` members (strings are accepted) so that
-    ``to_named_tuple`` round-trips. A ``noise_multiplier`` of exactly 0 is a
+    ``sampling`` is checked and stored as a :data:`SamplingScheme` member
+    (strings are accepted) so that ``to_named_tuple`` round-trips. A ``noise_multiplier`` of exactly 0 is a
     valid description of a non-private run: its RDP is infinite at every order
     (as for ``GaussianDpEvent(0)``), which lets
     ``calibrate_dp_mechanism`` start its bracket at 0.
 
     Attributes:
-      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (``best`` = per-order
-        minimum over the bounds that apply).
       sampling: cyclic, shuffle_once, reshuffle, random_batch or poisson (what
         the data pipeline really does).
       dataset_size: n.
@@ -170,7 +178,6 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
       gradient_norms_within_clip: True asserts every per-example gradient norm <= C on the whole domain.
     """
 
-    bound: BoundId = attr.ib(converter=_to_bound)  # type: ignore[valid-type]
     sampling: SamplingScheme = attr.ib(converter=_to_sampling)  # type: ignore[valid-type]
     dataset_size: int
     batch_size: int
@@ -183,6 +190,15 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     strong_convexity: float = 0.0
     diameter: float | None = None
     gradient_norms_within_clip: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "LastIterateDpSgdEvent":
+        refuse_renamed(kwargs)
+        if "bound" in kwargs:
+            raise TypeError(
+                "LastIterateDpSgdEvent has no bound: an event describes the mechanism and the accountant decides "
+                "how to account for it. Pass the bound to the accountant: LastIterateAccountant(bound=...)."
+            )
+        return super().__new__(cls)
 
     def to_params(self) -> dict[str, Any]:
         """The keyword parameters of ``lastiter_plugins.rdp`` / ``epsilon`` / ``account``
@@ -202,8 +218,10 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "sampling": self.sampling.value,
         }
 
-    def rdp(self, orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> np.ndarray:
-        """RDP (nats) of the run at each order, for ``neighboring_relation``.
+    def rdp(
+        self, bound: str = "best", orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE
+    ) -> np.ndarray:
+        """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation``.
 
         Raises:
           NotApplicableError: the bound does not apply (wrong sampling or relation,
@@ -216,7 +234,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         if no_noise:  # no precondition depends on z; validate everything else with a placeholder
             params["noise_multiplier"] = 1.0
         config, assumptions = build(relation=relation, **params)
-        curve = compute_rdp(self.bound.value, config, assumptions, orders)
+        curve = compute_rdp(_to_bound(bound).value, config, assumptions, orders)
         return np.full_like(curve, np.inf) if no_noise else curve
 
 
@@ -403,17 +421,22 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
     run (not its intermediate iterates).
 
     Args:
+      bound: the bound last-iterate runs are accounted with: an id of
+        ``lastiter_plugins.BOUND_IDS`` (``best``, the default, is the per-order
+        minimum over the proven bounds valid for each run; ``composition`` is the
+        standard baseline, which covers every iterate).
       orders: Renyi orders (> 1), copied; default ``lastiter_plugins.DEFAULT_ORDERS``.
       neighboring_relation: ``NeighboringRelation.REPLACE_ONE`` (default, the
         relation of most last-iterate bounds) or ``ADD_OR_REMOVE_ONE`` (also
         accepted: ``lastiter_plugins.Relation`` or its string value).
 
     Raises:
-      ValueError: invalid orders, or another relation (REPLACE_SPECIAL).
+      ValueError: an unknown bound, invalid orders, or another relation (REPLACE_SPECIAL).
     """
 
-    def __init__(self, orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE):
+    def __init__(self, bound: Any = "best", orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE):
         relation = _parse_relation(neighboring_relation)
+        self._bound = _to_bound(bound)
         super().__init__(_HOST_RELATION[relation])
         self._relation = relation
         self._orders = validate_orders(orders)
@@ -462,7 +485,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
 
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
         try:
-            curve = event.rdp(self._orders, self._relation)
+            curve = event.rdp(self._bound.value, self._orders, self._relation)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
             raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
         return _Plan(self._scale(curve, count), last_iterate_runs=count)
@@ -529,6 +552,11 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         return self._rdp.copy()
 
     @property
+    def bound(self) -> str:
+        """The bound id last-iterate runs are accounted with."""
+        return self._bound.value
+
+    @property
     def relation(self) -> Relation:
         """The neighbouring relation, as ``lastiter_plugins.Relation``."""
         return self._relation
@@ -569,8 +597,8 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         parts = []
         if self._last_iterate_runs:
             parts.append(
-                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s) "
-                "(intermediate iterates must not be released)"
+                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s), bound "
+                f"{self._bound.value} (intermediate iterates must not be released)"
             )
         if self._standard_events:
             parts.append(f"the outputs of {self._standard_events} standard mechanism application(s)")

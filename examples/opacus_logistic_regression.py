@@ -12,7 +12,7 @@ Every assumption declared to the accountant is made true by construction
   but the DP training), each row scaled to norm 1, a constant 1 appended, the whole
   row divided by sqrt(2): every example has ||z|| = 1 exactly, whatever its values.
 - Loss of example i: f_i(w) = log(1 + exp(-y_i <w, z_i>)) + (lam / 2) ||w||^2, the
-  l2 regulariser folded into every per-example loss (seed 004, F.2-F.3). Its
+  l2 regulariser folded into every per-example loss. Its
   Hessian lies between lam I and (||z||^2 / 4 + lam) I, so f_i is lam-strongly
   convex and M-smooth with M = max ||z||^2 / 4 + lam, where the max is over every
   possible example (||z|| = 1 by construction), not only over this data set.

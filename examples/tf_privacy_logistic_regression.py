@@ -24,7 +24,7 @@ How every constant is derived, so that the declarations are true:
   D = 2R) contains it, and :class:`ProjectionCallback` keeps every iterate in it.
 * On that ball ``|grad f_i(w)| <= |x_i| + lam |w| <= 1 + lam R = C``: with
   ``l2_norm_clip = C`` clipping never changes a gradient anywhere on the domain,
-  so ``gradient_norms_within_clip=True`` is an honest declaration (seed 003 Prop. 2.1(c)).
+  so ``gradient_norms_within_clip=True`` is an honest declaration (Kong & Ribero 2024, arXiv 2407.05237, Prop. 2.1(c)).
 * The learning rate is 90% of the smallest step-size limit of the bounds that
   can apply (``1/(M+m)`` for Kong & Ribero without clipping, ``2/(lam+M)`` for
   Ye & Shokri).

@@ -161,7 +161,7 @@ def test_describe_data_loader_mapping(make, scheme):
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda ds: DataLoader(ds, batch_size=30, drop_last=True), "drop_last must be False"),
+        (lambda ds: DataLoader(ds, batch_size=30, drop_last=True), "drop_last=True is accepted only when the batch"),
         (lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, replacement=True)), "replacement"),
         (lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, num_samples=50)), "whole dataset"),
         (lambda ds: DataLoader(ds, batch_size=10, sampler=WeightedRandomSampler([1.0] * len(ds), len(ds))), "Weighted"),
@@ -331,9 +331,11 @@ def test_accumulation_after_many_steps_refused(request):
     for _ in range(2):
         xb, yb = next(batches)
         _loss(model, xb, yb).backward()
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"must stay constant.*accumulated_iterations: 1 -> 2"):
+    with pytest.raises(lp.PipelineChangedError, match=r"Found 2 backward passes before this optimizer step"):
         optimizer.step()
     assert engine.accountant.steps == 10
+    with pytest.raises(lp.PipelineChangedError, match=r"refused a step of this run.*void"):
+        engine.get_epsilon(DELTA)  # a refused step voids the run's number
 
 
 def test_oversized_batch_after_many_steps_refused(request):
@@ -342,16 +344,21 @@ def test_oversized_batch_after_many_steps_refused(request):
     _train(model, optimizer, loader)
     x, y = _dataset().tensors
     _loss(model, x[:20], y[:20]).backward()
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"at most the data loader's batch_size = 10.*of 20"):
+    with pytest.raises(
+        lo.LastIterateConfigurationError,
+        match=r"batch 1 of 10 of an epoch, which holds 10 examples.*Found 20 per-example",
+    ):
         optimizer.step()
     assert engine.accountant.steps == 10
 
 
-def test_accumulation_must_divide_epoch(request):
+def test_accumulating_whole_batches_is_refused(request):
+    # k backward passes before one step cannot be told apart from k views of one batch: refused, with the fix
     name = _register(request, sampling="cyclic")
-    _, model, optimizer, loader = _private(name)
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"accumulated_iterations must divide.*= 10.*Found 3"):
-        _train(model, optimizer, loader, accumulate=3)
+    engine, model, optimizer, loader = _private(name)
+    with pytest.raises(lp.PipelineChangedError, match=r"Found 2 backward passes.*BatchMemoryManager"):
+        _train(model, optimizer, loader, accumulate=2)
+    assert engine.accountant.steps == 0
 
 
 def test_hook_outside_make_private_needs_bound_loader(request):
@@ -390,15 +397,18 @@ def test_standalone_calibration_without_context_refused(request):
 def test_projection_required_when_diameter_declared(request):
     name = _register(request, sampling="cyclic", diameter=2.0)
     engine, model, optimizer, loader = _private(name)
-    with pytest.raises(lo.LastIterateConfigurationError, match="attach_projection"):
+    with pytest.raises(lp.PipelineChangedError, match="attach_projection"):
         _train(model, optimizer, loader)
+    engine, model, optimizer, loader = _private(name)
     other = torch.optim.SGD(_model().parameters(), lr=LR)
     lo.attach_projection(other, 2.0)  # on another optimizer: does not count
-    with pytest.raises(lo.LastIterateConfigurationError, match="no projection covering exactly"):
+    with pytest.raises(lp.PipelineChangedError, match="no projection covering exactly"):
         _train(model, optimizer, loader)
+    engine, model, optimizer, loader = _private(name)
     lo.attach_projection(optimizer, 3.0)
-    with pytest.raises(lo.LastIterateConfigurationError, match="diameter must be <= the declared diameter 2"):
+    with pytest.raises(lp.PipelineChangedError, match="diameter must be <= the declared diameter 2"):
         _train(model, optimizer, loader)
+    engine, model, optimizer, loader = _private(name)
     lo.attach_projection(optimizer, 2.0)
     _train(model, optimizer, loader, epochs=2)
     norm = math.sqrt(sum(float((p.detach() ** 2).sum()) for p in model.parameters()))
@@ -428,10 +438,9 @@ def test_projection_is_euclidean_projection_onto_ball():
     [
         (10, 1, "mean", {"batch_size": 10, "learning_rate": LR}),
         (10, 1, "sum", {"batch_size": 10, "learning_rate": LR * 10}),  # sum: lr * b, never b = 1
-        (10, 2, "mean", {"batch_size": 20, "learning_rate": LR}),  # logical batch 20 divided by 10 * 2
         (30, 1, "mean", {"batch_size": 30, "learning_rate": LR * 30 / 25}),  # Opacus divides by int(100/4) = 25
     ],
-    ids=["mean", "sum", "accumulation", "batch-not-dividing-n"],
+    ids=["mean", "sum", "batch-not-dividing-n"],
 )
 def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reduction, core):
     smooth = 0.05 if reduction == "sum" else 0.25  # keep lr * b inside the step-size conditions
@@ -446,7 +455,7 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     assert engine.accountant.steps == steps
     common = {"dataset_size": N, "noise_multiplier": 1.0, "smoothness": smooth, "weak_convexity": 0.1, "gradient_norms_within_clip": True,
               "sampling": "cyclic", "steps": steps}  # fmt: skip
-    expected = lp.account("kong-ribero-cyclic", DELTA, **common, **core)
+    expected = lp.epsilon("kong-ribero-cyclic", DELTA, **common, **core)
     result = engine.accountant.epsilon_result(DELTA)
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
     assert (result.order, result.relation) == (expected.order, expected.relation)
@@ -461,7 +470,7 @@ def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
     _train(model, optimizer, loader, epochs=2)
     steps = engine.accountant.steps
     assert steps == 20
-    expected = lp.account("best", DELTA, POISSON_ORDERS, dataset_size=N, batch_size=10, noise_multiplier=1.0,
+    expected = lp.epsilon("best", DELTA, POISSON_ORDERS, dataset_size=N, batch_size=10, noise_multiplier=1.0,
                           learning_rate=LR, smoothness=0.25, sampling="poisson", relation="add_or_remove_one",
                           steps=steps)  # fmt: skip
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
@@ -518,9 +527,8 @@ def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
     assert composition > eps  # the last-iterate bound let it use less noise
 
 
-def test_make_private_with_epsilon_refuses_a_run_that_would_miss_its_target(request):
-    # calibrated for one loader batch per step; accumulating 2 doubles the batch and, for this bound,
-    # raises epsilon after the planned epochs above the target: the first step refuses
+def test_make_private_with_epsilon_run_that_differs_from_the_plan_is_refused(request):
+    # calibrated for one loader batch per step; accumulating 2 is refused at the first step, and voids the run
     name = _register(
         request, bound="kong-ribero-cyclic", sampling="cyclic", weak_convexity=0.1, gradient_norms_within_clip=True
     )
@@ -536,12 +544,12 @@ def test_make_private_with_epsilon_refuses_a_run_that_would_miss_its_target(requ
         max_grad_norm=1.0,
         poisson_sampling=False,
     )
-    with pytest.raises(
-        lo.LastIterateConfigurationError, match=r"make_private_with_epsilon calibrated.*accumulated_iterations=2"
-    ):
+    with pytest.raises(lp.PipelineChangedError, match=r"2 backward passes"):
         _train(model, optimizer, loader, accumulate=2)
-    _train(model, optimizer, loader, epochs=3)  # as planned: fine
-    assert engine.get_epsilon(DELTA) <= 9.0
+    with pytest.raises(lp.PipelineChangedError, match="void"):
+        _train(model, optimizer, loader, epochs=3)
+    with pytest.raises(lp.PipelineChangedError, match="void"):
+        engine.get_epsilon(DELTA)
 
 
 def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
@@ -713,30 +721,33 @@ def test_batch_memory_manager_splitting_one_batch_accepted(request, poisson):
     assert engine.accountant.training_config() == reference.accountant.training_config()
 
 
-def test_skip_step_outside_make_private_needs_the_module(request):
+def test_skip_step_outside_make_private_needs_the_module_and_a_batch_memory_manager(request):
     from opacus.optimizers import DPOptimizer
 
     name = _register(request, sampling="cyclic")
-    accountant = create_accountant(name)
-    model = PrivacyEngine(accountant=name)._prepare_model(_model())
-    optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
-                            expected_batch_size=10)  # fmt: skip
-    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
+
+    def setup():
+        accountant = create_accountant(name)
+        model = PrivacyEngine(accountant=name)._prepare_model(_model())
+        optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
+                                expected_batch_size=10)  # fmt: skip
+        optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
+        return accountant, model, optimizer
+
     loader = DataLoader(_dataset(), batch_size=10)
     xb, yb = next(iter(loader))
     halves = [(xb[:5], yb[:5]), (xb[5:], yb[5:])]  # one loader batch in two physical pieces
+    accountant, model, optimizer = setup()
     accountant.bind_data_loader(loader)  # without the module the examples cannot be counted
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"bind_data_loader\(data_loader, module=model\)"):
+    with pytest.raises(lp.PipelineChangedError, match=r"bind_data_loader\(data_loader, module=model\)"):
         _train_skipping(model, optimizer, halves)
     assert accountant.steps == 0
-    optimizer._is_last_step_skipped = False  # Opacus keeps a refused step's sum while this flag is set
-    optimizer.zero_grad()
+    # with the module, manual skip signals are still refused: only BatchMemoryManager's splitting is accepted
+    accountant, model, optimizer = setup()
     accountant.bind_data_loader(loader, module=model)
-    _train_skipping(model, optimizer, halves)
-    assert accountant.steps == 1
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"at most the logical batch b = 10.*Found 20 examples"):
-        _train_skipping(model, optimizer, [(xb, yb), (xb, yb)])
-    assert accountant.steps == 1
+    with pytest.raises(lp.PipelineChangedError, match=r"no BatchMemoryManager splitting"):
+        _train_skipping(model, optimizer, halves)
+    assert accountant.steps == 0
 
 
 # ---------------------------------------------------------------- shuffle-once resumption
@@ -814,16 +825,14 @@ def test_private_module_can_still_be_pickled(request, tmp_path):
     assert (tmp_path / "model.pt").stat().st_size > 0
 
 
-def test_accumulating_pieces_of_one_batch_is_not_several_batches(request):
-    # two backward passes over the halves of one loader batch would be accounted as 2 batches (b = 20)
+def test_accumulating_pieces_of_one_batch_is_refused(request):
+    # two backward passes over the halves of one loader batch: use BatchMemoryManager instead
     name = _register(request, sampling="cyclic")
     engine, model, optimizer, loader = _private(name)
     halves = [(xb[half], yb[half]) for xb, yb in loader for half in (slice(0, 5), slice(5, 10))]
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"whole data-loader batch.*Found 10 examples"):
+    with pytest.raises(lp.PipelineChangedError, match=r"Found 2 backward passes.*10 in all"):
         _train(model, optimizer, halves, accumulate=2)
     assert engine.accountant.steps == 0
-    _train(model, optimizer, loader, accumulate=2)  # two whole batches per step: b = 20
-    assert engine.accountant.steps == 5 and engine.accountant.training_config().batch_size == 20
 
 
 class _TwoInputs(torch.nn.Module):

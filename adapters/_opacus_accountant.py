@@ -1,0 +1,447 @@
+"""The Opacus accountant: verifies every optimizer step against its configuration, then
+computes the last-iterate epsilon of the run that actually happened with the core."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import weakref
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+from opacus.accountants import IAccountant, register_accountant
+
+import lastiter_plugins as lp
+from lastiter_plugins.adapters import _opacus_internals as internals
+from lastiter_plugins.adapters._opacus_loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters._opacus_observe import (
+    ExampleCounter,
+    Observed,
+    check_dp_optimizer,
+    check_sgd,
+    core_batch,
+    observe,
+    snapshot,
+    unchanged,
+)
+from lastiter_plugins.adapters._opacus_registration import (
+    LastIterateConfigurationError,
+    LastIteratePipelineChangedError,
+    Registration,
+)
+from lastiter_plugins.adapters._opacus_report import Report, build_report
+from lastiter_plugins.adapters._opacus_steps import StepChecks
+
+Sampling = lp.Sampling
+_EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+_Error = LastIterateConfigurationError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    facts: LoaderFacts
+    # set when make_private was called by make_private_with_epsilon: (target_epsilon, target_delta, epochs)
+    plan: tuple[float, float, int] | None
+    watch: LoaderWatch
+    module: Any  # weak reference to the private module, or None
+
+
+def _merge_step(history: list, noise_multiplier: float, sample_rate: float) -> None:
+    """Append one step to an Opacus-format history [(noise_multiplier, sample_rate, steps)]."""
+    if history and history[-1][0] == noise_multiplier and history[-1][1] == sample_rate:
+        z, q, steps = history[-1]
+        history[-1] = (z, q, steps + 1)
+    else:
+        history.append((noise_multiplier, sample_rate, 1))
+
+
+class LastIterateAccountant(IAccountant):
+    """Opacus accountant computing a last-iterate epsilon with ``lastiter_plugins``.
+
+    Do not instantiate this base class: ``register`` creates a configured subclass
+    per name. ``history`` keeps Opacus' format ``[(noise_multiplier, sample_rate,
+    num_steps)]`` so that Opacus' calibration (``make_private_with_epsilon``) can drive it.
+    A refused step voids the accountant: every later step and epsilon raises.
+    """
+
+    _registration: Registration | None = None
+
+    def __init__(self) -> None:
+        if self._registration is None:
+            raise TypeError(
+                "use lastiter_plugins.adapters.opacus.register(name, ...) and PrivacyEngine(accountant=name)"
+            )
+        super().__init__()
+        self.history: list[tuple[float, float, int]] = []
+        self._observed: Observed | None = None
+        self._binding: _Binding | None = None
+        self._resumed = False
+        self._counter: ExampleCounter | None = None
+        self._checks: StepChecks | None = None
+        self._steady: tuple | None = None  # (optimizer, snapshot) after a fully checked step
+        self._void: str | None = None
+
+    # -- IAccountant
+    @classmethod
+    def mechanism(cls) -> str:
+        return cls._registration.name if cls._registration is not None else "lastiter"
+
+    @property
+    def registration(self) -> Registration:
+        return self._registration
+
+    def __len__(self) -> int:
+        return len(self.history)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps accounted for so far."""
+        return int(sum(entry[2] for entry in self.history))
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        _merge_step(self.history, float(noise_multiplier), float(sample_rate))
+
+    def bind_data_loader(self, data_loader: Any, module: torch.nn.Module | None = None) -> LoaderFacts:
+        """Declare the data loader the training loop iterates (the one returned by
+        ``make_private``) and the private module (``GradSampleModule``) the loop calls.
+        Needed only when the optimizer hook was not created by Opacus'
+        ``PrivacyEngine.make_private`` (which the accountant reads itself). Before any
+        step, it also clears a refusal (the loop must then start a fresh pass)."""
+        reg = self._registration
+        facts = check_data_loader(data_loader, reg.sampling, reg.dataset_size)
+        self._bind(facts, None, data_loader, module)
+        return facts
+
+    def _bind(self, facts: LoaderFacts, plan: Any, data_loader: Any, module: Any) -> None:
+        if module is not None and not isinstance(module, torch.nn.Module):
+            raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
+        if self._resumed and self._observed is not None:
+            self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
+        self._binding = _Binding(
+            facts, plan, LoaderWatch(data_loader, facts), None if module is None else weakref.ref(module)
+        )
+        self._steady = None
+        if self._checks is not None:
+            self._checks.remove()
+            self._checks = None
+        if self._counter is not None and not self._counter.watches(module):
+            self._counter.remove()
+            self._counter = None
+        if module is not None and self._counter is None:
+            self._counter = ExampleCounter(module)
+        if self._counter is not None:
+            self._counter.reset()
+        if self.steps == 0:
+            self._void = None
+
+    def _check_permutation(self, saved: str | None, current: str | None) -> None:
+        if saved != current:
+            raise _Error(
+                f"a run with sampling={self._registration.sampling.value} must resume with the same permutation: the "
+                "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
+                f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
+                "Build the ShuffleOnceSampler with the seed of the interrupted run."
+            )
+
+    def get_optimizer_hook_fn(self, sample_rate: float):
+        reg = self._registration
+        internals.require_tested_opacus()
+        caller = internals.engine_locals("make_private")
+        if caller is not None:  # validate at make_private time
+            facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
+            if not math.isclose(facts.opacus_sample_rate, sample_rate, rel_tol=1e-9):
+                raise _Error(
+                    f"sample_rate must be {facts.opacus_sample_rate:g} for this data loader. Found {sample_rate:g}."
+                )
+            check_dp_optimizer(caller["optimizer"], reg)
+            plan = None
+            outer = internals.engine_locals("make_private_with_epsilon")
+            if outer is not None:
+                plan = (float(outer["target_epsilon"]), float(outer["target_delta"]), int(outer["epochs"]))
+            module = caller.get("module")
+            self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
+
+        def hook_fn(optim: Any) -> None:
+            self._account_step(optim)
+
+        return hook_fn
+
+    # -- one step
+    def _account_step(self, optim: Any) -> None:
+        """Verify the step about to be taken (the hook runs after Opacus clipped and noised
+        it, before the parameters change), then record it. A refusal voids the accountant."""
+        if self._void is not None:
+            raise LastIteratePipelineChangedError(self._void_message())
+        try:
+            self._verify(optim)
+        except LastIterateConfigurationError as exc:
+            self._steady = None
+            self._void = str(exc)
+            if isinstance(exc, LastIteratePipelineChangedError):
+                raise
+            raise LastIteratePipelineChangedError(str(exc)) from None
+        finally:
+            if self._counter is not None:
+                self._counter.reset()
+
+    def _void_message(self) -> str:
+        return (
+            f"accountant {self._registration.name!r} refused a step of this run: {self._void} The run's epsilon "
+            "is void (the run is no longer the one the accountant verified). Fix the cause, then start again "
+            "with a new PrivacyEngine and model (or, before any step was accounted, call bind_data_loader "
+            "and begin a fresh pass over the loader)."
+        )
+
+    def _verify(self, optim: Any) -> None:
+        reg, binding = self._registration, self._binding
+        if binding is None:
+            raise _Error(
+                f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
+                "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
+                "engine.accountant.bind_data_loader(data_loader, module=model) before training."
+            )
+        steady, steps = self._steady, self.steps
+        fast = steady is not None and steady[0] is optim and unchanged(optim, steady[1])
+        if fast:
+            observed = self._observed
+        else:
+            observed = observe(optim, reg, binding.facts)
+            if self._checks is None:
+                module = binding.module() if binding.module is not None else None
+                self._checks = StepChecks(optim, module, reg)
+        checks = self._checks
+        checks.verify(optim, binding.facts, binding.watch, self._counter, steps, full=not fast)
+        if not fast:
+            self._verify_constant(observed, steps)
+        self._observed = observed
+        self._resumed = False
+        checks.pending = True  # the post-step hook records the parameters this step leaves
+        sample_rate = observed.sample_rate
+        self.step(noise_multiplier=observed.noise_multiplier, sample_rate=sample_rate)
+        if not fast:
+            snap = snapshot(optim)
+            self._steady = None if snap is None or type(self).step is not LastIterateAccountant.step else (optim, snap)
+
+    def _verify_constant(self, observed: Observed, steps: int) -> None:
+        if self._resumed and self._observed is not None:
+            self._check_permutation(self._observed.permutation_digest, observed.permutation_digest)
+        if self._observed is not None and observed != self._observed:
+            changed = [
+                f"{k}: {getattr(self._observed, k)!r} -> {getattr(observed, k)!r}"
+                for k in observed.to_dict()
+                if getattr(observed, k) != getattr(self._observed, k)
+            ]
+            raise LastIteratePipelineChangedError(
+                f"the training configuration must stay constant for a last-iterate bound (step {steps + 1}). "
+                f"Found a change in {'; '.join(changed)}. Noise, clipping, batch and step-size schedules are not "
+                "covered; start a new accountant for a new configuration."
+            )
+        if self._resumed and Sampling(observed.sampling) in _EPOCH_SCHEMES and steps % observed.loader_batches:
+            raise _Error(
+                f"a run with sampling={observed.sampling} must resume at an epoch boundary (a restarted data "
+                f"loader would reuse the examples of the interrupted epoch). Found {steps} steps, "
+                f"{observed.loader_batches} per epoch. Save checkpoints at the end of epochs."
+            )
+        if self._observed is None and self._binding.plan is not None:
+            self._check_plan(observed, self._binding.plan)
+
+    def _check_plan(self, observed: Observed, plan: tuple[float, float, int]) -> None:
+        """The run make_private_with_epsilon calibrated for must still reach its target."""
+        target_epsilon, target_delta, epochs = plan
+        steps = epochs * observed.loader_batches
+        eps = self._compute(self._config(observed, observed.noise_multiplier, steps), target_delta).epsilon
+        if eps > target_epsilon:
+            raise _Error(
+                f"epsilon after the planned {epochs} epochs must be <= target_epsilon = {target_epsilon:g} as "
+                f"make_private_with_epsilon calibrated, but the run observed at the first step (batch_size="
+                f"{observed.batch_size}, learning_rate={observed.learning_rate:g}, {steps} steps) would give "
+                f"epsilon = {eps:.6g}. Calibrate with lastiter_plugins.calibrate_noise and call make_private instead."
+            )
+
+    # -- epsilon
+    def _config(self, observed: Observed, noise_multiplier: float, steps: int) -> lp.TrainingConfig:
+        reg = self._registration
+        return lp.TrainingConfig(
+            dataset_size=reg.dataset_size,
+            batch_size=observed.batch_size,
+            noise_multiplier=noise_multiplier,
+            steps=steps,
+            sampling=reg.sampling,
+            learning_rate=observed.learning_rate,
+            clip_norm=observed.clip_norm,
+            relation=reg.relation,
+        )
+
+    def _compute(self, config: lp.TrainingConfig, delta: float, bound: str | None = None) -> lp.EpsilonResult:
+        reg = self._registration
+        orders = None if reg.orders is None else np.array(reg.orders)
+        return lp.compute_epsilon(bound or reg.bound, config, reg.assumptions, delta, orders)
+
+    def _history_noise(self) -> float:
+        noises = {entry[0] for entry in self.history}
+        rates = {entry[1] for entry in self.history}
+        if len(noises) > 1 or len(rates) > 1:
+            raise _Error(
+                "noise_multiplier and sample_rate must be constant over the run for a last-iterate bound. "
+                f"Found noise multipliers {sorted(noises)} and sample rates {sorted(rates)} in the history."
+            )
+        return float(next(iter(noises)))
+
+    def _predicted(self) -> tuple[Observed, int]:
+        """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
+        reg = self._registration
+        call = internals.engine_locals("make_private_with_epsilon")
+        if call is None:
+            raise _Error(
+                f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
+                "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
+                "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
+            )
+        loader = call["data_loader"]
+        if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
+            if reg.sampling is not Sampling.POISSON:
+                raise _Error(
+                    f"sampling was declared {reg.sampling.value!r} but "
+                    "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
+                    "Pass poisson_sampling=False with "
+                    f"{FIXES[reg.sampling]}, or register with sampling='poisson'."
+                )
+            n = len(loader.dataset)
+            if n != reg.dataset_size:
+                raise _Error(
+                    f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
+                )
+            facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
+        else:
+            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
+        check_sgd(call["optimizer"], reg)
+        clip = call["max_grad_norm"]
+        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+            raise _Error(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+        sample_rate = facts.opacus_sample_rate
+        # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
+        normaliser = float(int(reg.dataset_size * sample_rate)) if call["loss_reduction"] == "mean" else 1.0
+        b = core_batch(reg, facts)
+        observed = Observed(
+            noise_multiplier=1.0,
+            clip_norm=float(clip),
+            loss_reduction=call["loss_reduction"],
+            normaliser=normaliser,
+            accumulated_iterations=1,
+            sampling=facts.sampling.value,
+            loader_batches=facts.num_batches,
+            loader_batch_size=facts.batch_size,
+            sample_rate=sample_rate,
+            batch_size=b,
+            learning_rate=reg.learning_rate * b / normaliser,
+        )
+        return observed, int(call["epochs"]) * facts.num_batches
+
+    def training_config(self) -> lp.TrainingConfig | None:
+        """The core's description of the steps taken so far (None before the first step)."""
+        if self._void is not None:
+            raise LastIteratePipelineChangedError(self._void_message())
+        if not self.history:
+            return None
+        noise = self._history_noise()
+        if self._observed is not None:
+            if self._checks is not None:  # nothing may have changed the model since the last step
+                try:
+                    self._checks.verify_parameters(self.steps)
+                except LastIteratePipelineChangedError as exc:
+                    self._void = str(exc)
+                    raise LastIteratePipelineChangedError(self._void_message()) from None
+            return self._config(self._observed, noise, self.steps)
+        observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
+        if not math.isclose(self.history[0][1], observed.sample_rate, rel_tol=1e-12):
+            raise _Error(
+                f"sample_rate must be 1/len(data_loader) = {observed.sample_rate:g}. Found {self.history[0][1]:g}."
+            )
+        # Opacus computes steps = int(epochs / sample_rate), which can round down by one
+        return self._config(observed, noise, max(self.steps, planned))
+
+    def epsilon_result(self, delta: float, bound: str | None = None) -> lp.EpsilonResult | None:
+        """The labelled result (bound, winner, relation, order, what it protects); None before any step."""
+        from lastiter_plugins.conversion import validate_delta
+
+        delta = validate_delta(delta)
+        config = self.training_config()
+        return None if config is None else self._compute(config, delta, bound)
+
+    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
+        """Epsilon of the final model at ``delta`` (0 before the first step: the model is then
+        independent of the data). Extra arguments (Opacus' calibration kwargs) are ignored."""
+        result = self.epsilon_result(delta)
+        return 0.0 if result is None else float(result.epsilon)
+
+    def get_privacy_spent(self, *, delta: float) -> tuple[float, float]:
+        """(epsilon, optimal order), like Opacus' RDPAccountant."""
+        result = self.epsilon_result(delta)
+        return (0.0, 0.0) if result is None else (float(result.epsilon), float(result.order))
+
+    def report(self, delta: float, *, show: bool = False) -> Report:
+        """Every bound side by side for the steps so far (relation, applies or why not, epsilon,
+        what it protects) and the threat model. ``show`` prints it."""
+        from lastiter_plugins.conversion import validate_delta
+
+        delta = validate_delta(delta)
+        config = self.training_config()
+        if config is None:
+            raise _Error("report needs at least one optimizer step. Found 0 steps.")
+        reg = self._registration
+        out = build_report(reg.name, config, reg.assumptions, delta, reg.orders)
+        if show:
+            print(out)
+        return out
+
+    # -- checkpoints
+    def state_dict(self, destination: Any = None) -> Any:
+        destination = super().state_dict(destination if destination is not None else OrderedDict())
+        destination["lastiter"] = {
+            "format": 2,
+            "registration": self._registration.to_dict(),
+            "observed": None if self._observed is None else self._observed.to_dict(),
+        }
+        return destination
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        reg = self._registration
+        if not state_dict or "lastiter" not in state_dict:
+            raise _Error(
+                f"state_dict must come from a last-iterate accountant (key 'lastiter'). Found keys "
+                f"{sorted(state_dict or {})}."
+            )
+        if state_dict.get("mechanism") != reg.name:
+            raise _Error(
+                f"state_dict of {state_dict.get('mechanism')!r} cannot be loaded into accountant {reg.name!r}."
+            )
+        extra = state_dict["lastiter"]
+        if extra.get("registration") != reg.to_dict():
+            raise _Error(
+                f"the checkpoint was accounted under a different configuration of {reg.name!r}: "
+                f"{extra.get('registration')} vs now {reg.to_dict()}. Register the same configuration to resume."
+            )
+        history = [(float(z), float(q), int(steps)) for z, q, steps in state_dict.get("history", [])]
+        observed = None if extra.get("observed") is None else Observed.from_dict(extra["observed"])
+        if observed is not None and history and self._binding is not None:
+            self._check_permutation(observed.permutation_digest, self._binding.facts.permutation_digest)
+        super().load_state_dict({"history": history, "mechanism": state_dict["mechanism"]})
+        self._observed = observed
+        self._resumed = bool(history)
+        self._steady = None
+        self._void = None
+        if self._checks is not None:
+            self._checks.forget_parameters()  # the checkpoint's weights are loaded next, outside any step
+
+
+def register_class(name: str, reg: Registration, force: bool) -> None:
+    """Register the configured subclass of :class:`LastIterateAccountant` with Opacus."""
+    cls = type(
+        f"LastIterateAccountant_{name}",
+        (LastIterateAccountant,),
+        {"_registration": reg, "__module__": __name__, "__doc__": f"Last-iterate accountant {name!r}."},
+    )
+    register_accountant(name, cls, force=force)

@@ -1,0 +1,320 @@
+"""Data loaders: which sampling scheme a loader implements, and whether it still does at each step."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import numbers
+import secrets
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+
+import lastiter_plugins as lp
+from lastiter_plugins.adapters._opacus_registration import LastIterateConfigurationError
+
+Sampling = lp.Sampling
+_POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
+
+
+class ShuffleOnceSampler(Sampler[int]):
+    r"""SHUFFLE_ONCE: one random permutation, drawn at construction, reused every epoch.
+
+    ``DataLoader(dataset, batch_size=b, sampler=ShuffleOnceSampler(dataset))``
+    gives the same batches in every epoch, in an order the adversary does not
+    know. The shuffle-once bound (Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2) needs
+    the permutation to be random and secret: by default the seed comes from the
+    operating system (``secrets``); a seed you pass must be kept secret (a public seed
+    makes the order public, i.e. cyclic). Reuse the same seed when resuming.
+
+    Args:
+      data_source: a sized dataset, or the number of examples.
+      seed: seed of the permutation (default: a fresh secret one).
+    """
+
+    generator = None  # Opacus' secure_mode swaps samplers' generators; the permutation is already drawn
+
+    def __init__(self, data_source: Any, *, seed: int | None = None) -> None:
+        size = data_source if isinstance(data_source, numbers.Integral) else len(data_source)
+        if isinstance(size, bool) or int(size) < 1:
+            raise ValueError(f"data_source must hold at least one example. Found {size!r}.")
+        self.seed = secrets.randbits(63) if seed is None else int(seed)
+        gen = torch.Generator()
+        gen.manual_seed(self.seed)
+        self._permutation = tuple(torch.randperm(int(size), generator=gen).tolist())
+        self._digest = hashlib.sha256(np.asarray(self._permutation, dtype="<i8").tobytes()).hexdigest()
+
+    @property
+    def permutation(self) -> tuple[int, ...]:
+        return self._permutation
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the permutation: lets a resumed run check that it uses the same one.
+        For a small dataset it reveals the order to whoever reads it: keep it as private as the seed."""
+        return self._digest
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._permutation)
+
+    def __len__(self) -> int:
+        return len(self._permutation)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderFacts:
+    """What a data loader does, as far as the accounting is concerned.
+
+    Attributes:
+      sampling: the scheme it implements.
+      dataset_size: ``len(loader.dataset)``.
+      num_batches: batches per epoch, ``len(loader)`` (for Poisson: round(1 / sample_rate)).
+      batch_size: the fixed batch size (None for Poisson).
+      sample_rate: the per-example inclusion probability of a Poisson batch (None otherwise).
+      distributed: Opacus' distributed Poisson sampler.
+      description: the sampler, in words.
+      permutation_digest: for a ShuffleOnceSampler, the SHA-256 of its permutation (None otherwise).
+      drop_last: the batch sampler's drop_last (accepted only when the batch size divides n).
+    """
+
+    sampling: Sampling
+    dataset_size: int
+    num_batches: int
+    batch_size: int | None
+    sample_rate: float | None
+    distributed: bool
+    description: str
+    permutation_digest: str | None = None
+    drop_last: bool = False
+
+    @property
+    def opacus_sample_rate(self) -> float:
+        """The sample rate Opacus passes to the accountant: q for Poisson, else 1 / len(loader)."""
+        return self.sample_rate if self.sample_rate is not None else 1.0 / self.num_batches
+
+    def batch_at(self, position: int) -> int | None:
+        """Examples in the ``position``-th batch of an epoch (None for Poisson: random)."""
+        if self.batch_size is None:
+            return None
+        if position == self.num_batches - 1:
+            return self.dataset_size - (self.num_batches - 1) * self.batch_size
+        return self.batch_size
+
+
+def _refuse(message: str) -> LastIterateConfigurationError:
+    return LastIterateConfigurationError(message)
+
+
+def _describe_poisson(batch_sampler: Any, n: int) -> LoaderFacts:
+    distributed = isinstance(batch_sampler, DistributedUniformWithReplacementSampler)
+    size = batch_sampler.total_size if distributed else batch_sampler.num_samples
+    if size != n:
+        raise _refuse(
+            f"the Poisson sampler must draw from the whole dataset: its "
+            f"{'total_size' if distributed else 'num_samples'} must equal "
+            f"len(dataset) = {n}. Found {size}. Let make_private(poisson_sampling=True) build it."
+        )
+    return LoaderFacts(
+        Sampling.POISSON,
+        n,
+        max(1, round(1.0 / batch_sampler.sample_rate)),
+        None,
+        float(batch_sampler.sample_rate),
+        distributed,
+        f"Opacus Poisson sampler (sample_rate={batch_sampler.sample_rate:g})",
+    )
+
+
+def describe_data_loader(loader: Any) -> LoaderFacts:
+    r"""Map a data loader to the sampling scheme it implements.
+
+    ==========================================================  ==============
+    loader                                                       sampling
+    ==========================================================  ==============
+    Opacus ``DPDataLoader`` (``make_private(poisson_sampling=True)``),
+    also distributed                                             poisson
+    ``DataLoader(shuffle=False)`` (``SequentialSampler``)        cyclic
+    ``DataLoader(sampler=ShuffleOnceSampler(...))``              shuffle_once
+    ``DataLoader(shuffle=True)`` (``RandomSampler``)             reshuffle
+    ==========================================================  ==============
+
+    Every sampler must cover the whole dataset, each example once per epoch.
+
+    Raises:
+      LastIterateConfigurationError: anything else (``drop_last=True`` with a batch
+        size not dividing n, a sampler over a subset or with ``num_samples``,
+        ``RandomSampler(replacement=True)``, ``DistributedSampler``, weighted or custom
+        samplers, iterable datasets), naming the problem and the fix.
+    """
+    if not isinstance(loader, DataLoader):
+        raise _refuse(f"data_loader must be a torch DataLoader. Found {type(loader).__name__}.")
+    if isinstance(loader.dataset, IterableDataset):
+        raise _refuse(
+            "data_loader.dataset must be a map-style dataset (its sampling must be known). Found an IterableDataset."
+        )
+    n = len(loader.dataset)
+    batch_sampler = loader.batch_sampler
+    if isinstance(batch_sampler, _POISSON_SAMPLERS):
+        return _describe_poisson(batch_sampler, n)
+    if type(batch_sampler) is not BatchSampler:
+        raise _refuse(
+            "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
+            f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."
+        )
+    sampler = batch_sampler.sampler
+    digest = None
+    whole = f"cover the whole dataset once per epoch: len(sampler) must equal len(dataset) = {n}"
+    if isinstance(sampler, ShuffleOnceSampler):
+        digest = sampler.digest
+        sampling, description = Sampling.SHUFFLE_ONCE, "ShuffleOnceSampler (one secret permutation, every epoch)"
+        if len(sampler) != n:
+            raise _refuse(f"ShuffleOnceSampler must {whole}. Found {len(sampler)}. Build it from the dataset.")
+    elif type(sampler) is SequentialSampler:
+        sampling, description = Sampling.CYCLIC, "SequentialSampler (DataLoader(shuffle=False): fixed order)"
+        if len(sampler) != n:
+            raise _refuse(
+                f"SequentialSampler must {whole}. Found {len(sampler)} (a sampler over a subset uses those examples "
+                "more often than the accountant counts). Use DataLoader(subset, shuffle=False) and register "
+                "dataset_size=len(subset) instead."
+            )
+    elif type(sampler) is RandomSampler:
+        source = len(sampler.data_source)
+        if sampler.replacement or sampler.num_samples != n or source != n:
+            raise _refuse(
+                f"RandomSampler must draw one permutation of the whole dataset per epoch (replacement=False, "
+                f"num_samples=None, over all {n} examples): no bound covers sampling with replacement or over a "
+                f"subset. Found replacement={sampler.replacement}, num_samples={sampler.num_samples}, "
+                f"{source} examples in its data_source. Use DataLoader(dataset, shuffle=True)."
+            )
+        sampling = Sampling.RESHUFFLE
+        description = "RandomSampler (DataLoader(shuffle=True): new permutation every epoch)"
+    elif isinstance(sampler, DistributedSampler):
+        raise _refuse(
+            "DistributedSampler is not supported (it pads the dataset by repeating examples and its epochs depend on "
+            "set_epoch calls). For distributed training use make_private(poisson_sampling=True), sampling='poisson'."
+        )
+    else:
+        raise _refuse(
+            f"sampler must be SequentialSampler, RandomSampler or ShuffleOnceSampler. Found {type(sampler).__name__}; "
+            "its sampling scheme cannot be verified, so no bound can be applied honestly."
+        )
+    b = int(batch_sampler.batch_size)
+    if batch_sampler.drop_last and n % b:
+        raise _refuse(
+            f"drop_last=True is accepted only when the batch size divides the dataset size (then nothing is dropped): "
+            f"every bound counts a pass as ceil(n/b) batches, and dropping the short last batch changes which "
+            f"examples each pass uses. Found batch_size={b}, n={n} (n % b = {n % b}). Use drop_last=False."
+        )
+    return LoaderFacts(sampling, n, len(loader), b, None, False, description, digest, bool(batch_sampler.drop_last))
+
+
+FIXES = {
+    Sampling.CYCLIC: "DataLoader(shuffle=False)",
+    Sampling.SHUFFLE_ONCE: "DataLoader(sampler=ShuffleOnceSampler(dataset)) with make_private(poisson_sampling=False)",
+    Sampling.RESHUFFLE: "DataLoader(shuffle=True) with make_private(poisson_sampling=False)",
+    Sampling.POISSON: "make_private(poisson_sampling=True)",
+}
+
+
+def check_data_loader(loader: Any, sampling: str | Sampling, dataset_size: int | None = None) -> LoaderFacts:
+    """Check that ``loader`` (the one actually iterated: the one ``make_private`` returns)
+    implements the declared ``sampling``; return its :class:`LoaderFacts`.
+
+    Raises:
+      LastIterateConfigurationError: the loader contradicts the declaration
+        (message: what was declared, what the loader does, how to fix either).
+    """
+    sampling = Sampling.parse(sampling)
+    facts = describe_data_loader(loader)
+    if facts.sampling is not sampling:
+        raise _refuse(
+            f"sampling was declared {sampling.value!r} but the data loader implements {facts.sampling.value!r} "
+            f"({facts.description}). Use {FIXES.get(sampling, 'a loader implementing it')} for "
+            f"{sampling.value}, or register the accountant with sampling={facts.sampling.value!r}."
+        )
+    if dataset_size is not None and facts.dataset_size != dataset_size:
+        raise _refuse(
+            f"dataset_size must equal len(data_loader.dataset) = {facts.dataset_size}. Found {dataset_size} registered."
+        )
+    return facts
+
+
+_FIELDS = (
+    "dataset",
+    "len(dataset)",
+    "batch_sampler",
+    "batch_size",
+    "drop_last",
+    "sampler",
+    "len(sampler)",
+    "sampler state",
+)
+
+
+def _sampler_state(sampler: Any) -> Any:
+    if type(sampler) is RandomSampler:
+        return sampler.replacement, sampler.num_samples, len(sampler.data_source)
+    if isinstance(sampler, ShuffleOnceSampler):
+        return sampler._permutation
+    return None
+
+
+def _signature(loader: DataLoader) -> tuple:
+    """What the facts of a loader depend on, read cheaply at every step."""
+    dataset, bs = loader.dataset, loader.batch_sampler
+    if type(bs) is BatchSampler:
+        sampler = bs.sampler
+        return dataset, len(dataset), bs, bs.batch_size, bs.drop_last, sampler, len(sampler), _sampler_state(sampler)
+    if isinstance(bs, _POISSON_SAMPLERS):
+        size = bs.total_size if isinstance(bs, DistributedUniformWithReplacementSampler) else bs.num_samples
+        return dataset, len(dataset), bs, None, None, None, size, bs.sample_rate
+    return dataset, len(dataset), bs, None, None, None, None, None
+
+
+class LoaderWatch:
+    """The loader bound at ``make_private``, re-read at every step: the same dataset of the
+    same size, the same batch sampler and sampler with the same parameters."""
+
+    def __init__(self, loader: DataLoader, facts: LoaderFacts) -> None:
+        self.facts = facts
+        self._loader = weakref.ref(loader)
+        self._signature = _signature(loader)
+        self.batch_sampler = weakref.ref(loader.batch_sampler)
+
+    def changed(self) -> str | None:
+        """None while the loader is unchanged, else what changed (for the error message)."""
+        loader = self._loader()
+        if loader is None:
+            return (
+                "the data loader bound at make_private no longer exists (the loop iterates another loader). "
+                "Iterate the loader make_private returned"
+            )
+        now = _signature(loader)
+        if now == self._signature:
+            return None
+        diffs = [
+            f"{field}: {_show(a)} -> {_show(b)}"
+            for field, a, b in zip(_FIELDS, self._signature, now, strict=True)
+            if not (a is b or (_plain(a) and a == b))
+        ]
+        return (
+            f"the data loader changed after make_private ({'; '.join(diffs)}): the accountant's n, batch plan "
+            "and sampling scheme no longer describe the data a step uses. Build a new loader, engine and "
+            "accountant for new data"
+        )
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, bool, str, tuple, type(None)))
+
+
+def _show(value: Any) -> str:
+    if _plain(value) and not (isinstance(value, tuple) and len(value) > 4):
+        return repr(value)
+    return f"{type(value).__name__} object" if not isinstance(value, tuple) else f"a tuple of {len(value)}"

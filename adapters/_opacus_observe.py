@@ -1,0 +1,305 @@
+"""What one DPOptimizer step does: the optimizer facts (validated, in the core's terms),
+the examples that entered it, and the parameters it may change."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+
+import lastiter_plugins as lp
+from lastiter_plugins.adapters._opacus_loaders import LoaderFacts
+from lastiter_plugins.adapters._opacus_registration import LastIterateConfigurationError, Registration
+
+Sampling = lp.Sampling
+ALLOWED_OPTIMIZERS = (DPOptimizer, DistributedDPOptimizer)  # exact types: flat clipping, hooks/ew/functorch
+#: DPOptimizer methods that compute this step's clipped sum and noise: an instance attribute overriding one
+#: of them changes the mechanism without changing the optimizer's type
+STEP_METHODS = ("pre_step", "clip_and_accumulate", "add_noise", "scale_grad", "_get_flat_grad_sample")
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What one optimizer step does, in Opacus' terms and in the core's terms."""
+
+    noise_multiplier: float
+    clip_norm: float
+    loss_reduction: str
+    normaliser: float  # N: the noisy sum is divided by N
+    accumulated_iterations: int  # always 1 (several backward passes per step are refused); kept for checkpoints
+    sampling: str
+    loader_batches: int
+    loader_batch_size: int | None
+    sample_rate: float  # per loader batch, as Opacus records it (1 / len(loader))
+    batch_size: int  # b of the core
+    learning_rate: float  # lr * b / N, the core's step size
+    permutation_digest: str | None = None  # shuffle_once: SHA-256 of the permutation (resumption must reuse it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Observed:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        data = {"permutation_digest": None, **data}  # checkpoints of format 1 have none
+        if set(data) != fields:
+            raise ValueError(f"observation must have the keys {sorted(fields)}. Found {sorted(data)}.")
+        return cls(**data)
+
+
+def poisson_batch_size(n: int, sample_rate: float) -> int:
+    """b with b/n >= the Poisson sample rate (exact when n * q is an integer)."""
+    batches = round(1.0 / sample_rate)
+    if batches >= 1 and math.isclose(1.0 / batches, sample_rate, rel_tol=1e-12, abs_tol=0.0):
+        return min(n, -(-n // batches))  # q = 1/L exactly: b = ceil(n / L)
+    return min(n, math.ceil(n * sample_rate))
+
+
+def check_sgd(optimizer: Any, reg: Registration) -> float:
+    """Plain constant-step SGD with the registered learning rate; returns it."""
+    if type(optimizer) is not torch.optim.SGD:
+        raise LastIterateConfigurationError(
+            "the optimizer must be plain torch.optim.SGD (the bounds analyse x - lr * noisy gradient). "
+            f"Found {type(optimizer).__name__}. Adaptive or momentum methods are not covered by any bound."
+        )
+    for i, group in enumerate(optimizer.param_groups):
+        for key, neutral in (("momentum", 0), ("weight_decay", 0), ("nesterov", False), ("maximize", False)):
+            value = group.get(key, neutral)
+            value = value.item() if torch.is_tensor(value) else value
+            if value != neutral:
+                hint = (
+                    " Fold weight decay into the loss as an l2 regulariser (and declare its strong convexity) instead."
+                    if key == "weight_decay"
+                    else ""
+                )
+                raise LastIterateConfigurationError(
+                    f"{key} must be {neutral} for a last-iterate bound (plain SGD). Found {key}={value} in "
+                    f"param_groups[{i}].{hint}"
+                )
+        lr = group["lr"]
+        lr = float(lr.item() if torch.is_tensor(lr) else lr)
+        if lr != reg.learning_rate:
+            raise LastIterateConfigurationError(
+                f"learning_rate must stay equal to the registered {reg.learning_rate:g} for accountant "
+                f"{reg.name!r} (constant step size; learning-rate schedules are refused because no direction is "
+                f"safe for every bound). Found lr={lr:g} in param_groups[{i}]. Register the learning rate you use "
+                "and remove any scheduler."
+            )
+    return reg.learning_rate
+
+
+def check_dp_optimizer(optim: Any, reg: Registration) -> None:
+    """The static part: DPOptimizer type, flat clipping, its own step methods, plain SGD inside."""
+    if type(optim) not in ALLOWED_OPTIMIZERS:
+        raise LastIterateConfigurationError(
+            "the DP optimizer must be Opacus' DPOptimizer or DistributedDPOptimizer (clipping='flat', "
+            f"grad_sample_mode 'hooks'). Found {type(optim).__name__}; per-layer, adaptive and ghost clipping are "
+            "not supported by this adapter."
+        )
+    patched = [m for m in STEP_METHODS if m in vars(optim)]
+    if patched:
+        raise LastIterateConfigurationError(
+            f"the DP optimizer's {', '.join(patched)} must be Opacus' own (they compute the clipped sum and the "
+            "noise this accountant certifies). Found them replaced on the optimizer object. Remove the override."
+        )
+    clip = optim.max_grad_norm
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+    if optim.loss_reduction not in ("mean", "sum"):
+        raise LastIterateConfigurationError(f"loss_reduction must be 'mean' or 'sum'. Found {optim.loss_reduction!r}.")
+    check_sgd(optim.original_optimizer, reg)
+
+
+def core_batch(reg: Registration, facts: LoaderFacts) -> int:
+    """b of the core: the loader's batch size (for Poisson ceil(n q))."""
+    if facts.sampling is Sampling.POISSON:
+        return poisson_batch_size(reg.dataset_size, facts.sample_rate)
+    return min(reg.dataset_size, facts.batch_size)
+
+
+def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
+    """Validate the optimizer of one step and express the step in the core's terms."""
+    check_dp_optimizer(optim, reg)
+    distributed = type(optim) is DistributedDPOptimizer
+    if facts.distributed != distributed:
+        raise LastIterateConfigurationError(
+            "the data loader and the optimizer must agree on distribution: a distributed Poisson loader needs "
+            "DistributedDPOptimizer and vice versa (wrap the model in DPDDP before make_private). "
+            f"Found loader distributed={facts.distributed}, optimizer {type(optim).__name__}."
+        )
+    world = int(getattr(optim, "world_size", 1)) if distributed else 1
+    normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
+    b = core_batch(reg, facts)
+    noise = optim.noise_multiplier
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):
+        raise LastIterateConfigurationError(f"noise_multiplier must be a finite number > 0. Found {noise!r}.")
+    return Observed(
+        noise_multiplier=float(noise),
+        clip_norm=float(optim.max_grad_norm),
+        loss_reduction=optim.loss_reduction,
+        normaliser=normaliser,
+        accumulated_iterations=1,
+        sampling=facts.sampling.value,
+        loader_batches=facts.num_batches,
+        loader_batch_size=facts.batch_size,
+        sample_rate=facts.opacus_sample_rate,
+        batch_size=b,
+        learning_rate=reg.learning_rate * b / normaliser,
+        permutation_digest=facts.permutation_digest,
+    )
+
+
+# exact types whose objects are immutable: while an attribute or param-group entry still
+# refers to the same object of one of these types, its value has not changed
+_IMMUTABLE_TYPES = frozenset((int, float, bool, str, type(None)))
+_NOT_SET = object()  # what a missing param-group entry reads as
+
+
+def _group_values(group: Mapping[str, Any]) -> tuple:
+    get = group.get
+    momentum, decay, nesterov = get("momentum", 0), get("weight_decay", 0), get("nesterov", False)
+    return momentum, decay, nesterov, get("maximize", False), get("lr", _NOT_SET), group["params"], len(group["params"])
+
+
+def snapshot(optim: Any) -> tuple | None:
+    """The objects :func:`observe` reads from ``optim``, for :func:`unchanged`; None when one
+    of them is not an immutable plain value (a tensor learning rate can change in place) or
+    is NaN, so that every step is checked in full. Call only after :func:`observe` accepted it."""
+    reduction = optim.loss_reduction
+    expected = optim.expected_batch_size if reduction == "mean" else None
+    world = getattr(optim, "world_size", 1) if type(optim) is DistributedDPOptimizer else 1
+    groups = tuple(_group_values(group) for group in optim.original_optimizer.param_groups)
+    plain = (v for g in groups for v in g[:5])
+    values = (optim.max_grad_norm, optim.noise_multiplier, reduction, expected, world, *plain)
+    if not all(type(v) in _IMMUTABLE_TYPES and v == v for v in values):
+        return None
+    return (
+        type(optim),
+        optim.original_optimizer,
+        optim.max_grad_norm,
+        reduction,
+        groups,
+        expected,
+        world,
+        optim.noise_multiplier,
+        len(vars(optim)),
+    )
+
+
+def unchanged(optim: Any, snap: tuple) -> bool:
+    """Whether ``optim`` still holds the very objects of ``snap`` (a false "changed" only costs a full check)."""
+    kind, base, clip, reduction, groups, expected, world, noise, attrs = snap
+    if type(optim) is not kind:
+        return False
+    try:
+        if (
+            optim.max_grad_norm is not clip
+            or optim.loss_reduction is not reduction
+            or optim.noise_multiplier is not noise
+            or optim.original_optimizer is not base
+            or len(vars(optim)) != attrs
+            or type(base) is not torch.optim.SGD
+        ):
+            return False
+        current = base.param_groups
+        if len(current) != len(groups):
+            return False
+        for group, (momentum, decay, nesterov, maximize, lr, params, count) in zip(current, groups, strict=True):
+            if (
+                group["lr"] is not lr
+                or group["momentum"] is not momentum
+                or group["weight_decay"] is not decay
+                or group["nesterov"] is not nesterov
+                or group["maximize"] is not maximize
+                or group["params"] is not params
+                or len(params) != count
+            ):
+                return False
+        if kind is DistributedDPOptimizer and getattr(optim, "world_size", 1) is not world:
+            return False
+        return expected is None or optim.expected_batch_size is expected
+    except (AttributeError, KeyError, TypeError):  # the full check raises what it raises
+        return False
+
+
+def trainable(optim: Any) -> list[torch.Tensor]:
+    """The parameters the DP optimizer clips, noises and updates (those with requires_grad)."""
+    return [p for group in optim.original_optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+
+def per_example_gradients(first: torch.Tensor) -> tuple[int, int]:
+    """(backward passes, per-example gradients) held by one parameter's ``grad_sample``."""
+    samples = getattr(first, "grad_sample", None)
+    if samples is None:
+        return 0, 0
+    if isinstance(samples, list):
+        return len(samples), sum(int(g.shape[0]) for g in samples)
+    return 1, int(samples.shape[0])
+
+
+def _batch_sizes(value: Any, dim: int, depth: int = 0) -> Iterator[int]:
+    """Sizes along ``dim`` of the tensors in a forward call's (nested) arguments."""
+    if torch.is_tensor(value):
+        if value.dim() > dim:
+            yield int(value.shape[dim])
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _batch_sizes(item, dim, depth + 1)
+    elif depth < 4 and isinstance(value, Mapping):
+        for item in value.values():
+            yield from _batch_sizes(item, dim, depth + 1)
+
+
+class ExampleCounter:
+    """Counts the examples entering the private module in forward passes that record
+    per-sample gradients (training mode, gradients enabled) since the last real step.
+
+    A forward pre-hook that only reads the arguments. The batch size of a call is the
+    largest size along the batch dimension among its tensors; a call without such a
+    tensor makes the count unknown.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.count = 0
+        self.unknown = False
+        self._dim = 0 if getattr(module, "batch_first", True) else 1
+        self._module = weakref.ref(module)
+        self._handle = module.register_forward_pre_hook(self._seen, with_kwargs=True)
+
+    def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return None  # Opacus records no per-sample gradients for this call
+        if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # the usual model(x)
+            batch = args[0]
+            if batch.dim() > self._dim:
+                self.count += int(batch.shape[self._dim])
+            else:
+                self.unknown = True
+            return None
+        sizes = list(_batch_sizes((args, kwargs), self._dim))
+        if sizes:
+            self.count += max(sizes)
+        else:
+            self.unknown = True
+        return None
+
+    def reset(self) -> None:
+        self.count = 0
+        self.unknown = False
+
+    def watches(self, module: Any) -> bool:
+        return self._module is not None and self._module() is module
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickling or copying the model (torch.save(model)) carries a detached counter
+        return {"count": 0, "unknown": False, "_dim": self._dim, "_module": None, "_handle": None}

@@ -1,0 +1,176 @@
+"""Registration of configured accountants under a name, and the adapter's errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import lastiter_plugins as lp
+from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.conversion import validate_orders
+
+
+class LastIterateConfigurationError(lp.NotApplicableError):
+    """The Opacus pipeline does not match what the registered bound assumes
+    (found at ``make_private`` or when binding a loader).
+
+    The message names the parameter, the constraint, the value found and the fix.
+    """
+
+
+class LastIteratePipelineChangedError(LastIterateConfigurationError, lp.PipelineChangedError):
+    """What an optimizer step actually did differs from the configuration the accountant
+    verified (data source, sampler, batch, per-example gradients, noise, clipping, step
+    size, parameters, projection). The run's epsilon is void from then on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """What the user declared when registering an accountant name (validated)."""
+
+    name: str
+    bound: str
+    sampling: lp.Sampling
+    relation: lp.Relation
+    dataset_size: int
+    learning_rate: float
+    assumptions: lp.LossAssumptions
+    orders: tuple[float, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bound": self.bound,
+            "sampling": self.sampling.value,
+            "relation": self.relation.value,
+            "dataset_size": self.dataset_size,
+            "learning_rate": self.learning_rate,
+            "assumptions": dataclasses.asdict(self.assumptions),
+            "orders": None if self.orders is None else list(self.orders),
+        }
+
+
+_REGISTRATIONS: dict[str, Registration] = {}
+
+
+def register(
+    name: str,
+    *,
+    bound: str = lp.BEST,
+    sampling: str | lp.Sampling,
+    dataset_size: int,
+    learning_rate: float,
+    smoothness: float | None = None,
+    weak_convexity: float = 0.0,
+    strong_convexity: float = 0.0,
+    diameter: float | None = None,
+    gradient_norms_within_clip: bool = False,
+    relation: str | lp.Relation = lp.Relation.REPLACE_ONE,
+    orders: Sequence[float] | None = None,
+    force: bool = False,
+    **renamed: Any,
+) -> str:
+    r"""Register a pre-configured last-iterate accountant under ``name``.
+
+    Opacus instantiates registered accountants with no arguments, so the
+    configuration is bound to the name. Afterwards ``PrivacyEngine(accountant=name)``
+    uses it.
+
+    Args:
+      name: the mechanism name (``accountant.mechanism()`` returns it).
+      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``: the
+        minimum over every proven bound that applies, composition included).
+      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson);
+        checked against the loader.
+      dataset_size: n; must equal ``len(data_loader.dataset)`` at every step.
+      learning_rate: the constant SGD step size; every step must use exactly it.
+      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss
+        assumptions (see ``LossAssumptions``); ``diameter`` needs ``attach_projection``.
+      relation: the neighbouring relation of the guarantee.
+      orders: Renyi orders (default: the library's grid).
+      force: replace an existing registration of ``name`` with a different configuration.
+
+    Returns:
+      ``name``.
+
+    Raises:
+      ValueError: an invalid value, a renamed keyword (``clipping``), or ``name``
+        already registered with another configuration and ``force`` is False.
+      lastiter_plugins.UnsupportedHostError: an Opacus version the adapter was not tested with.
+    """
+    from lastiter_plugins.adapters._opacus_accountant import register_class
+    from lastiter_plugins.adapters._opacus_internals import require_tested_opacus
+
+    refuse_renamed(renamed)
+    if renamed:
+        raise TypeError(f"register() got unexpected keyword arguments: {', '.join(sorted(renamed))}.")
+    require_tested_opacus()
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string. Found {name!r}.")
+    if bound not in lp.BOUND_IDS:
+        raise ValueError(f"bound must be one of {', '.join(lp.BOUND_IDS)}. Found {bound!r}.")
+    sampling = lp.Sampling.parse(sampling)
+    relation = lp.Relation.parse(relation)
+    assumptions = lp.LossAssumptions(
+        smoothness=smoothness,
+        weak_convexity=weak_convexity,
+        strong_convexity=strong_convexity,
+        diameter=diameter,
+        gradient_norms_within_clip=gradient_norms_within_clip,
+    )
+    # TrainingConfig validates dataset_size and learning_rate with the core's messages.
+    probe = lp.TrainingConfig(
+        dataset_size=dataset_size,
+        batch_size=1,
+        noise_multiplier=1.0,
+        steps=1,
+        sampling=sampling,
+        learning_rate=learning_rate,
+        relation=relation,
+    )
+    if bound != lp.BEST:
+        spec = lp.BOUNDS[bound]
+        covered = spec.relation_for(sampling)
+        if covered is None:
+            schemes = ", ".join(s.value for s in spec.covers)
+            raise ValueError(f"sampling must be one of {schemes} for {bound}. Found {sampling.value}.")
+        if covered is not relation:
+            raise ValueError(
+                f"relation must be {covered.value} for {bound} with sampling={sampling.value}. Found {relation.value}."
+            )
+    if sampling is lp.Sampling.RANDOM_BATCH:
+        raise ValueError(
+            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson for the Opacus adapter: no PyTorch or "
+            "Opacus data loader draws a uniformly random batch of fixed size every step. Found random_batch."
+        )
+    frozen_orders = None if orders is None else tuple(float(o) for o in validate_orders(orders))
+    reg = Registration(
+        name=name,
+        bound=bound,
+        sampling=sampling,
+        relation=relation,
+        dataset_size=probe.dataset_size,
+        learning_rate=float(probe.learning_rate),
+        assumptions=assumptions,
+        orders=frozen_orders,
+    )
+    previous = _REGISTRATIONS.get(name)
+    if previous is not None and previous == reg:
+        return name
+    if previous is not None and not force:
+        raise ValueError(
+            f"accountant name {name!r} is already registered with a different configuration "
+            f"({previous.to_dict()}); pass force=True to replace it or choose another name."
+        )
+    register_class(name, reg, force=force or previous is not None)
+    _REGISTRATIONS[name] = reg
+    return name
+
+
+def registration(name: str) -> Registration:
+    """The configuration registered under ``name``."""
+    try:
+        return _REGISTRATIONS[name]
+    except KeyError:
+        raise ValueError(f"no last-iterate accountant is registered under {name!r}; call register() first.") from None

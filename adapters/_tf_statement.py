@@ -1,0 +1,239 @@
+r"""``compute_last_iterate_privacy_statement``: a privacy report for the FINAL model of a DP-SGD run,
+the last-iterate counterpart of TF Privacy's ``compute_dp_sgd_privacy_statement``."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from typing import Any
+
+from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _tfp_statement
+
+import lastiter_plugins as lp
+from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.conversion import validate_delta
+
+from . import _tf_internals as internals
+
+
+def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:
+    value = internals.finite_positive(num_epochs)
+    if value is None:
+        raise ValueError(f"num_epochs must be a finite number > 0. Found {num_epochs!r}.")
+    steps = value * steps_per_epoch
+    if abs(steps - round(steps)) > 1e-9 * max(1.0, steps):
+        raise ValueError(
+            f"num_epochs * ceil(number_of_examples / batch_size) must be a whole number of steps "
+            f"(ceil = {steps_per_epoch}). Found num_epochs={num_epochs!r}, i.e. {steps:g} steps."
+        )
+    return round(steps)
+
+
+_SAMPLING_WORDS = {
+    Sampling.CYCLIC: "cyclic: the same order and batches every epoch (Keras fit(shuffle=False))",
+    Sampling.SHUFFLE_ONCE: "shuffle once: one secret random permutation, then cyclic over it",
+    Sampling.RESHUFFLE: "reshuffle: a new random permutation every epoch (Keras fit(shuffle=True))",
+    Sampling.RANDOM_BATCH: "random batch: a uniformly random batch of b examples every step",
+    Sampling.POISSON: "Poisson: each example joins each step independently with probability b/n",
+}
+
+_RELATION_WORDS = {
+    Relation.REPLACE_ONE: "replace-one adjacency (the two datasets have the same size and differ in one example)",
+    Relation.ADD_OR_REMOVE_ONE: "add-or-remove-one adjacency (one dataset has one example more)",
+}
+
+
+def _fill(text: str) -> str:
+    return textwrap.fill(text, width=80)
+
+
+def _fill_item(text: str) -> str:
+    return textwrap.fill(text, width=80, initial_indent="    - ", subsequent_indent="      ")
+
+
+def _format_eps(value: float) -> str:
+    return f"{value:12.3f}" if math.isfinite(value) else f"{'inf':>12}"
+
+
+def compute_last_iterate_privacy_statement(
+    *,
+    number_of_examples: int,
+    batch_size: int,
+    num_epochs: float,
+    noise_multiplier: float,
+    delta: float,
+    l2_norm_clip: float,
+    learning_rate: float,
+    sampling: str | Sampling,
+    smoothness: float | None = None,
+    weak_convexity: float = 0.0,
+    strong_convexity: float = 0.0,
+    diameter: float | None = None,
+    gradient_norms_within_clip: bool = False,
+    **renamed: Any,
+) -> str:
+    r"""A privacy report for the FINAL model of a DP-SGD run: the last-iterate
+    counterpart of TF Privacy's ``compute_dp_sgd_privacy_statement``.
+
+    It states the setup, the threat model (the final model only; TF Privacy's
+    statement protects every checkpoint), the neighbouring relation, the loss
+    assumptions with their constants, the epsilon of every applicable bound and
+    the best, and TF Privacy's own statement as the baseline (computed with
+    ``used_microbatching=False``: one example per microbatch, the only setting
+    :class:`LastIterateCallback` accepts).
+
+    Args:
+      number_of_examples: n.
+      batch_size: b.
+      num_epochs: passes over the data; ``num_epochs * ceil(n/b)`` must be a whole number of steps.
+      noise_multiplier: z.
+      delta: the target delta.
+      l2_norm_clip: C.
+      learning_rate: eta, constant.
+      sampling: what the pipeline did (see :class:`lastiter_plugins.Sampling`).
+      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss assumptions.
+
+    Returns:
+      The statement, lines of at most 80 characters apart from the table rows.
+
+    Raises:
+      ValueError: invalid parameters, or no bound applies under either relation.
+    """
+    refuse_renamed(renamed)
+    if renamed:
+        raise TypeError(f"unexpected keyword argument {next(iter(renamed))!r}.")
+    # Validate n, b, z, C, eta and the sampling with the library's checks before using them.
+    shape = TrainingConfig(
+        dataset_size=number_of_examples,
+        batch_size=batch_size,
+        noise_multiplier=noise_multiplier,
+        steps=1,
+        sampling=sampling,
+        learning_rate=learning_rate,
+        clip_norm=l2_norm_clip,
+    )
+    if shape.dataset_size % shape.batch_size:
+        raise ValueError(
+            f"batch_size must divide number_of_examples = {shape.dataset_size}: TF Privacy divides a short last "
+            "batch by its own size, which the last-iterate bounds do not cover (see LastIterateCallback). "
+            f"Found batch_size={shape.batch_size}."
+        )
+    steps = _steps_from_epochs(num_epochs, shape.steps_per_epoch)
+    config = shape.replace(steps=steps)
+    assumptions = LossAssumptions(
+        smoothness=smoothness,
+        weak_convexity=weak_convexity,
+        strong_convexity=strong_convexity,
+        diameter=diameter,
+        gradient_norms_within_clip=gradient_norms_within_clip,
+    )
+    delta = validate_delta(delta)
+    sections: dict[Relation, tuple[list[tuple[str, lp.EpsilonResult]], lp.EpsilonResult, list[str]]] = {}
+    for relation in Relation:
+        cfg = config.replace(relation=relation)
+        evaluations = lp.evaluate_all(cfg, assumptions, delta)
+        rows = [(bid, e.result) for bid, e in evaluations.items() if e.applies and e.result is not None]
+        if rows:
+            try:
+                best = lp.compute_epsilon(lp.BEST, cfg, assumptions, delta)
+            except lp.NotApplicableError:
+                continue
+            missing = [f"{bid}: {e.reason}" for bid, e in evaluations.items() if not e.applies]
+            sections[relation] = (rows, best, missing)
+    if not sections:
+        raise ValueError(
+            f"no bound applies to sampling={config.sampling.value} under either neighbouring relation; "
+            "see lastiter_plugins.applicable_bounds for the reasons."
+        )
+
+    n, b, per_epoch = config.dataset_size, config.batch_size, config.steps_per_epoch
+    paragraphs = [
+        _fill(
+            f"DP-SGD (plain SGD, constant learning rate {config.learning_rate:g}) performed over {n} examples "
+            f"with {b} examples per iteration ({per_epoch} iterations per epoch"
+            + f"), clipping norm {config.clip_norm:g} per example (one example per microbatch), noise "
+            f"multiplier {config.noise_multiplier:g}, for {num_epochs:g} epochs = {steps} iterations. "
+            f"Sampling: {_SAMPLING_WORDS[config.sampling]}."
+        ),
+        _fill(
+            "This privacy guarantee protects the release of the FINAL model only. It does not protect "
+            "intermediate checkpoints, models evaluated or published during training, or anything "
+            "computed from them: they must stay private. (TF Privacy's statement below protects the "
+            "release of all model checkpoints in addition to the final model, with different numbers; "
+            "the 'composition' rows below also protect every iterate.) It covers the model after the "
+            f"{steps} iterations stated, a number fixed before training: a stopping time chosen from the "
+            "private data (early stopping on a training or validation metric) and a model selected among "
+            "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not "
+            "covered."
+        ),
+        _assumptions_paragraph(assumptions, config.clip_norm),
+    ]
+    for relation, (rows, best, missing) in sections.items():
+        head = _fill(
+            f"Example-level DP with {_RELATION_WORDS[relation]} at delta = {delta:g}, Renyi-DP accounting "
+            "(lastiter-plugins):"
+        )
+        lines = [head]
+        for bid, result in rows:
+            lines.append(f"    {bid:<28}{_format_eps(result.epsilon)}   ({_label(result)})")
+        lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best)})")
+        if missing:
+            lines.append("  Not applicable here:")
+            lines.extend(
+                textwrap.fill(m, width=80, initial_indent="    - ", subsequent_indent="      ") for m in missing
+            )
+        paragraphs.append("\n".join(lines))
+    for relation in Relation:
+        if relation not in sections:
+            paragraphs.append(
+                _fill(f"No bound covers sampling={config.sampling.value} under {_RELATION_WORDS[relation]}.")
+            )
+    baseline = _tfp_statement.compute_dp_sgd_privacy_statement(
+        number_of_examples=n,
+        batch_size=b,
+        num_epochs=float(num_epochs),
+        noise_multiplier=config.noise_multiplier,
+        delta=delta,
+        used_microbatching=False,
+    )
+    paragraphs.append(
+        _fill(
+            "Baseline: TF Privacy's compute_dp_sgd_privacy_statement (tensorflow-privacy 0.9, "
+            "used_microbatching=False). Its numbers use add-or-remove-one adjacency and protect every "
+            "checkpoint; they are not comparable with the replace-one numbers above without care (a "
+            "replace-one change is one removal plus one addition). Its Poisson line assumes Poisson sampling, "
+            "which Keras fit does not perform."
+        )
+        + "\n\n"
+        + "\n".join(f"  | {line}".rstrip() for line in baseline.rstrip("\n").split("\n"))
+    )
+    return "\n\n".join(paragraphs) + "\n"
+
+
+def _assumptions_paragraph(a: LossAssumptions, clip_norm: float) -> str:
+    parts = []
+    parts.append("not declared" if a.smoothness is None else f"M = {a.smoothness:g} (every per-example loss M-smooth)")
+    convexity = (
+        f"lam = {a.strong_convexity:g} (strongly convex)"
+        if a.strong_convexity > 0
+        else ("convex (m = 0)" if a.weak_convexity == 0 else f"m = {a.weak_convexity:g} (m-weakly convex)")
+    )
+    domain = "no projection" if a.diameter is None else f"projection onto a convex set of diameter D = {a.diameter:g}"
+    clipping = (
+        "clipping may be active"
+        if a.clipping_may_be_active
+        else f"clipping declared inactive: every per-example gradient norm <= C = {clip_norm:g} on the whole domain"
+    )
+    return _fill(
+        "Assumptions declared by the trainer (the guarantee holds only if they do, for the per-example "
+        f"loss actually optimised, on both neighbouring datasets): smoothness {parts[0]}; {convexity}; "
+        f"{domain}; {clipping}."
+    )
+
+
+def _label(result: lp.EpsilonResult) -> str:
+    """What a row protects, its proof status and its reference, as the core reports them."""
+    d = result.to_dict()
+    proof = "" if d.get("proof") in (None, "proven") else f"; {d['proof']}"
+    return f"protects {d['protects']}{proof}; {d['reference']}"
