@@ -597,6 +597,7 @@ def _standard_row(acc: StandardAccountant, cfg: TrainingConfig, delta: float, or
         protects=EVERY_ITERATE,
         reference=acc.reference,
         counted=valid and eps is not None,
+        proof="proven" if acc.guarantee else "not a bound: an approximation",
         notes=notes,
     )
 
@@ -791,7 +792,7 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
         _valid_cell(row),
         row.relation,
         _num(row.epsilon),
-        _num(row.order, 6) if row.order is not None else "-",
+        _num(row.order, 4) if row.order is not None else "-",
         row.protects,
         "proven" if row.proof == "proven" else "UNPROVEN",
         ", ".join(row.covers),
