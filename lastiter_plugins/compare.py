@@ -1,6 +1,6 @@
 r"""Every accountant side by side for one DP-SGD pipeline (``lastiter compare``).
 
-One row per bound of the registry (BOUNDS.md sections 3-4) and per standard
+One row per bound of the registry and per standard
 accountant a user would otherwise run: Opacus' RDP, PRV and GDP accountants
 (when Opacus is importable) and dp-accounting's RDP and PLD accountants (a core
 dependency). Every row says whether it is valid for the declared pipeline (and

@@ -2,7 +2,7 @@ r"""The two objects every accountant passes around, validated on construction.
 
 :class:`TrainingConfig` describes the DP-SGD run (what the data pipeline and the
 optimizer actually do); :class:`LossAssumptions` the properties of the losses
-and of the parameter domain that the user declares. BOUNDS.md section 1 maps
+and of the parameter domain that the user declares. docs/bounds.md maps
 these names to the papers' symbols.
 
 The update every bound assumes (plain SGD, constant step, optional projection
@@ -24,7 +24,7 @@ from typing import Any
 
 
 class Sampling(str, enum.Enum):
-    """What the data pipeline really does (BOUNDS.md section 2)."""
+    """What the data pipeline really does."""
 
     CYCLIC = "cyclic"  # fixed order, the same batches every epoch
     SHUFFLE_ONCE = "shuffle_once"  # one random permutation, then cyclic over it
@@ -38,7 +38,7 @@ class Sampling(str, enum.Enum):
 
 
 class Relation(str, enum.Enum):
-    """Neighbouring relation of the guarantee (BOUNDS.md section 2)."""
+    """Neighbouring relation of the guarantee."""
 
     REPLACE_ONE = "replace_one"
     ADD_OR_REMOVE_ONE = "add_or_remove_one"

@@ -42,7 +42,7 @@ ProfileFunction = Callable[[TrainingConfig, LossAssumptions], GaussianMixturePro
 ALL_SCHEMES = tuple(Sampling)
 EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
 FIXED_BATCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE)
-# Decision (audit of seed 003 Prop. 2.1): with Poisson sampling the batch can be
+# Decision (audit of arXiv 2407.05237 Prop. 2.1): with Poisson sampling the batch can be
 # larger than the b it is divided by, so the step acts like eta*|B|/b and the
 # Lipschitz and sensitivity constants of Kong & Ribero's proofs fail. Their
 # "any sampling" bounds therefore cover every scheme with batches of at most b.
@@ -184,7 +184,7 @@ def _needs_strong_convexity(cfg: TrainingConfig, a: LossAssumptions):
 
 
 def _needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions):
-    # Decision (audit of seed 004): the rho-contraction of Lemma D.3 holds for
+    # Decision (audit of arXiv 2203.05363): the rho-contraction of Lemma D.3 holds for
     # the gradient step, not for the clipped one (a clipped field is bounded,
     # hence not strongly monotone; counterexamples exist), so these bounds need
     # the user's assertion that clipping is never active.

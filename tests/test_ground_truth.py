@@ -1,4 +1,4 @@
-"""Ground truth G1 and G2 (BOUNDS.md section 6): every applicable bound >= the
+"""Ground truth G1 and G2: every applicable bound >= the
 exact divergence of the last iterate, over hundreds of random draws.
 
 The exact side is a certified interval (closed forms, or exact cell masses of

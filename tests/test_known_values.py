@@ -1,4 +1,4 @@
-"""Tier 1: the worked examples of BOUNDS.md (appendix) and hand-derived special cases."""
+"""Tier 1: the worked examples of docs/bounds.md (appendix) and hand-derived special cases."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lastiter_plugins.bounds._common import log_theta, theta
 
 ORDERS = [2.0, 8.0, 32.0]
 
-# (bound id, params, expected rdp at orders 2, 8, 32) - BOUNDS.md appendix, C = 1.
+# (bound id, params, expected rdp at orders 2, 8, 32) - docs/bounds.md appendix, C = 1.
 WORKED_EXAMPLES = [
     (
         "kong-ribero-cyclic",
@@ -117,13 +117,13 @@ WORKED_EXAMPLES = [
     ids=[f"{b}-{i}" for i, (b, _, _) in enumerate(WORKED_EXAMPLES)],
 )
 def test_worked_example_closed_forms(bound, params, expected):
-    """BOUNDS.md appendix: closed forms match to the table's printed precision (~1e-5 relative)."""
+    """docs/bounds.md appendix: closed forms match to the table's printed precision (~1e-5 relative)."""
     got = lp.rdp(bound, ORDERS, **params)
     np.testing.assert_allclose(got, expected, rtol=2e-5)
 
 
 def test_worked_example_altschuler_talwar_not_above_reference_minimiser():
-    """BOUNDS.md appendix: our minimiser may be lower than the 99-point gamma grid's, never above it."""
+    """docs/bounds.md appendix: our minimiser may be lower than the 99-point gamma grid's, never above it."""
     got = lp.rdp(
         "altschuler-talwar",
         ORDERS,
@@ -144,7 +144,7 @@ def test_worked_example_altschuler_talwar_not_above_reference_minimiser():
 
 
 def test_liang_closed_forms_are_not_used_where_they_are_optimistic():
-    """Audit finding (seed 002 eq. 12/14): T * 2 alpha q / z^2 is below the exact divergence at T = 1.
+    """Audit finding (arXiv 2502.17772 eq. 12/14): T * 2 alpha q / z^2 is below the exact divergence at T = 1.
 
     Ground truth: one step, linear loss, add-or-remove-one, Poisson q = 0.05, z = 1. Removing the
     example makes the output N(0, s^2) vs (1-q) N(0, s^2) + q N(1, s^2) with s = z (sensitivity C),
@@ -227,7 +227,7 @@ def test_ye_shokri_random_single_step_is_mixture_formula():
 
 
 def test_ye_shokri_random_extrapolation_never_below_exact_recursion():
-    """The settled-increment shortcut is an upper bound of the plain recursion (BOUNDS.md 3.7)."""
+    """The settled-increment shortcut is an upper bound of the plain recursion."""
     from lastiter_plugins.bounds import ye_shokri
 
     orders = np.array([1.5, 2.0, 4.0, 16.0, 64.0])
@@ -291,7 +291,7 @@ OPACUS_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
 
 @pytest.mark.parametrize(("n", "b", "z", "steps"), [(60000, 256, 1.1, 2000), (1000, 10, 0.8, 500)], ids=str)
 def test_poisson_composition_equals_opacus_and_dp_accounting(n, b, z, steps):
-    """BOUNDS.md 4: the Poisson baseline is Opacus' RDPAccountant and dp-accounting's RdpAccountant (1e-9)."""
+    """docs/bounds.md: the Poisson baseline is Opacus' RDPAccountant and dp-accounting's RdpAccountant (1e-9)."""
     opacus_rdp = pytest.importorskip("opacus.accountants.analysis.rdp")
     import dp_accounting
 
@@ -312,7 +312,7 @@ def test_poisson_composition_equals_opacus_and_dp_accounting(n, b, z, steps):
 
 
 def test_random_batch_composition_uses_half_the_noise_under_replace_one():
-    """BOUNDS.md 4: SampledWithoutReplacement(n, b, Gaussian(z/2)) under REPLACE_ONE, not Gaussian(z)."""
+    """docs/bounds.md: SampledWithoutReplacement(n, b, Gaussian(z/2)) under REPLACE_ONE, not Gaussian(z)."""
     import dp_accounting
 
     n, b, z, steps = 1000, 100, 1.5, 20

@@ -175,7 +175,7 @@ def test_a_bound_that_does_not_apply_never_returns_a_number(params, bound):
 
 
 def _violations(p):
-    """Independent encoding of BOUNDS.md preconditions: bound ids that must refuse ``p``."""
+    """Independent encoding of docs/bounds.md preconditions: bound ids that must refuse ``p``."""
     must_refuse = set()
     s, rel, lr, big_m = p["sampling"], p["relation"], p["learning_rate"], p["smoothness"]
     m, lam, d, clip = p["weak_convexity"], p["strong_convexity"], p["diameter"], not p["gradient_norms_within_clip"]
@@ -221,7 +221,7 @@ def _violations(p):
 @given(params=PIPELINES.map(_drop_inconsistent))
 def test_violated_preconditions_are_refused(params):
     """Independently of the registry's own checks: a violated precondition of
-    BOUNDS.md never yields a number."""
+    docs/bounds.md never yields a number."""
     for bound in _violations(params):
         with pytest.raises(lp.NotApplicableError):
             lp.rdp(bound, [2.0], **params)

@@ -11,7 +11,7 @@ import numpy as np
 def log_theta(lipschitz: float, s: np.ndarray | float) -> np.ndarray:
     r"""Natural log of :math:`\theta_L(s) = L^{2(s-1)} / \sum_{j=0}^{s-1} L^{2j}`.
 
-    BOUNDS.md section 3 (Kong & Ribero, seed 003, eq. 15). ``theta_L(0) = 0``
+    docs/bounds.md (Kong & Ribero, arXiv 2407.05237, eq. 15). ``theta_L(0) = 0``
     (log is ``-inf``); ``theta_1(s) = 1/s``. Written with ``expm1`` so that it
     neither overflows nor loses precision for ``s`` up to 1e7 and ``L`` up to 10
     or more, and is exact in the limit ``L -> 1``.

@@ -1,5 +1,5 @@
 r"""Altschuler & Talwar, "Privacy of Noisy Stochastic Gradient Descent: More
-Iterations without More Privacy Loss" (seed 001).
+Iterations without More Privacy Loss" (arXiv 2205.13710).
 
 Paper symbols: gradient-space noise :math:`\sigma = zC/b`, gradient bound
 (Lipschitz constant) :math:`L = C`, so a replaced example moves the averaged
@@ -72,7 +72,7 @@ def rdp(
     clip_norm: float,
     contraction: float | None = None,
 ) -> np.ndarray:
-    r"""altschuler-talwar RDP bound (seed 001, eq. 3.6; strongly convex: eq. 5.3, Remark 5.3).
+    r"""altschuler-talwar RDP bound (arXiv 2205.13710, eq. 3.6; strongly convex: eq. 5.3, Remark 5.3).
 
     .. math::
         \varepsilon(\alpha) = \min\Big( T S_\alpha(q, z/2),\;

@@ -1,4 +1,4 @@
-r"""Composition baselines (BOUNDS.md section 4): the standard accounting, which
+r"""Composition baselines: the standard accounting, which
 certifies every iterate and therefore also the last one.
 
 * every example used once per epoch (cyclic, shuffle-once, reshuffle),

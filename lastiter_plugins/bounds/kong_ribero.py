@@ -1,11 +1,11 @@
 r"""Kong & Ribero, "Privacy of the last iterate in cyclically-traversed DP-SGD on
-nonconvex composite losses" (seed 003; earlier version seed 000).
+nonconvex composite losses" (arXiv 2407.05237; its first version for the curvature-free bound).
 
 Paper symbols: stepsize :math:`\lambda` (= learning rate ``eta``), parameter-space
 noise :math:`\sigma = \eta z C / b`, so :math:`\lambda C/(b\sigma) = 1/z`;
 :math:`\ell` steps per pass, :math:`E` full passes, Lipschitz constant :math:`L`
 of the (clipped) gradient update. Losses are m-weakly convex and M-upper-curved
-(seed 003, (A2) and eq. 11); the optional regulariser/projection is convex.
+(arXiv 2407.05237, (A2) and eq. 11); the optional regulariser/projection is convex.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ def update_lipschitz(
 ) -> float:
     r"""Lipschitz constant L of one (clipped) gradient step.
 
-    :math:`L_\eta = \sqrt{1 + 2\eta m (1 + m/(2(M+m)))}` (seed 003, eq. 13;
+    :math:`L_\eta = \sqrt{1 + 2\eta m (1 + m/(2(M+m)))}` (arXiv 2407.05237, eq. 13;
     1 when m = 0). With clipping possibly active the clipped update is only
-    proven :math:`\sqrt 2 L_\eta`-Lipschitz (seed 003, Prop. 2.1(b)); without
-    clipping (every per-example gradient norm <= C on the whole domain, seed 003
-    Prop. 2.1(c)) it is :math:`L_\eta`. BOUNDS.md section 3.1/3.2.
+    proven :math:`\sqrt 2 L_\eta`-Lipschitz (arXiv 2407.05237, Prop. 2.1(b)); without
+    clipping (every per-example gradient norm <= C on the whole domain, arXiv 2407.05237
+    Prop. 2.1(c)) it is :math:`L_\eta`. docs/bounds.md
     """
     m, big_m = weak_convexity, smoothness
     l_eta = 1.0 if m == 0.0 else math.sqrt(1.0 + 2.0 * learning_rate * m * (1.0 + m / (2.0 * (big_m + m))))
@@ -35,7 +35,7 @@ def update_lipschitz(
 
 def max_learning_rate(smoothness: float, weak_convexity: float, clipping_may_be_active: bool) -> float:
     r"""Largest step size the theorems allow: 1/(2(M+m)) with clipping, 1/(M+m)
-    without (seed 003, Thm. 2.2/2.3 and Prop. 2.1(c)); inf for linear losses."""
+    without (arXiv 2407.05237, Thm. 2.2/2.3 and Prop. 2.1(c)); inf for linear losses."""
     curvature = smoothness + weak_convexity
     if curvature == 0.0:
         return math.inf
@@ -70,7 +70,7 @@ def bounded_rdp(
 
     Seed 003, Theorem 2.2 (eq. 16): iterates confined to a convex set of
     diameter D. Independent of the number of steps. L is the Lipschitz
-    constant of the clipped update (see :func:`update_lipschitz`; BOUNDS.md 3.2
+    constant of the clipped update (see :func:`update_lipschitz`; docs/bounds.md
     decision: sqrt(2) L_eta when clipping may be active).
     """
     orders = np.asarray(orders, dtype=float)

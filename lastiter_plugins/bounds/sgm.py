@@ -3,7 +3,7 @@ r"""Renyi divergence of the sampled Gaussian mechanism (SGM).
 :math:`S_\alpha(q, s)` is the order-:math:`\alpha` Renyi divergence between
 :math:`(1-q)\mathcal N(0, s^2) + q\mathcal N(1, s^2)` and :math:`\mathcal N(0, s^2)`
 (sensitivity 1, noise standard deviation ``s``): Mironov, Talwar & Zhang (2019),
-the quantity Altschuler & Talwar call :math:`S_\alpha(q, \sigma)` (seed 001,
+the quantity Altschuler & Talwar call :math:`S_\alpha(q, \sigma)` (arXiv 2205.13710,
 Def. 2.10) and that dominates the divergence in the other direction as well
 (Mironov, Talwar & Zhang, Thm. 5).
 
