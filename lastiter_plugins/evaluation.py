@@ -31,6 +31,7 @@ from lastiter_plugins import registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import epsilon_of_linear_rdp, refine_epsilon, validate_delta, validate_orders
 from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.profiles import GaussianMixtureProfile
 from lastiter_plugins.registry import BoundSpec, Kind, Proof, Protects
 
 BEST = registry.BEST
@@ -116,8 +117,11 @@ def _finite_or_none(x: float) -> float | None:
 class BoundEvaluation:
     """One bound of the table evaluated for one pipeline.
 
-    ``result`` and ``rdp`` are None when the bound does not apply, when no delta
-    was asked for, or when the bound is unproven and was not asked for by name.
+    ``result``, ``rdp`` and ``profile`` are None when the bound does not apply,
+    when no delta was asked for, or when the bound is unproven and was not asked
+    for by name. An RDP bound carries its curve on ``orders``; an f-DP (GDP) bound
+    carries its privacy ``profile``, and ``rdp`` is the RDP that profile implies
+    (computed when read: the epsilon does not need it).
     """
 
     bound: str
@@ -132,9 +136,17 @@ class BoundEvaluation:
     assumptions: str
     covers: tuple[Sampling, ...]
     orders: tuple[float, ...] | None = None
-    rdp: tuple[float, ...] | None = None
+    rdp_values: tuple[float, ...] | None = None
+    profile: GaussianMixtureProfile | None = None
     result: EpsilonResult | None = None
     notes: tuple[str, ...] = ()
+
+    @property
+    def rdp(self) -> tuple[float, ...] | None:
+        """The RDP curve on ``orders`` (nats); for a GDP bound, the RDP its profile implies."""
+        if self.profile is not None and self.orders is not None:
+            return tuple(self.profile.rdp(np.asarray(self.orders)).tolist())
+        return self.rdp_values
 
     @property
     def reason(self) -> str:
@@ -164,14 +176,11 @@ def _epsilon_of(
 ) -> tuple[float, float | None]:
     """(epsilon, order) of one applicable bound whose curve on ``orders`` is ``curve``.
 
-    Lossless (docs/decisions.md): a GDP profile converts exactly (order None); an
-    RDP curve linear in the order converts at the continuous optimum over all
+    Lossless (docs/decisions.md): an RDP curve linear in the order converts at the continuous optimum over all
     orders when the default grid is used; any other curve is refined between the
     grid orders by evaluating the bound itself at new orders (every candidate is
     a valid epsilon; the search can only return one of them).
     """
-    if spec.kind is Kind.GDP:
-        return spec.profile(cfg, a).epsilon(delta), None
     if spec.linear_in_order and default_orders:
         return epsilon_of_linear_rdp(float(np.max(curve / orders)), delta)  # max: rho*alpha >= curve on the grid
     return refine_epsilon(lambda new: registry.rdp_curve(spec, cfg, a, new), orders, curve, delta)
@@ -236,12 +245,20 @@ def evaluate_bound(
         return base
     default_orders = orders is None
     orders = validate_orders(orders)
+    if spec.kind is Kind.GDP:
+        profile = spec.profile(config, assumptions)
+        return dataclasses.replace(
+            base,
+            orders=tuple(orders.tolist()),
+            profile=profile,
+            result=_result(spec, config, profile.epsilon(delta), delta, None),
+        )
     curve = registry.rdp_curve(spec, config, assumptions, orders)
     eps, order = _epsilon_of(spec, config, assumptions, delta, orders, curve, default_orders)
     return dataclasses.replace(
         base,
         orders=tuple(orders.tolist()),
-        rdp=tuple(curve.tolist()),
+        rdp_values=tuple(curve.tolist()),
         result=_result(spec, config, eps, delta, order),
     )
 
