@@ -20,12 +20,11 @@ from lastiter_plugins.adapters._opacus_loaders import FIXES, LoaderFacts, Loader
 from lastiter_plugins.adapters._opacus_observe import (
     ExampleCounter,
     Observed,
+    SteadyOptimizer,
     check_dp_optimizer,
     check_sgd,
     core_batch,
     observe,
-    snapshot,
-    unchanged,
 )
 from lastiter_plugins.adapters._opacus_registration import (
     LastIterateConfigurationError,
@@ -47,6 +46,11 @@ class _Binding:
     plan: tuple[float, float, int] | None
     watch: LoaderWatch
     module: Any  # weak reference to the private module, or None
+
+
+def _steps_in(history: list) -> int:
+    """Steps of an Opacus-format history (one entry while the configuration stays constant)."""
+    return int(history[0][2]) if len(history) == 1 else int(sum(entry[2] for entry in history))
 
 
 def _merge_step(history: list, noise_multiplier: float, sample_rate: float) -> None:
@@ -81,7 +85,7 @@ class LastIterateAccountant(IAccountant):
         self._resumed = False
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
-        self._steady: tuple | None = None  # (optimizer, snapshot) after a fully checked step
+        self._steady: SteadyOptimizer | None = None  # the optimizer as of the last fully checked step
         self._void: str | None = None
 
     # -- IAccountant
@@ -99,7 +103,7 @@ class LastIterateAccountant(IAccountant):
     @property
     def steps(self) -> int:
         """Optimizer steps accounted for so far."""
-        return int(sum(entry[2] for entry in self.history))
+        return _steps_in(self.history)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         _merge_step(self.history, float(noise_multiplier), float(sample_rate))
@@ -164,10 +168,7 @@ class LastIterateAccountant(IAccountant):
             module = caller.get("module")
             self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
-        def hook_fn(optim: Any) -> None:
-            self._account_step(optim)
-
-        return hook_fn
+        return self._account_step  # called by the DP optimizer at every step (a bound method: one call less)
 
     # -- one step
     def _account_step(self, optim: Any) -> None:
@@ -176,7 +177,18 @@ class LastIterateAccountant(IAccountant):
         if self._void is not None:
             raise LastIteratePipelineChangedError(self._void_message())
         try:
-            self._verify(optim)
+            steady, binding = self._steady, self._binding
+            if steady is not None and binding is not None and steady.holds(optim):
+                # the usual step: the optimizer holds the objects of the last full check, so observe() would
+                # return self._observed and it trains the same parameters (and _resumed is False: loading a
+                # checkpoint clears _steady, and a full check clears _resumed before taking it)
+                history = self.history
+                self._checks.verify(optim, binding.facts, binding.watch, self._counter, _steps_in(history), full=False)
+                self._checks.pending = True  # the post-step hook records the parameters this step leaves
+                observed = self._observed
+                _merge_step(history, observed.noise_multiplier, observed.sample_rate)  # = self.step: not overridden
+            else:
+                self._verify(optim)
         except LastIterateConfigurationError as exc:
             self._steady = None
             self._void = str(exc)
@@ -203,27 +215,21 @@ class LastIterateAccountant(IAccountant):
                 "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
                 "engine.accountant.bind_data_loader(data_loader, module=model) before training."
             )
-        steady, steps = self._steady, self.steps
-        fast = steady is not None and steady[0] is optim and unchanged(optim, steady[1])
-        if fast:
-            observed = self._observed
-        else:
-            observed = observe(optim, reg, binding.facts)
-            if self._checks is None:
-                module = binding.module() if binding.module is not None else None
-                self._checks = StepChecks(optim, module, reg)
+        steps = self.steps
+        observed = observe(optim, reg, binding.facts)
+        if self._checks is None:
+            module = binding.module() if binding.module is not None else None
+            self._checks = StepChecks(optim, module, reg)
         checks = self._checks
-        checks.verify(optim, binding.facts, binding.watch, self._counter, steps, full=not fast)
-        if not fast:
-            self._verify_constant(observed, steps)
+        checks.verify(optim, binding.facts, binding.watch, self._counter, steps, full=True)
+        self._verify_constant(observed, steps)
         self._observed = observed
         self._resumed = False
-        checks.pending = True  # the post-step hook records the parameters this step leaves
-        sample_rate = observed.sample_rate
-        self.step(noise_multiplier=observed.noise_multiplier, sample_rate=sample_rate)
-        if not fast:
-            snap = snapshot(optim)
-            self._steady = None if snap is None or type(self).step is not LastIterateAccountant.step else (optim, snap)
+        checks.pending = True
+        self.step(noise_multiplier=observed.noise_multiplier, sample_rate=observed.sample_rate)
+        steady = SteadyOptimizer.take(optim)
+        # the fast path of _account_step calls _merge_step itself: it is taken only while step is this class's
+        self._steady = None if steady is None or type(self).step is not LastIterateAccountant.step else steady
 
     def _verify_constant(self, observed: Observed, steps: int) -> None:
         if self._resumed and self._observed is not None:

@@ -77,7 +77,20 @@ def last_step_skipped(optim: Any) -> bool:
 
 def versions(params: Any) -> tuple[int, ...]:
     """Version counters of ``params`` (each in-place write bumps its tensor's counter)."""
-    return tuple(p._version for p in params)
+    return tuple([p._version for p in params])
+
+
+def same_versions(params: Any, expected: tuple[int, ...]) -> bool:
+    """``versions(params) == expected``, without building the tuple (called at every step:
+    a plain loop is the cheapest with the cold caches of a training step)."""
+    if len(params) != len(expected):
+        return False
+    i = 0
+    for p in params:
+        if p._version != expected[i]:
+            return False
+        i += 1  # noqa: SIM113 (a counter: enumerate costs more here)
+    return True
 
 
 class SplitterFinder:

@@ -67,6 +67,9 @@ class ShuffleOnceSampler(Sampler[int]):
         return len(self._permutation)
 
 
+_shuffle_once_len = ShuffleOnceSampler.__len__
+
+
 @dataclasses.dataclass(frozen=True)
 class LoaderFacts:
     """What a data loader does, as far as the accounting is concerned.
@@ -266,7 +269,7 @@ def _sampler_state(sampler: Any) -> Any:
 
 
 def _signature(loader: DataLoader) -> tuple:
-    """What the facts of a loader depend on, read cheaply at every step."""
+    """What the facts of a loader depend on, in the order of ``_FIELDS``."""
     dataset, bs = loader.dataset, loader.batch_sampler
     if type(bs) is BatchSampler:
         sampler = bs.sampler
@@ -281,11 +284,46 @@ class LoaderWatch:
     """The loader bound at ``make_private``, re-read at every step: the same dataset of the
     same size, the same batch sampler and sampler with the same parameters."""
 
+    __slots__ = ("_loader", "_signature", "_types", "batch_sampler", "facts")
+
     def __init__(self, loader: DataLoader, facts: LoaderFacts) -> None:
         self.facts = facts
         self._loader = weakref.ref(loader)
         self._signature = _signature(loader)
+        self._types = (type(loader.batch_sampler), type(self._signature[5]))  # they choose _signature's branches
         self.batch_sampler = weakref.ref(loader.batch_sampler)
+
+    def unchanged(self) -> bool:
+        """True only if the loader is alive and ``_signature(loader) == self._signature``, compared
+        in place (plain comparisons, as in ``SteadyOptimizer.holds``); False: ask :meth:`changed`."""
+        loader = self._loader()
+        if loader is None:
+            return False
+        dataset, n, bs, batch_size, drop_last, sampler, sampler_len, state = self._signature
+        now = loader.batch_sampler
+        kind, sampler_kind = self._types
+        if not (loader.dataset is dataset and now is bs and type(now) is kind and len(dataset) == n):
+            return False
+        if kind is BatchSampler:
+            current = now.sampler
+            if not (
+                current is sampler
+                and type(current) is sampler_kind
+                and now.batch_size == batch_size
+                and now.drop_last == drop_last
+            ):
+                return False
+            if sampler_kind is ShuffleOnceSampler:
+                # its state is its permutation, and its length len(permutation) (ShuffleOnceSampler.__len__):
+                # while the permutation is the very tuple recorded, len(sampler) is len of that tuple
+                permutation = current._permutation
+                if permutation is state and ShuffleOnceSampler.__len__ is _shuffle_once_len:
+                    return len(state) == sampler_len
+                return len(current) == sampler_len and permutation == state
+            return len(current) == sampler_len and _sampler_state(current) == state
+        if kind is UniformWithReplacementSampler:
+            return now.num_samples == sampler_len and now.sample_rate == state
+        return _signature(loader) == self._signature
 
     def changed(self) -> str | None:
         """None while the loader is unchanged, else what changed (for the error message)."""

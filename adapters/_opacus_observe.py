@@ -68,19 +68,22 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
             "the optimizer must be plain torch.optim.SGD (the bounds analyse x - lr * noisy gradient). "
             f"Found {type(optimizer).__name__}. Adaptive or momentum methods are not covered by any bound."
         )
+    decays = reg.weight_decays  # set only by the GLM route, which folds them into its derived constants
     for i, group in enumerate(optimizer.param_groups):
-        for key, neutral in (("momentum", 0), ("weight_decay", 0), ("nesterov", False), ("maximize", False)):
-            value = group.get(key, neutral)
+        decay = decays[i] if decays is not None and i < len(decays) else 0
+        for key, neutral in (("momentum", 0), ("weight_decay", decay), ("nesterov", False), ("maximize", False)):
+            value = group.get(key, 0 if key == "weight_decay" else neutral)
             value = value.item() if torch.is_tensor(value) else value
             if value != neutral:
                 hint = (
                     " Fold weight decay into the loss as an l2 regulariser (and declare its strong convexity) instead."
-                    if key == "weight_decay"
+                    if key == "weight_decay" and decays is None
                     else ""
                 )
+                what = "the value the GLM constants were derived for" if key == "weight_decay" and decays else ""
                 raise LastIterateConfigurationError(
-                    f"{key} must be {neutral} for a last-iterate bound (plain SGD). Found {key}={value} in "
-                    f"param_groups[{i}].{hint}"
+                    f"{key} must be {neutral} for a last-iterate bound (plain SGD{'; ' + what if what else ''}). "
+                    f"Found {key}={value} in param_groups[{i}].{hint}"
                 )
         lr = group["lr"]
         lr = float(lr.item() if torch.is_tensor(lr) else lr)
@@ -158,89 +161,106 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
 # exact types whose objects are immutable: while an attribute or param-group entry still
 # refers to the same object of one of these types, its value has not changed
 _IMMUTABLE_TYPES = frozenset((int, float, bool, str, type(None)))
-_NOT_SET = object()  # what a missing param-group entry reads as
+_SGD = torch.optim.SGD
 
 
-def _group_values(group: Mapping[str, Any]) -> tuple:
-    get = group.get
-    momentum, decay, nesterov = get("momentum", 0), get("weight_decay", 0), get("nesterov", False)
-    return momentum, decay, nesterov, get("maximize", False), get("lr", _NOT_SET), group["params"], len(group["params"])
+class SteadyOptimizer:
+    """The objects :func:`observe` (and the trainable-parameter check) read from an optimizer
+    they accepted, to recognise it cheaply at the next step.
 
+    While ``optim`` still holds the very same objects (each of an immutable type), the same
+    parameters in the same param groups with the same ``requires_grad``, :func:`observe`
+    would return the same :class:`Observed` and :func:`trainable` the same list, so neither
+    needs to run again. Comparisons are by identity: a false "changed" only costs a full check.
+    (Written as plain comparisons and loops: at one call per training step the code runs with
+    cold caches, where ``map``/``all``/``operator`` helpers cost more than the bytecode they save.)
+    """
 
-def snapshot(optim: Any) -> tuple | None:
-    """The objects :func:`observe` reads from ``optim``, for :func:`unchanged`; None when one
-    of them is not an immutable plain value (a tensor learning rate can change in place) or
-    is NaN, so that every step is checked in full. Call only after :func:`observe` accepted it."""
-    reduction = optim.loss_reduction
-    expected = optim.expected_batch_size if reduction == "mean" else None
-    world = getattr(optim, "world_size", 1) if type(optim) is DistributedDPOptimizer else 1
-    groups = tuple(_group_values(group) for group in optim.original_optimizer.param_groups)
-    plain = (v for g in groups for v in g[:5])
-    values = (optim.max_grad_norm, optim.noise_multiplier, reduction, expected, world, *plain)
-    if not all(type(v) in _IMMUTABLE_TYPES and v == v for v in values):
-        return None
-    return (
-        type(optim),
-        optim.original_optimizer,
-        optim.max_grad_norm,
-        reduction,
-        groups,
-        expected,
-        world,
-        optim.noise_multiplier,
-        len(vars(optim)),
-    )
+    __slots__ = ("_attrs", "_clip", "_expected", "_groups", "_kind", "_noise", "_reduction", "_world", "base", "optim")
 
+    def __init__(self, optim: Any) -> None:
+        self.optim = optim
+        self._kind = type(optim)
+        self.base = optim.original_optimizer
+        self._clip = optim.max_grad_norm
+        self._noise = optim.noise_multiplier
+        self._reduction = optim.loss_reduction
+        self._expected = optim.expected_batch_size if self._reduction == "mean" else None
+        self._world = getattr(optim, "world_size", 1) if self._kind is DistributedDPOptimizer else None
+        self._attrs = len(vars(optim))  # an instance attribute added later (an override of a step method)
+        # per param group: what check_sgd reads, the params list, its members and their requires_grad
+        self._groups = [
+            (
+                *(group[key] for key in ("lr", "momentum", "weight_decay", "nesterov", "maximize")),
+                group["params"],
+                list(group["params"]),
+                [p.requires_grad for p in group["params"]],
+            )
+            for group in self.base.param_groups
+        ]
 
-def unchanged(optim: Any, snap: tuple) -> bool:
-    """Whether ``optim`` still holds the very objects of ``snap`` (a false "changed" only costs a full check)."""
-    kind, base, clip, reduction, groups, expected, world, noise, attrs = snap
-    if type(optim) is not kind:
-        return False
-    try:
-        if (
-            optim.max_grad_norm is not clip
-            or optim.loss_reduction is not reduction
-            or optim.noise_multiplier is not noise
-            or optim.original_optimizer is not base
-            or len(vars(optim)) != attrs
-            or type(base) is not torch.optim.SGD
-        ):
+    @classmethod
+    def take(cls, optim: Any) -> SteadyOptimizer | None:
+        """Record ``optim``; None when a value read is not an immutable plain value (a tensor
+        learning rate can change in place) or is NaN, so that every step is checked in full.
+        Call only right after :func:`observe` and the trainable-parameter check accepted it."""
+        try:
+            steady = cls(optim)
+        except (AttributeError, KeyError, TypeError):
+            return None
+        values = [steady._clip, steady._noise, steady._reduction, steady._expected, steady._world]
+        values += [v for group in steady._groups for v in group[:5]]
+        if not all(type(v) in _IMMUTABLE_TYPES and v == v for v in values):
+            return None
+        return steady
+
+    def holds(self, optim: Any) -> bool:
+        """Whether ``optim`` is the recorded optimizer and still holds the very recorded objects."""
+        if optim is not self.optim or type(optim) is not self._kind:
             return False
-        current = base.param_groups
-        if len(current) != len(groups):
-            return False
-        for group, (momentum, decay, nesterov, maximize, lr, params, count) in zip(current, groups, strict=True):
+        try:
+            base = self.base
             if (
-                group["lr"] is not lr
-                or group["momentum"] is not momentum
-                or group["weight_decay"] is not decay
-                or group["nesterov"] is not nesterov
-                or group["maximize"] is not maximize
-                or group["params"] is not params
-                or len(params) != count
+                optim.max_grad_norm is not self._clip
+                or optim.noise_multiplier is not self._noise
+                or optim.loss_reduction is not self._reduction
+                or optim.original_optimizer is not base
+                or len(optim.__dict__) != self._attrs
+                or type(base) is not _SGD
+                or (self._expected is not None and optim.expected_batch_size is not self._expected)
+                or (self._world is not None and optim.world_size is not self._world)
             ):
                 return False
-        if kind is DistributedDPOptimizer and getattr(optim, "world_size", 1) is not world:
+            current, groups = base.param_groups, self._groups
+            if len(current) != len(groups):
+                return False
+            i = 0
+            for group in current:
+                lr, momentum, decay, nesterov, maximize, params, members, flags = groups[i]
+                if (
+                    group["lr"] is not lr
+                    or group["momentum"] is not momentum
+                    or group["weight_decay"] is not decay
+                    or group["nesterov"] is not nesterov
+                    or group["maximize"] is not maximize
+                    or group["params"] is not params
+                    or len(params) != len(members)
+                ):
+                    return False
+                j = 0
+                for p in params:  # none replaced in the list, frozen or unfrozen
+                    if p is not members[j] or p.requires_grad is not flags[j]:
+                        return False
+                    j += 1  # noqa: SIM113 (a counter: enumerate costs more here, see the class docstring)
+                i += 1  # noqa: SIM113
+            return True
+        except (AttributeError, KeyError, TypeError):  # the full check raises what it raises
             return False
-        return expected is None or optim.expected_batch_size is expected
-    except (AttributeError, KeyError, TypeError):  # the full check raises what it raises
-        return False
 
 
 def trainable(optim: Any) -> list[torch.Tensor]:
     """The parameters the DP optimizer clips, noises and updates (those with requires_grad)."""
     return [p for group in optim.original_optimizer.param_groups for p in group["params"] if p.requires_grad]
-
-
-def per_example_gradients(first: torch.Tensor) -> tuple[int, int]:
-    """(backward passes, per-example gradients) held by one parameter's ``grad_sample``."""
-    samples = getattr(first, "grad_sample", None)
-    if samples is None:
-        return 0, 0
-    if isinstance(samples, list):
-        return len(samples), sum(int(g.shape[0]) for g in samples)
-    return 1, int(samples.shape[0])
 
 
 def _batch_sizes(value: Any, dim: int, depth: int = 0) -> Iterator[int]:
@@ -254,6 +274,9 @@ def _batch_sizes(value: Any, dim: int, depth: int = 0) -> Iterator[int]:
     elif depth < 4 and isinstance(value, Mapping):
         for item in value.values():
             yield from _batch_sizes(item, dim, depth + 1)
+
+
+_grad_enabled, _Tensor = torch.is_grad_enabled, torch.Tensor  # read at every forward call
 
 
 class ExampleCounter:
@@ -273,12 +296,12 @@ class ExampleCounter:
         self._handle = module.register_forward_pre_hook(self._seen, with_kwargs=True)
 
     def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        if not (module.training and _grad_enabled()):
             return None  # Opacus records no per-sample gradients for this call
-        if not kwargs and len(args) == 1 and isinstance(args[0], torch.Tensor):  # the usual model(x)
-            batch = args[0]
-            if batch.dim() > self._dim:
-                self.count += int(batch.shape[self._dim])
+        if not kwargs and len(args) == 1 and isinstance(args[0], _Tensor):  # the usual model(x)
+            batch, dim = args[0], self._dim
+            if batch.ndim > dim:
+                self.count += batch.shape[dim]
             else:
                 self.unknown = True
             return None

@@ -10,7 +10,7 @@ import torch
 
 from lastiter_plugins.adapters import _opacus_internals as internals
 from lastiter_plugins.adapters._opacus_loaders import LoaderFacts, LoaderWatch
-from lastiter_plugins.adapters._opacus_observe import ExampleCounter, per_example_gradients, trainable
+from lastiter_plugins.adapters._opacus_observe import ExampleCounter, trainable
 from lastiter_plugins.adapters._opacus_projection import PROJECTIONS, next_stamp
 from lastiter_plugins.adapters._opacus_registration import LastIteratePipelineChangedError, Registration
 
@@ -38,6 +38,7 @@ class StepChecks:
         self.others = [] if module is None else [p for p in module.parameters() if id(p) not in ids]
         self.after: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
         self.pending = False
+        self._diameter = reg.assumptions.diameter  # (frozen)
         self.splitter = internals.SplitterFinder()
         self._handle = self.base.register_step_post_hook(_after_step(weakref.ref(self)))
 
@@ -58,28 +59,36 @@ class StepChecks:
         *,
         full: bool,
     ) -> None:
-        if self._optim() is not optim:
-            raise _Changed(
-                "the optimizer stepping this accountant must stay the DP optimizer it was bound to. "
-                "Found another optimizer. Use one PrivacyEngine per model and optimizer."
-            )
-        current = trainable(optim)
-        if len(current) != len(self.params) or any(a is not b for a, b in zip(current, self.params, strict=True)):
-            raise _Changed(
-                f"the parameters the DP optimizer trains must stay the same for the whole run (step {steps + 1}). "
-                f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} (a parameter was "
-                "added, removed, frozen or unfrozen). Decide what to train before make_private."
-            )
-        change = watch.changed()
-        if change is not None:
-            raise _Changed(f"{change} (step {steps + 1}).")
-        self._verify_examples(optim, facts, watch, counter, steps)
-        self.verify_parameters(steps)
-
-    def _verify_examples(
-        self, optim: Any, facts: LoaderFacts, watch: LoaderWatch, counter: ExampleCounter | None, steps: int
-    ) -> None:
-        passes, count = per_example_gradients(self.params[0])
+        """Check one step. ``full=False`` only when the caller has established
+        (:meth:`SteadyOptimizer.holds`) that ``optim`` is the very optimizer of the last full
+        check of these checks, training the very parameters it trained then (same param
+        groups, same tensors, same ``requires_grad``): then both facts, which that full check
+        compared, hold without comparing them again."""
+        if full:
+            if self._optim() is not optim:
+                raise _Changed(
+                    "the optimizer stepping this accountant must stay the DP optimizer it was bound to. "
+                    "Found another optimizer. Use one PrivacyEngine per model and optimizer."
+                )
+            current = trainable(optim)
+            if len(current) != len(self.params) or any(a is not b for a, b in zip(current, self.params, strict=True)):
+                raise _Changed(
+                    f"the parameters the DP optimizer trains must stay the same for the whole run (step {steps + 1}). "
+                    f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} (a parameter was "
+                    "added, removed, frozen or unfrozen). Decide what to train before make_private."
+                )
+        if not watch.unchanged():
+            change = watch.changed()
+            if change is not None:
+                raise _Changed(f"{change} (step {steps + 1}).")
+        # the examples whose clipped gradients the step sums (inline: this runs at every step)
+        samples = getattr(self.params[0], "grad_sample", None)  # Opacus' per-example gradients of a parameter
+        if samples is None:
+            passes = count = 0
+        elif isinstance(samples, list):  # one tensor per backward pass
+            passes, count = len(samples), sum(int(g.shape[0]) for g in samples)
+        else:
+            passes, count = 1, int(samples.shape[0])
         if passes > 1:
             raise _Changed(
                 f"{_ONE_EACH}. Found {passes} backward passes before this optimizer step (Opacus accumulated "
@@ -88,8 +97,7 @@ class StepChecks:
                 "batches they are not the batch the accountant counts. Call backward() once per step; for a "
                 "larger batch use DataLoader(batch_size=...) with BatchMemoryManager."
             )
-        skipped = internals.last_step_skipped(optim)
-        if skipped:
+        if internals.last_step_skipped(optim):
             total = self._skipped_total(optim, watch, counter, count)
         else:
             total = count
@@ -120,6 +128,7 @@ class StepChecks:
                 f"{_ONE_EACH}. Found {total} per-example gradients in one step for a dataset of "
                 f"{facts.dataset_size} examples."
             )
+        self.verify_parameters(steps)
 
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""
@@ -157,7 +166,9 @@ class StepChecks:
         """Nothing but the accounted steps (and the projection right after them) wrote to the
         model's parameters since the last step; with a declared diameter, they lie in the ball."""
         after = self.after
-        projection = PROJECTIONS.get(self.base) if PROJECTIONS else None
+        # (PROJECTIONS.data: the dict under the WeakKeyDictionary; empty means no projection at all,
+        # and bool(PROJECTIONS) would call Python code at every step)
+        projection = PROJECTIONS.get(self.base) if PROJECTIONS.data else None
         if after is not None:
             stamp, expected, others = after
             if (
@@ -168,14 +179,16 @@ class StepChecks:
                 and all(a is b for a, b in zip(projection.params, self.params, strict=True))
             ):
                 expected = projection.versions
-            if internals.versions(self.params) != expected or (others and internals.versions(self.others) != others):
+            if not internals.same_versions(self.params, expected) or (
+                others and not internals.same_versions(self.others, others)
+            ):
                 raise _Changed(
                     f"the model's parameters must change only through the accounted DP steps. Found an in-place "
                     f"write to them after step {steps} (another optimizer's step, a write by user code or a hook, "
                     "load_state_dict): the released model is no longer the output of the accounted run. Train "
                     "every parameter with the DP optimizer only, and do not edit them between steps."
                 )
-        diameter = self.reg.assumptions.diameter
+        diameter = self._diameter
         if diameter is None:
             return
         if projection is None or not projection.covers(self.base):
@@ -200,10 +213,13 @@ class StepChecks:
 
 
 def _after_step(ref: Any) -> Any:
+    versions = internals.versions
+
     def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
         checks = ref()
         if checks is not None and checks.pending:
             checks.pending = False
-            checks.after = (next_stamp(), internals.versions(checks.params), internals.versions(checks.others))
+            others = checks.others
+            checks.after = (next_stamp(), versions(checks.params), versions(others) if others else ())
 
     return hook

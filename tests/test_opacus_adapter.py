@@ -9,13 +9,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
 from opacus import PrivacyEngine  # noqa: E402
 from opacus.accountants import RDPAccountant, create_accountant  # noqa: E402
+from opacus.accountants.analysis.rdp import compute_rdp  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler  # noqa: E402
 
@@ -269,14 +272,26 @@ def test_noise_multiplier_change_refused(request):
 
 
 def _set_group(key, value):
-    def change(optimizer):
+    def change(optimizer, model):
         optimizer.param_groups[0][key] = value
 
     return change
 
 
-def _set_tensor_lr_in_place(optimizer):
+def _set_tensor_lr_in_place(optimizer, model):
     optimizer.param_groups[0]["lr"].fill_(LR / 2)  # same tensor object, new value
+
+
+def _reorder_parameters(optimizer, model):
+    optimizer.param_groups[0]["params"].reverse()  # the same list object, of the same length, other tensors in it
+
+
+def _freeze_weight(optimizer, model):
+    model._module.weight.requires_grad_(False)
+
+
+def _override_add_noise(optimizer, model):
+    optimizer.add_noise = optimizer.add_noise  # an instance attribute: any function could stand there
 
 
 @pytest.mark.parametrize(
@@ -285,23 +300,31 @@ def _set_tensor_lr_in_place(optimizer):
         (_set_group("momentum", 0.9), r"momentum must be 0 .*Found momentum=0.9"),
         (_set_group("weight_decay", 1e-4), r"weight_decay must be 0 .*Found weight_decay=0.0001"),
         (_set_group("nesterov", True), r"nesterov must be False .*Found nesterov=True"),
+        (_set_group("maximize", True), r"maximize must be False .*Found maximize=True"),
         (_set_group("lr", LR / 2), r"learning_rate must stay equal.*Found lr=0.25"),
         (_set_tensor_lr_in_place, r"learning_rate must stay equal.*Found lr=0.25"),
-        (lambda o: setattr(o, "max_grad_norm", 2.0), r"must stay constant.*clip_norm: 1.0 -> 2.0"),
-        (lambda o: setattr(o, "noise_multiplier", 0.5), r"must stay constant.*noise_multiplier: 1.0 -> 0.5"),
-        (lambda o: setattr(o, "loss_reduction", "sum"), r"must stay constant.*loss_reduction: 'mean' -> 'sum'"),
-        (lambda o: setattr(o, "expected_batch_size", 20), r"must stay constant.*normaliser: 10.0 -> 20.0"),
+        (lambda o, m: setattr(o, "max_grad_norm", 2.0), r"must stay constant.*clip_norm: 1.0 -> 2.0"),
+        (lambda o, m: setattr(o, "noise_multiplier", 0.5), r"must stay constant.*noise_multiplier: 1.0 -> 0.5"),
+        (lambda o, m: setattr(o, "loss_reduction", "sum"), r"must stay constant.*loss_reduction: 'mean' -> 'sum'"),
+        (lambda o, m: setattr(o, "expected_batch_size", 20), r"must stay constant.*normaliser: 10.0 -> 20.0"),
+        (_reorder_parameters, r"parameters the DP optimizer trains must stay the same.*Found 2 trainable"),
+        (_freeze_weight, r"parameters the DP optimizer trains must stay the same.*Found 1 trainable"),
+        (_override_add_noise, r"add_noise must be Opacus' own"),
     ],
     ids=[
         "momentum",
         "weight-decay",
         "nesterov",
+        "maximize",
         "lr",
         "tensor-lr-in-place",
         "clip",
         "noise",
         "reduction",
         "expected-batch",
+        "parameters-reordered-in-their-list",
+        "parameter-frozen",
+        "step-method-overridden",
     ],
 )
 def test_change_after_many_steps_refused_at_the_next_step(request, change, match):
@@ -313,7 +336,7 @@ def test_change_after_many_steps_refused_at_the_next_step(request, change, match
     engine, model, optimizer, loader = _private(name, optimizer=make)
     _train(model, optimizer, loader, epochs=2)
     assert engine.accountant.steps == 20
-    change(optimizer)
+    change(optimizer, model)
     before = [p.detach().clone() for p in model.parameters()]
     xb, yb = next(iter(loader))
     _loss(model, xb, yb).backward()
@@ -470,14 +493,32 @@ def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
     _train(model, optimizer, loader, epochs=2)
     steps = engine.accountant.steps
     assert steps == 20
-    expected = lp.epsilon("best", DELTA, POISSON_ORDERS, dataset_size=N, batch_size=10, noise_multiplier=1.0,
-                          learning_rate=LR, smoothness=0.25, sampling="poisson", relation="add_or_remove_one",
-                          steps=steps)  # fmt: skip
-    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+    # the core's description of the run, built here (not read from the adapter)
+    config = lp.TrainingConfig(dataset_size=N, batch_size=10, noise_multiplier=1.0, steps=steps, sampling="poisson",
+                               learning_rate=LR, relation="add_or_remove_one")  # fmt: skip
+    assumptions = lp.LossAssumptions(smoothness=0.25)
+    assert engine.accountant.training_config() == config
+    expected = lp.compute_epsilon("best", config, assumptions, DELTA, POISSON_ORDERS)
+    assert engine.get_epsilon(DELTA) == expected.epsilon  # exactly the core's number
+    # composition: the core's RDP curve is Opacus' sampled-Gaussian RDP (q = 1/len(loader) = b/n) at its orders
+    q = engine.accountant.history[0][1]
+    assert q == 10 / N
+    core_rdp = lp.compute_rdp("composition", config, assumptions, POISSON_ORDERS)
+    opacus_rdp = compute_rdp(q=q, noise_multiplier=1.0, steps=steps, orders=POISSON_ORDERS)
+    np.testing.assert_allclose(core_rdp, opacus_rdp, rtol=1e-9, atol=0)
+    # the core converts that curve losslessly (refining between grid orders), so its epsilon is at most Opacus'
+    # grid conversion of the same curve, and it is dp-accounting's conversion at the order the core reports
     composition = engine.accountant.epsilon_result(DELTA, bound="composition")
     rdp = RDPAccountant()
     rdp.history = list(engine.accountant.history)
-    assert composition.epsilon == pytest.approx(rdp.get_epsilon(DELTA, alphas=POISSON_ORDERS), rel=1e-6)
+    opacus_eps = rdp.get_epsilon(DELTA, alphas=POISSON_ORDERS)
+    assert composition.epsilon <= opacus_eps
+    order = composition.order
+    at_order = compute_rdp(q=q, noise_multiplier=1.0, steps=steps, orders=[order])
+    assert min(POISSON_ORDERS) <= order <= max(POISSON_ORDERS)
+    dp_eps, dp_order = dp_rdp.compute_epsilon([order], at_order, DELTA)
+    assert dp_order == order
+    assert composition.epsilon == pytest.approx(dp_eps, rel=1e-9)
 
 
 def test_poisson_batch_rounds_up_when_sample_rate_is_not_b_over_n(request):

@@ -47,7 +47,7 @@ def _private(name, loader, **kw):
     engine = PrivacyEngine(accountant=name)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False, **kw,
+        noise_multiplier=1.0, max_grad_norm=1.0, **{"poisson_sampling": False, **kw},
     )  # fmt: skip
     return engine, model, optimizer, loader
 
@@ -115,6 +115,61 @@ def test_loader_replaced_after_make_private_is_refused(request):
     half = torch.utils.data.Subset(_dataset(), range(N // 2))
     with pytest.raises(lp.PipelineChangedError, match="no longer exists"):
         _train(model, optimizer, DataLoader(half, batch_size=B))
+
+
+def _reverse_permutation(loader):
+    sampler = loader.batch_sampler.sampler
+    sampler._permutation = tuple(reversed(sampler._permutation))
+
+
+def _sample_with_replacement(loader):
+    loader.batch_sampler.sampler.replacement = True
+
+
+def _halve_sample_rate(loader):
+    loader.batch_sampler.sample_rate /= 2
+
+
+@pytest.mark.parametrize(
+    ("sampling", "change", "match"),
+    [
+        ("shuffle_once", _reverse_permutation, r"sampler state: a tuple of 500 -> a tuple of 500"),
+        ("reshuffle", _sample_with_replacement, r"sampler state: \(False, 500, 500\) -> \(True, 500, 500\)"),
+        ("poisson", _halve_sample_rate, r"sampler state: 0.1 -> 0.05"),
+    ],
+    ids=["shuffle-once-permutation", "reshuffle-replacement", "poisson-sample-rate"],
+)
+def test_sampler_changed_after_many_steps_is_refused(request, sampling, change, match):
+    """Each sampler's parameters are re-read at every step, also after many identical ones."""
+    name = _register(request, sampling=sampling, relation="add_or_remove_one" if sampling == "poisson" else "replace_one",
+                     orders=[2.0, 4.0, 8.0])  # fmt: skip
+    data = _dataset()
+    loader = {"shuffle_once": DataLoader(data, batch_size=B, sampler=lo.ShuffleOnceSampler(data)),
+              "reshuffle": DataLoader(data, batch_size=B, shuffle=True),
+              "poisson": DataLoader(data, batch_size=B)}[sampling]  # fmt: skip
+    engine, model, optimizer, loader = _private(name, loader, poisson_sampling=sampling == "poisson")
+    _train(model, optimizer, loader, epochs=2)
+    steps = engine.accountant.steps
+    assert steps >= 2 * 9
+    change(loader)
+    with pytest.raises(lp.PipelineChangedError, match=match):
+        _train(model, optimizer, loader)
+    assert engine.accountant.steps == steps
+
+
+def test_equal_permutation_in_a_new_tuple_is_accepted(request):
+    """The sampler's state is compared by value: an equal permutation in a new tuple is the same sampler."""
+    name = _register(request, sampling="shuffle_once", gradient_norms_within_clip=True)
+    data = _dataset()
+    sampler = lo.ShuffleOnceSampler(data, seed=3)
+    engine, model, optimizer, loader = _private(name, DataLoader(data, batch_size=B, sampler=sampler))
+    _train(model, optimizer, loader)
+    sampler._permutation = tuple(list(sampler._permutation))
+    _train(model, optimizer, loader)
+    expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=B, noise_multiplier=1.0, learning_rate=LR,
+                          smoothness=0.25, gradient_norms_within_clip=True, sampling="shuffle_once",
+                          steps=2 * N // B)  # fmt: skip
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
 
 
 # ---------------------------------------------------------------- one example, one clipped gradient
