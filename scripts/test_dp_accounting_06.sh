@@ -13,10 +13,12 @@
 #   DPA06_VENV  venv folder (default .venv-dpa06 in the repo root; git-ignored)
 #   PYTHON      interpreter that creates the venv (default python3, must be >= 3.10)
 #
-# Default selection: every tests/test_*.py except the Opacus and TF Privacy
-# adapter tests (their frameworks are not installed here) and the packaging
-# tests (they build a wheel; not about dp-accounting). Slow suites stay off
-# unless --runslow is passed. Exit status is pytest's.
+# Default selection: the tests whose results depend on dp-accounting's version: the
+# dp-accounting adapter and its shared contract tests, the baselines pinned to
+# dp-accounting (known values, Liang's sampled Gaussian), the conversion (dp-accounting's
+# formula) and the profiles (checked against its PLD). The rest of the core does not
+# import dp-accounting and runs once, in .venv. Slow suites stay off unless --runslow
+# is passed. Exit status is pytest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,10 +42,8 @@ case "$version" in
 esac
 
 if [ "$#" -eq 0 ]; then
-  set -- tests -q \
-    --ignore-glob='*/test_opacus*' \
-    --ignore-glob='*/test_tf_privacy*' \
-    --ignore-glob='*/test_packaging*'
+  set -- -q tests/test_dp_accounting_adapter.py tests/test_known_values.py tests/test_liang_sensitivity.py \
+    tests/test_conversion.py tests/test_profiles.py
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"
