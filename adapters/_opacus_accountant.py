@@ -8,11 +8,12 @@ import math
 import numbers
 import weakref
 from collections import OrderedDict
+from copy import deepcopy
 from typing import Any
 
 import numpy as np
 import torch
-from opacus.accountants import IAccountant, register_accountant
+from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters import _opacus_internals as internals
@@ -76,7 +77,8 @@ class LastIterateAccountant(IAccountant):
     def __init__(self) -> None:
         if self._registration is None:
             raise TypeError(
-                "use lastiter_plugins.adapters.opacus.register(name, ...) and PrivacyEngine(accountant=name)"
+                "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
+                "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
         super().__init__()
         self.history: list[tuple[float, float, int]] = []
@@ -91,7 +93,9 @@ class LastIterateAccountant(IAccountant):
     # -- IAccountant
     @classmethod
     def mechanism(cls) -> str:
-        return cls._registration.name if cls._registration is not None else "lastiter"
+        name = cls._registration.name if cls._registration is not None else "lastiter"
+        internals.refuse_host_calibration(name)  # Opacus 1.5's make_private_with_epsilon cannot create it
+        return name
 
     @property
     def registration(self) -> Registration:
@@ -405,7 +409,10 @@ class LastIterateAccountant(IAccountant):
 
     # -- checkpoints
     def state_dict(self, destination: Any = None) -> Any:
-        destination = super().state_dict(destination if destination is not None else OrderedDict())
+        # Opacus' two keys, written here (as Opacus 1.6 does; 1.5's IAccountant stores the mechanism method)
+        destination = destination if destination is not None else OrderedDict()
+        destination["history"] = deepcopy(self.history)
+        destination["mechanism"] = self.mechanism()
         destination["lastiter"] = {
             "format": 2,
             "registration": self._registration.to_dict(),
@@ -434,7 +441,7 @@ class LastIterateAccountant(IAccountant):
         observed = None if extra.get("observed") is None else Observed.from_dict(extra["observed"])
         if observed is not None and history and self._binding is not None:
             self._check_permutation(observed.permutation_digest, self._binding.facts.permutation_digest)
-        super().load_state_dict({"history": history, "mechanism": state_dict["mechanism"]})
+        self.history = history  # what IAccountant.load_state_dict sets, after the checks above
         self._observed = observed
         self._resumed = bool(history)
         self._steady = None
@@ -444,10 +451,10 @@ class LastIterateAccountant(IAccountant):
 
 
 def register_class(name: str, reg: Registration, force: bool) -> None:
-    """Register the configured subclass of :class:`LastIterateAccountant` with Opacus."""
+    """Register the configured subclass of :class:`LastIterateAccountant` (with Opacus' registry where it has one)."""
     cls = type(
         f"LastIterateAccountant_{name}",
         (LastIterateAccountant,),
         {"_registration": reg, "__module__": __name__, "__doc__": f"Last-iterate accountant {name!r}."},
     )
-    register_accountant(name, cls, force=force)
+    internals.register_accountant(name, cls, force=force)

@@ -11,7 +11,21 @@ and why:
 * a scan of the live objects for the ``BatchSplittingSampler`` of a
   ``BatchMemoryManager`` (Opacus offers no way to ask an optimizer who splits its batches);
 * ``Tensor._version`` (torch): bumped by every in-place write to a parameter, it
-  shows writes made outside the DP optimizer's step.
+  shows writes made outside the DP optimizer's step;
+* ``PrivacyEngine.dataset`` (set by ``make_private``): whether an engine has already
+  handed its accountant's hook to an optimizer.
+
+It also holds everything that differs between the tested Opacus versions. Opacus 1.6
+has an accountant registry (``opacus.accountants.register_accountant``;
+``PrivacyEngine(accountant=name)`` and ``make_private_with_epsilon`` create any
+registered name). Opacus 1.5 has none: its ``create_accountant`` knows only ``rdp``,
+``gdp`` and ``prv``. There :func:`register_accountant` keeps the adapter's own
+registry, :func:`create_accountant` reads it, the accountant is assigned to the
+engine (``engine.accountant = ...``), and :func:`refuse_host_calibration` refuses
+``make_private_with_epsilon`` (whose calibration would create the accountant by name)
+with :class:`lastiter_plugins.UnsupportedHostError`. (Opacus 1.5's
+``IAccountant.state_dict`` stores the ``mechanism`` method, not its value; the
+accountant writes and reads both of Opacus' keys itself, so that needs no switch.)
 
 :func:`require_tested_opacus` refuses an Opacus version these reads were not
 tested with (:data:`TESTED_OPACUS`).
@@ -25,6 +39,7 @@ import weakref
 from typing import Any
 
 import opacus
+import opacus.accountants
 from opacus.privacy_engine import PrivacyEngine
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 
@@ -32,6 +47,13 @@ import lastiter_plugins as lp
 
 #: Opacus minor versions whose internals this module was tested against.
 TESTED_OPACUS = ("1.5", "1.6")
+
+#: Whether Opacus has an accountant registry (1.6: ``register_accountant``); 1.5 has none.
+HAS_ACCOUNTANT_REGISTRY = hasattr(opacus.accountants, "register_accountant")
+
+#: Opacus 1.5: the adapter's own registry of accountant classes by name (Opacus' names stay Opacus').
+_ADAPTER_ACCOUNTANTS: dict[str, type] = {}
+_OPACUS_15_NAMES = ("rdp", "gdp", "prv")
 
 
 def opacus_version() -> str:
@@ -47,6 +69,57 @@ def require_tested_opacus(version: str | None = None) -> None:
             f"opacus version must be one of {', '.join(v + '.x' for v in TESTED_OPACUS)} for the last-iterate "
             f"adapter: it reads Opacus internals (make_private's arguments, the skip-step flag) that other versions "
             f"may change. Found opacus {version}. Install a tested version (pip install 'opacus>=1.5,<1.7')."
+        )
+
+
+def register_accountant(name: str, cls: type, *, force: bool) -> None:
+    """Register ``cls`` under ``name``: with Opacus' registry (1.6), else the adapter's (1.5).
+
+    Raises ValueError (Opacus' message) when ``name`` is taken and ``force`` is False.
+    """
+    if HAS_ACCOUNTANT_REGISTRY:
+        opacus.accountants.register_accountant(name, cls, force=force)
+        return
+    if not force and (name in _OPACUS_15_NAMES or name in _ADAPTER_ACCOUNTANTS):
+        raise ValueError(f"Accountant for mechanism {name} is already registered")
+    _ADAPTER_ACCOUNTANTS[name] = cls
+
+
+def create_accountant(name: str) -> Any:
+    """A new accountant of the class registered under ``name`` (Opacus' registry on 1.6, the adapter's on 1.5)."""
+    if HAS_ACCOUNTANT_REGISTRY:
+        return opacus.accountants.create_accountant(name)
+    if name in _ADAPTER_ACCOUNTANTS:
+        return _ADAPTER_ACCOUNTANTS[name]()
+    return opacus.accountants.create_accountant(name)
+
+
+def engine_made_private(engine: Any) -> bool:
+    """Whether ``engine.make_private`` has run (it sets ``engine.dataset`` from the data loader, and
+    has then given the optimizer the hook of the accountant the engine held at that time)."""
+    return getattr(engine, "dataset", None) is not None
+
+
+def refuse_host_calibration(name: str) -> None:
+    """On Opacus 1.5, raise UnsupportedHostError when called (through the accountant's ``mechanism()``)
+    by ``PrivacyEngine.make_private_with_epsilon``: its calibration creates a fresh accountant with
+    ``create_accountant(self.accountant.mechanism())``, which in 1.5 knows only rdp, gdp and prv
+    (it would fail with "Unexpected accounting mechanism", or, for a name forced over Opacus' own,
+    calibrate with Opacus' accountant instead of this one). Nothing on Opacus 1.6."""
+    if HAS_ACCOUNTANT_REGISTRY:
+        return
+    frame = sys._getframe(2)  # 0: here, 1: mechanism(), 2: its caller
+    try:
+        called_by_calibration = frame is not None and frame.f_code is PrivacyEngine.make_private_with_epsilon.__code__
+    finally:
+        del frame
+    if called_by_calibration:
+        raise lp.UnsupportedHostError(
+            f"PrivacyEngine.make_private_with_epsilon must create the accountant by name to calibrate, which "
+            f"needs Opacus' accountant registry (Opacus >= 1.6). Found opacus {opacus_version()}, whose "
+            f"create_accountant knows only {', '.join(_OPACUS_15_NAMES)}, with last-iterate accountant {name!r}. "
+            "Calibrate with lastiter_plugins.calibrate_noise(...) and call make_private(noise_multiplier=...), "
+            "or install opacus 1.6."
         )
 
 

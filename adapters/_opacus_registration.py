@@ -1,14 +1,17 @@
-"""Registration of configured accountants under a name, and the adapter's errors."""
+"""Registration of configured accountants under a name, creating and attaching them, and the adapter's errors."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lastiter_plugins as lp
 from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_orders
+
+if TYPE_CHECKING:
+    from lastiter_plugins.adapters._opacus_glm import GlmDeclaration
 
 
 class LastIterateConfigurationError(lp.NotApplicableError):
@@ -37,9 +40,18 @@ class Registration:
     learning_rate: float
     assumptions: lp.LossAssumptions
     orders: tuple[float, ...] | None = None
+    #: model="glm": the declared loss and feature-norm bound (the assumptions are derived from the model)
+    glm: GlmDeclaration | None = None
+    #: torch SGD weight_decay per parameter group that the optimizer check accepts (None: 0 everywhere);
+    #: set by the GLM route, which folds it into the derived constants
+    weight_decays: tuple[float, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.glm is not None:  # only then, so that checkpoints of declared runs keep their format
+            extra = {"glm": self.glm.to_dict(), "weight_decays": list(self.weight_decays or ())}
         return {
+            **extra,
             "name": self.name,
             "bound": self.bound,
             "sampling": self.sampling.value,
@@ -69,13 +81,20 @@ def register(
     relation: str | lp.Relation = lp.Relation.REPLACE_ONE,
     orders: Sequence[float] | None = None,
     force: bool = False,
+    model: str | None = None,
+    loss: str | None = None,
+    feature_norm: float | None = None,
+    huber_delta: float | None = None,
     **renamed: Any,
 ) -> str:
     r"""Register a pre-configured last-iterate accountant under ``name``.
 
     Opacus instantiates registered accountants with no arguments, so the
     configuration is bound to the name. Afterwards ``PrivacyEngine(accountant=name)``
-    uses it.
+    uses it (Opacus 1.6). Opacus 1.5 has no accountant registry and its
+    ``PrivacyEngine(accountant=name)`` refuses the name: there use
+    ``attach(PrivacyEngine(), name)`` (also fine on 1.6), or assign
+    ``engine.accountant = create_accountant(name)`` before ``make_private``.
 
     Args:
       name: the mechanism name (``accountant.mechanism()`` returns it).
@@ -90,6 +109,15 @@ def register(
       relation: the neighbouring relation of the guarantee.
       orders: Renyi orders (default: the library's grid).
       force: replace an existing registration of ``name`` with a different configuration.
+      model: ``"glm"`` derives the loss assumptions instead of taking them (certified linear models,
+        docs/opacus.md): the model's only trainable layer must be a final ``nn.Linear`` fed by a
+        ``FeatureNormClip(A)``; the constants are derived at ``make_private`` from the model, the clip
+        norm and SGD's ``weight_decay``, and checked at every step. ``smoothness``, ``weak_convexity``,
+        ``strong_convexity`` and ``gradient_norms_within_clip`` must then be left out.
+      loss: with ``model="glm"``: ``"logistic"`` (``BCEWithLogitsLoss``), ``"softmax"``
+        (``CrossEntropyLoss``) or ``"huber"`` (``HuberLoss(delta=huber_delta)``).
+      feature_norm: with ``model="glm"``: A, the bound of the ``FeatureNormClip``.
+      huber_delta: with ``loss="huber"``: the Huber loss' delta.
 
     Returns:
       ``name``.
@@ -112,6 +140,29 @@ def register(
         raise ValueError(f"bound must be one of {', '.join(lp.BOUND_IDS)}. Found {bound!r}.")
     sampling = lp.Sampling.parse(sampling)
     relation = lp.Relation.parse(relation)
+    glm = None
+    if model is not None:
+        from lastiter_plugins.adapters._opacus_glm import declare
+
+        if model != "glm":
+            raise ValueError(f"model must be None or 'glm' (a certified linear model). Found {model!r}.")
+        glm = declare(
+            loss=loss,
+            feature_norm=feature_norm,
+            huber_delta=huber_delta,
+            smoothness=smoothness,
+            weak_convexity=weak_convexity,
+            strong_convexity=strong_convexity,
+            gradient_norms_within_clip=gradient_norms_within_clip,
+        )
+    else:
+        given = [
+            k
+            for k, v in (("loss", loss), ("feature_norm", feature_norm), ("huber_delta", huber_delta))
+            if v is not None
+        ]
+        if given:
+            raise ValueError(f"{', '.join(given)} need model='glm'. Found them without it.")
     assumptions = lp.LossAssumptions(
         smoothness=smoothness,
         weak_convexity=weak_convexity,
@@ -154,6 +205,7 @@ def register(
         learning_rate=float(probe.learning_rate),
         assumptions=assumptions,
         orders=frozen_orders,
+        glm=glm,
     )
     previous = _REGISTRATIONS.get(name)
     if previous is not None and previous == reg:
@@ -163,9 +215,66 @@ def register(
             f"accountant name {name!r} is already registered with a different configuration "
             f"({previous.to_dict()}); pass force=True to replace it or choose another name."
         )
-    register_class(name, reg, force=force or previous is not None)
+    if glm is not None:
+        from lastiter_plugins.adapters._opacus_glm import register_class as register_glm_class
+
+        register_glm_class(name, reg, force=force or previous is not None)
+    else:
+        register_class(name, reg, force=force or previous is not None)
     _REGISTRATIONS[name] = reg
     return name
+
+
+def create_accountant(name: str) -> Any:
+    """A new accountant of the configuration registered under ``name`` (Opacus 1.5 and 1.6).
+
+    Raises:
+      ValueError: nothing is registered under ``name`` (call ``register`` first).
+    """
+    from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
+    from lastiter_plugins.adapters._opacus_internals import create_accountant as host_create
+
+    registration(name)  # raises if the name is not ours
+    accountant = host_create(name)
+    if not isinstance(accountant, LastIterateAccountant):  # the name was taken over after register()
+        raise ValueError(
+            f"accountant name {name!r} must stand for the last-iterate accountant registered with register(). "
+            f"Found {type(accountant).__name__} registered under it since; register it again."
+        )
+    return accountant
+
+
+def attach(engine: Any, name: str) -> Any:
+    """Give ``engine`` (an ``opacus.PrivacyEngine``) a new accountant of the configuration registered
+    under ``name``, and return it: ``engine.accountant = create_accountant(name)``.
+
+    The way to use a last-iterate accountant with Opacus 1.5, whose ``PrivacyEngine(accountant=...)``
+    knows only rdp, gdp and prv; on Opacus 1.6 it is the same as ``PrivacyEngine(accountant=name)``.
+    Call it before ``make_private``, which hands the optimizer the hook of the accountant the engine
+    holds at that time.
+
+    Raises:
+      TypeError: ``engine`` is not an ``opacus.PrivacyEngine``.
+      ValueError: nothing is registered under ``name``.
+      LastIterateConfigurationError: ``engine.make_private`` has already run (its optimizer reports
+        its steps to the accountant the engine held then, so the new one would see none).
+    """
+    from opacus import PrivacyEngine
+
+    from lastiter_plugins.adapters._opacus_internals import engine_made_private
+
+    if not isinstance(engine, PrivacyEngine):
+        raise TypeError(f"engine must be an opacus.PrivacyEngine. Found {type(engine).__name__}.")
+    if engine_made_private(engine):
+        raise LastIterateConfigurationError(
+            f"attach(engine, {name!r}) must come before engine.make_private: the optimizer make_private returned "
+            f"reports its steps to the accountant the engine held then ({type(engine.accountant).__name__}), so "
+            "the new accountant would see none. Found an engine that has already made a model private. Create a "
+            "new PrivacyEngine, attach the accountant, then call make_private."
+        )
+    accountant = create_accountant(name)
+    engine.accountant = accountant
+    return accountant
 
 
 def registration(name: str) -> Registration:

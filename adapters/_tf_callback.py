@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 import lastiter_plugins as lp
@@ -16,6 +17,7 @@ from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_delta, validate_orders
 
 from . import _tf_config as conf
+from . import _tf_glm
 from . import _tf_internals as internals
 from ._tf_config import AccountingError
 from ._tf_projection import ProjectionCallback
@@ -65,6 +67,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         :class:`ProjectionCallback` with diameter <= D in the same fit call.
       relation: ``replace_one`` (default) or ``add_or_remove_one``.
       orders: Renyi orders (default: the library's grid).
+      model: ``"glm"`` derives the loss assumptions instead of taking them (a certified linear model:
+        one trainable ``Dense`` without activation, fed by a ``FeatureNormClip``, and the loss read from
+        ``model.compile``; see docs/tf_privacy.md); the four assumption arguments above must then be
+        left out (``diameter`` stays, with a ``ProjectionCallback``).
+      feature_norm: with ``model="glm"``: A, the bound of the ``FeatureNormClip``.
 
     Raises:
       ValueError: invalid arguments (at construction), ``clipping=`` (renamed).
@@ -89,6 +96,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         gradient_norms_within_clip: bool = False,
         relation: str | Relation = Relation.REPLACE_ONE,
         orders: Sequence[float] | None = None,
+        model: str | None = None,
+        feature_norm: float | None = None,
         **renamed: Any,
     ) -> None:
         super().__init__()
@@ -109,6 +118,13 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self.dataset_size = int(dataset_size)
         self.delta = validate_delta(delta)
         self.relation = Relation.parse(relation)
+        given = {
+            "smoothness": smoothness is not None,
+            "weak_convexity": weak_convexity != 0.0,
+            "strong_convexity": strong_convexity != 0.0,
+            "gradient_norms_within_clip": gradient_norms_within_clip is not False,
+        }
+        self._glm = _tf_glm.declare(model=model, feature_norm=feature_norm, declared=given)
         self.assumptions = LossAssumptions(
             smoothness=smoothness,
             weak_convexity=weak_convexity,
@@ -133,6 +149,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self._projection: ProjectionCallback | None = None
         self._trainable_ids: tuple[int, ...] = ()
         self._moved_tolerance = 0.0
+        self._glm_probe: _tf_glm.Probe | None = None
+        self.glm_structure: _tf_glm.Structure | None = None  # model="glm": what the constants were derived from
 
     # -- reading ------------------------------------------------------------
 
@@ -226,6 +244,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 "does). Found a model trained by an earlier accounted fit."
             )
         conf.check_model(model)
+        if self._glm is not None:  # model="glm": derive the assumptions (diameter stays declared)
+            clip = min(settings.l2_norm_clip, float(np.float32(settings.l2_norm_clip)))
+            self.assumptions, self.glm_structure = _tf_glm.derive(
+                self._glm, model, clip_norm=clip, diameter=self.assumptions.diameter
+            )
         self._projection = self._check_projection(fit)
         conf.check_stopping(fit.callbacks)
         planned_steps = max(fit.epochs, 1) * fit.steps_per_epoch
@@ -252,6 +275,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             # float32 rounding of the projection, relative to the ball's size; 0 without a projection
             self._moved_tolerance = _TOLERANCE * (self._projection.radius + _center_norm(self._projection))
         self._probe = internals.StepProbe(model, model.optimizer, ball)
+        if self.glm_structure is not None:
+            self._glm_probe = _tf_glm.Probe(model, self.glm_structure)
 
     def _check_projection(self, fit: conf.FitSettings) -> ProjectionCallback | None:
         projections = [cb for cb in fit.callbacks if isinstance(cb, ProjectionCallback)]
@@ -283,6 +308,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         raise PipelineChangedError(message)
 
     def _remove_probe(self) -> None:
+        if self._glm_probe is not None:  # wraps the core probe's train_step wrapper: removed first
+            self._glm_probe.remove()
+            self._glm_probe = None
         if self._probe is not None:
             self._probe.remove()
             self._probe = None
@@ -392,6 +420,10 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                     "from its center (code after ProjectionCallback moved the weights out). Put nothing that "
                     "changes the weights after ProjectionCallback" + _VOID
                 )
+        if self._glm_probe is not None:
+            problem = self._glm_probe.problem(k)
+            if problem is not None:
+                self._fail(f"{problem} (step {k})" + _VOID)
 
     def _check_final_in_ball(self) -> None:
         if self._projection is None or self.model is None:

@@ -15,7 +15,15 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
   without-replacement sampled, RepeatAndSelect, ZCDp on 0.6, ...) is delegated
   to dp-accounting's ``rdp.RdpAccountant`` with the same orders and relation.
   So one accountant covers a pipeline mixing last-iterate runs with standard
-  mechanisms.
+  mechanisms. A ledger holding one run and nothing else is answered exactly as
+  :func:`lastiter_plugins.compute_epsilon` answers for it (lossless, f-DP
+  bounds included); any composition is converted from the summed RDP on the
+  order grid.
+* ``LastIteratePldAccountant`` (in ``_dpa_pld``) composes runs certified
+  mu-GDP (an f-DP bound whose privacy profile is one Gaussian) as the
+  dominating Gaussian mechanism in dp-accounting's ``PLDAccountant``, with the
+  standard events there (tighter than adding RDP curves; the host's
+  discretisation rounds pessimistically).
 
 Why runs compose additively in RDP: every bound of the library holds for an
 arbitrary initial iterate, the same under both neighbouring datasets (inside
@@ -54,7 +62,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attr
 import dp_accounting
@@ -62,17 +70,32 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
+from lastiter_plugins.adapters import _dpa_run
 from lastiter_plugins.api import build, compute_rdp
 from lastiter_plugins.config import Relation, Sampling, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_orders
 from lastiter_plugins.registry import BOUND_IDS
 
+if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ (it imports this module)
+    from lastiter_plugins.adapters._dpa_pld import LastIteratePldAccountant
+
 __all__ = [
     "BoundId",
     "LastIterateAccountant",
     "LastIterateDpSgdEvent",
+    "LastIteratePldAccountant",
     "SamplingScheme",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # LastIteratePldAccountant lives in _dpa_pld, which imports this module; loaded on first use.
+    if name == "LastIteratePldAccountant":
+        from lastiter_plugins.adapters._dpa_pld import LastIteratePldAccountant
+
+        return LastIteratePldAccountant
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 NeighboringRelation = dp_accounting.NeighboringRelation
 CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetails
@@ -228,14 +251,37 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             a precondition fails); the message names the condition and the theorem.
           ValueError: an invalid parameter.
         """
+        config, assumptions, no_noise = self._build(neighboring_relation)
+        curve = compute_rdp(_to_bound(bound).value, config, assumptions, orders)
+        return np.full_like(curve, np.inf) if no_noise else curve
+
+    def gaussian_mu(self, bound: str = "best", neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> float:
+        r"""mu such that the run is mu-GDP for ``neighboring_relation`` by ``bound``.
+
+        ``bound``: a GDP bound whose privacy profile is one Gaussian
+        (``shifted-interpolation-full-batch``, ``shifted-interpolation-cyclic``),
+        or ``best``: the smallest mu over those that apply. The run is then
+        dominated by a Gaussian mechanism of sensitivity 1 and noise 1/mu
+        (infinite for ``noise_multiplier=0``).
+
+        Raises:
+          NotApplicableError: no such bound applies (a Renyi-DP bound, a mixture
+            profile such as ``shifted-interpolation-shuffle``, or a failed
+            precondition); the message says which and what to use instead.
+        """
+        config, assumptions, no_noise = self._build(neighboring_relation)
+        mu, _ = _dpa_run.gaussian_mu(_to_bound(bound).value, config, assumptions)
+        return math.inf if no_noise else mu
+
+    def _build(self, neighboring_relation: Any) -> tuple[Any, Any, bool]:
+        """(TrainingConfig, LossAssumptions, noise is zero) for the relation, validated."""
         relation = _parse_relation(neighboring_relation)
         params = self.to_params()
         no_noise = _is_zero(self.noise_multiplier)
         if no_noise:  # no precondition depends on z; validate everything else with a placeholder
             params["noise_multiplier"] = 1.0
         config, assumptions = build(relation=relation, **params)
-        curve = compute_rdp(_to_bound(bound).value, config, assumptions, orders)
-        return np.full_like(curve, np.inf) if no_noise else curve
+        return config, assumptions, no_noise
 
 
 def _parse_relation(value: Any) -> Relation:
@@ -384,6 +430,32 @@ def _host_rdp(event: Any, orders: tuple[float, ...], relation: Any) -> np.ndarra
     return _host_rdp_cached(event, orders, relation)
 
 
+# ---------------------------------------------------------------- one run alone (lossless)
+
+
+def _run_inputs(run: Any, relation: Relation, orders_key: tuple[float, ...] | None) -> tuple[Any, Any, Any]:
+    config, assumptions, _ = run._build(relation)
+    return config, assumptions, None if orders_key is None else np.array(orders_key)
+
+
+# Cached: snapshots and host calibration ask the same state the same question many times.
+@functools.lru_cache(maxsize=256)
+def _single_run_epsilon(
+    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, delta: float
+) -> tuple[float, float | None]:
+    config, assumptions, orders = _run_inputs(run, relation, orders_key)
+    result = _dpa_run.epsilon(bound, config, assumptions, delta, orders)
+    return float(result.epsilon), result.order
+
+
+@functools.lru_cache(maxsize=256)
+def _single_run_delta(
+    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, eps: float
+) -> tuple[float, float | None]:
+    config, assumptions, orders = _run_inputs(run, relation, orders_key)
+    return _dpa_run.delta(bound, config, assumptions, eps, orders)
+
+
 # ---------------------------------------------------------------- the accountant
 
 
@@ -395,10 +467,12 @@ class _Plan:
     last_iterate_runs: int = 0
     standard_events: int = 0
     non_private: bool = False
+    run: Any = None  # the first last-iterate run (the answer when it is the only event)
 
     def __iadd__(self, other: "_Plan") -> "_Plan":
         self.rdp = self.rdp + other.rdp
         self.last_iterate_runs += other.last_iterate_runs
+        self.run = self.run if self.run is not None else other.run
         self.standard_events += other.standard_events
         self.non_private = self.non_private or other.non_private
         return self
@@ -420,6 +494,15 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
     outputs of the standard mechanisms and the FINAL model of each last-iterate
     run (not its intermediate iterates).
 
+    A ledger holding exactly one last-iterate run and nothing else is answered
+    exactly as ``lastiter_plugins.compute_epsilon`` answers for that run
+    (lossless; an f-DP bound's privacy profile converted exactly). Anything
+    else composed (a second run, the same run twice, a standard event) is the
+    sum of the RDP curves (an f-DP bound enters with the RDP its profile
+    implies: alpha mu^2 / 2, or the mixture's) converted on the order grid.
+    For runs certified mu-GDP, ``LastIteratePldAccountant`` composes with
+    standard events in dp-accounting's PLD accountant instead.
+
     Args:
       bound: the bound last-iterate runs are accounted with: an id of
         ``lastiter_plugins.BOUND_IDS`` (``best``, the default, is the per-order
@@ -439,6 +522,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         self._bound = _to_bound(bound)
         super().__init__(_HOST_RELATION[relation])
         self._relation = relation
+        self._default_orders = orders is None
         self._orders = validate_orders(orders)
         self._orders.setflags(write=False)
         self._orders_key = tuple(float(a) for a in self._orders)
@@ -446,6 +530,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         self._last_iterate_runs = 0
         self._standard_events = 0
         self._non_private = False
+        self._run: LastIterateDpSgdEvent | None = None
 
     # ------------------------------------------------------------ planning
 
@@ -488,7 +573,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
             curve = event.rdp(self._bound.value, self._orders, self._relation)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
             raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
-        return _Plan(self._scale(curve, count), last_iterate_runs=count)
+        return _Plan(self._scale(curve, count), last_iterate_runs=count, run=event if count else None)
 
     def _plan_standard(self, event: Any, count: int) -> _Plan:
         _check_standard(event)
@@ -500,6 +585,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         self._last_iterate_runs += plan.last_iterate_runs
         self._standard_events += plan.standard_events
         self._non_private = self._non_private or plan.non_private
+        self._run = self._run if self._run is not None else plan.run
 
     # ------------------------------------------------------------ PrivacyAccountant API
 
@@ -561,30 +647,61 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         """The neighbouring relation, as ``lastiter_plugins.Relation``."""
         return self._relation
 
-    def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float]:
+    def _single_run(self) -> tuple[Any, ...] | None:
+        """The cache key (run, bound, relation, orders or None) of the one last-iterate run
+        when it is the only event composed (NoOps aside) and has noise, else None."""
+        if self._last_iterate_runs != 1 or self._standard_events or self._non_private or self._run is None:
+            return None
+        if _is_zero(self._run.noise_multiplier):
+            return None
+        return (self._run, self._bound.value, self._relation, None if self._default_orders else self._orders_key)
+
+    def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float | None]:
         """(epsilon, optimal order) at ``target_delta`` in [0, 1].
 
-        For 0 < delta < 1 this is ``lastiter_plugins``' conversion (dp-accounting's
-        ``compute_epsilon``, improved conversion; warns with ``OrderGridWarning``
-        when the optimum is at an edge of the grid), so a single run agrees with
-        ``lastiter_plugins.epsilon``."""
+        One last-iterate run and nothing else: exactly
+        ``lastiter_plugins.compute_epsilon`` for that run and the accountant's
+        bound, orders and relation (lossless: a privacy profile is converted
+        exactly, with order None; a curve linear in the order at its continuous
+        optimum; any other curve refined between the orders). Anything else
+        composed: the sum of the RDP curves on the order grid, converted by
+        ``lastiter_plugins``' conversion (dp-accounting's ``compute_epsilon``,
+        improved conversion; warns with ``OrderGridWarning`` when the optimum is
+        at an edge of the grid). Valid either way."""
         if not (_is_real(target_delta) and 0 <= target_delta <= 1):
             raise ValueError(f"target_delta must be in [0, 1]. Found {target_delta!r}.")
         if 0 < target_delta < 1:
+            single = self._single_run()
+            if single is not None:
+                return _single_run_epsilon(*single, float(target_delta))
             return rdp_to_epsilon(self._orders, self._rdp, float(target_delta))
         eps, order = _dp_rdp.compute_epsilon(self._orders, self._rdp, float(target_delta))
         return float(eps), float(order)
 
     def get_epsilon(self, target_delta: float) -> float:
-        """Epsilon at ``target_delta`` for everything composed so far (see the class docstring)."""
+        """Epsilon at ``target_delta`` for everything composed so far (see ``get_epsilon_and_optimal_order``)."""
         return self.get_epsilon_and_optimal_order(target_delta)[0]
 
-    def get_delta_and_optimal_order(self, target_epsilon: float) -> tuple[float, float]:
-        """(delta, optimal order) at ``target_epsilon`` >= 0 (dp-accounting's ``compute_delta``)."""
+    def get_delta_and_optimal_order(self, target_epsilon: float) -> tuple[float, float | None]:
+        """(delta, optimal order) at ``target_epsilon`` >= 0.
+
+        dp-accounting's ``compute_delta`` on the grid; for one last-iterate run
+        and nothing else, the smaller of that and the counterpart of its
+        lossless epsilon: the smallest delta over the bound's candidates, each
+        converted as for epsilon (a privacy profile exactly, order None; a linear
+        curve at the continuous optimum; any other curve refined between the
+        orders). Every number is ``compute_delta`` at an order where the bound
+        was evaluated, or a profile's exact delta. So
+        ``get_delta(get_epsilon(d)) <= d`` (to rounding)."""
         if not (_is_real(target_epsilon) and target_epsilon >= 0):
             raise ValueError(f"target_epsilon must be a number >= 0. Found {target_epsilon!r}.")
         with np.errstate(invalid="ignore"):  # inf - inf at a non-private order; the host handles it (delta 1)
             delta, order = _dp_rdp.compute_delta(self._orders, self._rdp, float(target_epsilon))
+        single = self._single_run()
+        if single is not None:  # both are valid; the grid's can only help (a mixture's RDP, say)
+            found = _single_run_delta(*single, float(target_epsilon))
+            if found[0] <= delta:
+                return found
         return float(delta), float(order)
 
     def get_delta(self, target_epsilon: float) -> float:
@@ -605,10 +722,8 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
         if self._non_private:
             parts.append("a non-private operation")
         covered = " and ".join(parts) if parts else "nothing released yet"
-        return (
-            f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours "
-            f"[RDP order {order:g}] for {covered}."
-        )
+        how = "privacy profile converted exactly" if order is None else f"RDP order {order:g}"
+        return f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours [{how}] for {covered}."
 
 
 # Dispatch table: how each event type is composed; any other type is a standard

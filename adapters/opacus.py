@@ -7,7 +7,7 @@ Tested against Opacus 1.5.x and 1.6.x (torch 2.13); other versions are refused
 
     lastiter_opacus.register("last-iterate", sampling="cyclic", dataset_size=len(dataset),
                              learning_rate=0.1, smoothness=1.0)
-    engine = PrivacyEngine(accountant="last-iterate")
+    engine = PrivacyEngine(accountant="last-iterate")  # Opacus 1.5: attach(PrivacyEngine(), "last-iterate")
     model, optimizer, loader = engine.make_private(..., poisson_sampling=False)  # DataLoader(shuffle=False)
     ...train...
     engine.get_epsilon(delta)            # final model only, replace-one neighbours
@@ -21,11 +21,17 @@ clipping norm), the parameters (changed only by the accounted steps; inside the
 projection ball when a diameter is declared). A mismatch raises
 ``lastiter_plugins.PipelineChangedError`` and voids the run's epsilon.
 
-Modules (each one job): ``_opacus_registration`` (register, errors),
+Opacus 1.5 has no accountant registry: ``PrivacyEngine(accountant=name)`` refuses
+the name there, so use ``attach(PrivacyEngine(), name)`` (or ``engine.accountant =
+create_accountant(name)``) before ``make_private``; ``make_private_with_epsilon``
+needs Opacus 1.6 (``docs/opacus.md``, *Opacus 1.5*).
+
+Modules (each one job): ``_opacus_registration`` (register, create_accountant, attach, errors),
 ``_opacus_loaders`` (loader -> sampling scheme, per-step loader watch),
 ``_opacus_observe`` (optimizer facts in the core's terms, example counter),
 ``_opacus_steps`` (per-step data and parameter checks), ``_opacus_projection``,
-``_opacus_report``, ``_opacus_accountant`` and ``_opacus_internals`` (the only
+``_opacus_report``, ``_opacus_accountant``, ``_opacus_glm`` (certified linear models:
+``register(..., model="glm")`` and ``FeatureNormClip``) and ``_opacus_internals`` (the only
 reader of Opacus' private state, behind a version guard).
 """
 
@@ -40,6 +46,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
+from lastiter_plugins.adapters._opacus_glm import FeatureNormClip, GlmAccountant
 from lastiter_plugins.adapters._opacus_internals import TESTED_OPACUS
 from lastiter_plugins.adapters._opacus_loaders import (
     LoaderFacts,
@@ -53,6 +60,8 @@ from lastiter_plugins.adapters._opacus_registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
     Registration,
+    attach,
+    create_accountant,
     register,
     registration,
 )
@@ -61,6 +70,8 @@ from lastiter_plugins.adapters._opacus_report import THREAT_MODEL, Report, Repor
 __all__ = [
     "TESTED_OPACUS",
     "THREAT_MODEL",
+    "FeatureNormClip",
+    "GlmAccountant",
     "LastIterateAccountant",
     "LastIterateConfigurationError",
     "LastIteratePipelineChangedError",
@@ -70,8 +81,10 @@ __all__ = [
     "Report",
     "ReportRow",
     "ShuffleOnceSampler",
+    "attach",
     "attach_projection",
     "check_data_loader",
+    "create_accountant",
     "describe_data_loader",
     "register",
     "registration",

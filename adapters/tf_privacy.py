@@ -20,7 +20,8 @@ Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0;
 other versions are refused (``lastiter_plugins.UnsupportedHostError``). The
 modules behind this facade: ``_tf_config`` (what is set up, checked before
 the first step), ``_tf_callback`` (the per-step observation),
-``_tf_projection``, ``_tf_statement`` and ``_tf_internals`` (the only module
+``_tf_projection``, ``_tf_statement``, ``_tf_glm`` (certified linear models:
+``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``) and ``_tf_internals`` (the only module
 that reads Keras' fit locals and TF Privacy's private attributes). See
 docs/tf_privacy.md.
 """
@@ -39,12 +40,14 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from ._tf_callback import LastIterateCallback
 from ._tf_config import AccountingError, DPOptimizerSettings, FitSettings, read_dp_optimizer
+from ._tf_glm import FeatureNormClip
 from ._tf_projection import ProjectionCallback
 from ._tf_statement import compute_last_iterate_privacy_statement
 
 __all__ = [
     "AccountingError",
     "DPOptimizerSettings",
+    "FeatureNormClip",
     "FitSettings",
     "LastIterateCallback",
     "ProjectionCallback",

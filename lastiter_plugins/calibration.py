@@ -10,6 +10,15 @@ from lastiter_plugins.api import build, compute_epsilon, compute_rdp
 from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.errors import CalibrationError
 
+#: Below this noise multiplier the search stops and returns the last value that met the target.
+MIN_NOISE_MULTIPLIER = 1e-6
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
+    return float(value)
+
 
 def calibrate_noise(
     bound: str,
@@ -24,10 +33,34 @@ def calibrate_noise(
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
     ``bound`` gives epsilon <= ``target_epsilon`` at ``delta``.
 
-    Every bound's epsilon is non-increasing in the noise multiplier, so a
-    geometric bisection finds it. The returned value is always one that was
-    evaluated and met the target (the upper end of the final bracket), and it is
-    checked once more before returning.
+    Epsilon is computed exactly as :func:`lastiter_plugins.epsilon` computes it
+    with the same ``orders`` (``None``: the default grid, with its lossless
+    conversion), for every bound: Renyi-DP and f-DP bounds alike, and ``best``.
+
+    Safety. The bounds themselves are non-increasing in the noise multiplier, but
+    the epsilon reported for one is the best of a finite search (over orders, or
+    a root-find on a privacy profile), valid at every noise multiplier yet not
+    guaranteed exactly monotone in it. The search therefore never relies on
+    monotonicity for validity: a geometric bracket, then bisection, keeping as
+    the upper end only noise multipliers that were evaluated and met the target,
+    and as the lower end only ones evaluated and missing it. The returned value
+    is the upper end (the smallest evaluated value that met the target); its
+    epsilon is computed once more and checked before returning. A value at most
+    a factor ``1 + rtol`` below the result was evaluated and missed the target
+    (unless the search reached ``MIN_NOISE_MULTIPLIER``), so the result is
+    minimal to ``rtol`` wherever epsilon is monotone.
+
+    Args:
+      bound: a bound id or ``best``.
+      target_epsilon: the target, a finite number > 0.
+      delta: in (0, 1).
+      orders: Renyi orders (default: the library's grid and conversion).
+      max_noise_multiplier: the largest noise multiplier tried (> 0).
+      rtol: relative precision of the bisection (> 0).
+      **params: the pipeline (see README), without ``noise_multiplier``.
+
+    Returns:
+      A noise multiplier z with epsilon(z) <= target_epsilon.
 
     Raises:
       NotApplicableError: the bound does not apply (independent of the noise).
@@ -39,34 +72,49 @@ def calibrate_noise(
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be a finite number > 0. Found {target_epsilon!r}.")
     delta = validate_delta(delta)
-    orders = validate_orders(orders)
+    cap = _positive("max_noise_multiplier", max_noise_multiplier)
+    rtol = _positive("rtol", rtol)
+    grid = validate_orders(orders)
+    use_orders = None if orders is None else grid  # None keeps the library's lossless default conversion
     params.pop("noise_multiplier", None)
     config, assumptions = build(noise_multiplier=1.0, **params)
-    compute_rdp(bound, config, assumptions, orders[:1])  # raises NotApplicableError before any search
+    compute_rdp(bound, config, assumptions, grid[:1])  # raises NotApplicableError before any search
 
-    def eps(z: float) -> float:
-        return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, orders).epsilon
+    def epsilon_at(z: float) -> float:
+        return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders).epsilon
 
-    hi = 1.0
-    while (found := eps(hi)) > target_epsilon:
-        if hi >= max_noise_multiplier:
+    def meets(z: float) -> bool:
+        return epsilon_at(z) <= target_epsilon
+
+    def certified(z: float) -> float:
+        found = epsilon_at(z)
+        if not found <= target_epsilon:  # never return a value that misses the target
             raise CalibrationError(
-                f"no noise_multiplier <= max_noise_multiplier = {max_noise_multiplier:g} reaches "
-                f"target_epsilon = {target_epsilon:g} at delta = {delta:g} for {bound}. "
-                f"Found epsilon = {found:.6g} at noise_multiplier = {hi:g}."
+                f"calibration failed to certify noise_multiplier = {z:g} for {bound}: epsilon = {found:.6g} > "
+                f"target_epsilon = {target_epsilon:g}."
             )
-        hi = min(2.0 * hi, max_noise_multiplier)
+        return z
+
+    # Bracket: hi evaluated and met, lo evaluated and missed.
+    hi = min(1.0, cap)
+    while not meets(hi):
+        if hi >= cap:
+            raise CalibrationError(
+                f"no noise_multiplier <= max_noise_multiplier = {cap:g} reaches target_epsilon = "
+                f"{target_epsilon:g} at delta = {delta:g} for {bound}. Found epsilon = {epsilon_at(hi):.6g} at "
+                f"noise_multiplier = {hi:g}."
+            )
+        hi = min(2.0 * hi, cap)
     lo = hi / 2.0
-    while eps(lo) <= target_epsilon:
+    while meets(lo):
         hi, lo = lo, lo / 2.0
-        if lo < 1e-6:
-            return hi
+        if lo < MIN_NOISE_MULTIPLIER:
+            return certified(hi)
+    # Bisection in log scale; the invariant holds whatever the shape of epsilon(z).
     while hi / lo > 1.0 + rtol:
         mid = math.sqrt(lo * hi)
-        if eps(mid) <= target_epsilon:
+        if meets(mid):
             hi = mid
         else:
             lo = mid
-    if eps(hi) > target_epsilon:  # safety re-check: never return a value that misses the target
-        raise CalibrationError(f"calibration failed to certify noise_multiplier = {hi:g} for {bound}.")
-    return hi
+    return certified(hi)

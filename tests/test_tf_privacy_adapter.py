@@ -597,12 +597,13 @@ def test_example_runs_and_prints_the_statement(capsys):
     spec = importlib.util.spec_from_file_location("tf_privacy_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    x, _, _, _ = example.load_data()
-    assert np.allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-6)
-    constants = example.derive_constants(x, lam=0.05)
-    assert constants["clip"] == pytest.approx(2.0) and constants["smoothness"] == pytest.approx(0.3, rel=1e-6)
-    example.main(["--epochs", "2", "--sampling", "cyclic"])
+    accountants = example.main(["--epochs", "2", "--sampling", "cyclic"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "for the final model only [best via ye-shokri-cyclic" in out
+    accountant = accountants["cyclic"]
+    # the constants were derived from the model (model="glm"), not declared
+    assert accountant.assumptions.smoothness == pytest.approx(0.5) and accountant.assumptions.gradient_norms_within_clip
+    expected = lp.compute_epsilon("best", accountant.config, accountant.assumptions, 1e-5)
+    assert f"({expected.epsilon:.3f}, 1e-05)-DP for the final model only [best via {expected.winner};" in out
+    assert f"best {expected.epsilon:.3f} (via {expected.winner};" in out  # the statement names the same winner
     assert "protects the release of the FINAL model only" in out
     assert "Baseline: TF Privacy's compute_dp_sgd_privacy_statement" in out

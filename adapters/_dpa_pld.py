@@ -1,0 +1,362 @@
+r"""``LastIteratePldAccountant``: last-iterate runs certified mu-GDP, composed with
+standard events in dp-accounting's PLD accountant.
+
+A run whose bound is a Gaussian privacy profile (mu-GDP: the GDP bounds whose
+profile has one component, ``shifted-interpolation-full-batch`` and
+``shifted-interpolation-cyclic``) has output laws that are a post-processing of
+:math:`(\mathcal N(0,1), \mathcal N(\mu,1))` (Dong, Roth & Su 2019, arXiv
+1905.02383). It is therefore dominated by the Gaussian mechanism of sensitivity
+1 and noise :math:`1/\mu`, and composes as that mechanism with anything else
+(adaptively: each bound holds for any starting point of the run, so conditioned
+on what was released before the run is still mu-GDP). dp-accounting's
+``PLDAccountant`` composes that Gaussian with the standard events (Gaussian,
+Laplace, Poisson-sampled, ...) with its own privacy loss distributions, which
+is tighter than adding RDP curves.
+
+What a ``GaussianDpEvent`` means to the host's PLD accountant depends on its
+version (docs/dp_accounting.md): 0.4.3 reads ``noise_multiplier`` as noise /
+shift of the two neighbouring outputs under every relation; 0.6 applies a factor
+2 under REPLACE_ONE (the event's docstring convention, sensitivity 1 per value).
+Our mu is already the shift for the accountant's relation, so the run is passed
+as ``GaussianDpEvent(s / mu)`` with ``s`` the shift the installed host applies to
+``GaussianDpEvent(1)``: measured once against the exact mu-GDP profile (1 or 2;
+any other answer refuses the host).
+
+Standard events are passed to the host unchanged: they mean exactly what
+dp-accounting's ``PLDAccountant`` of the installed version says they mean.
+
+Mixture profiles (``shifted-interpolation-shuffle``: one Gaussian per position
+of the differing example) are not one Gaussian and are refused; for a
+shuffle-once run, ``best`` uses ``shifted-interpolation-cyclic``, which also
+covers it (the worst position). ``LastIterateAccountant`` composes the mixture
+in Renyi DP.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import dp_accounting
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant as _dp_pld
+
+from lastiter_plugins.adapters import _dpa_run
+from lastiter_plugins.adapters.dp_accounting import (
+    _HOST_RELATION,
+    CompositionErrorDetails,
+    LastIterateDpSgdEvent,
+    NeighboringRelation,
+    _check_count,
+    _check_self_composed,
+    _check_standard,
+    _is_int,
+    _is_real,
+    _parse_relation,
+    _Refusal,
+    _to_bound,
+)
+from lastiter_plugins.config import Relation
+from lastiter_plugins.errors import UnsupportedHostError
+from lastiter_plugins.profiles import gdp_delta
+from lastiter_plugins.registry import BEST
+
+__all__ = ["LastIteratePldAccountant"]
+
+
+# ---------------------------------------------------------------- the host's Gaussian convention
+
+
+@functools.lru_cache(maxsize=4)
+def host_gaussian_shift(relation: Any) -> float:
+    r"""The shift (in noise units times noise_multiplier) the installed dp-accounting's
+    ``PLDAccountant(relation)`` gives ``GaussianDpEvent(1)``: 1 or 2.
+
+    Measured against the exact mu-GDP profile (Dong, Roth & Su 2019, Cor. 2.13)
+    at epsilon 1: the host's delta must match delta_1(1) or delta_2(1) to 1e-6
+    relative (the host's connect-the-dots PLD is within 1e-12 of them on 0.4.3
+    and 0.6.0).
+
+    Raises:
+      UnsupportedHostError: the host's answer is neither.
+    """
+    host = _dp_pld.PLDAccountant(relation).compose(dp_event.GaussianDpEvent(1.0))
+    found = float(host.get_delta(1.0))
+    for shift in (1.0, 2.0):
+        exact = float(gdp_delta(shift, 1.0))
+        if abs(found - exact) <= 1e-6 * exact:
+            return shift
+    raise UnsupportedHostError(
+        f"dp-accounting's PLDAccountant({relation}) gives GaussianDpEvent(1) delta {found:.12g} at epsilon 1, "
+        f"neither the 1-GDP value {float(gdp_delta(1.0, 1.0)):.12g} nor the 2-GDP value "
+        f"{float(gdp_delta(2.0, 1.0)):.12g}: this dp-accounting version is not supported by "
+        "LastIteratePldAccountant (tested: 0.4.3, 0.6.0)."
+    )
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclasses.dataclass
+class _Step:
+    """One composition to make in the host: ``host_event`` ``count`` times, standing for ``source``."""
+
+    source: Any
+    host_event: Any
+    count: int
+
+
+@dataclasses.dataclass
+class _Plan:
+    steps: list[_Step] = dataclasses.field(default_factory=list)
+    last_iterate_runs: int = 0
+    standard_events: int = 0
+    non_private: bool = False
+    winners: frozenset[str] = frozenset()
+
+    def __iadd__(self, other: _Plan) -> _Plan:
+        self.steps += other.steps
+        self.last_iterate_runs += other.last_iterate_runs
+        self.standard_events += other.standard_events
+        self.non_private = self.non_private or other.non_private
+        self.winners = self.winners | other.winners
+        return self
+
+
+class LastIteratePldAccountant(dp_accounting.PrivacyAccountant):
+    r"""PLD accountant for pipelines mixing last-iterate DP-SGD runs certified
+    mu-GDP (:class:`LastIterateDpSgdEvent`) with dp-accounting's standard events.
+
+    Every epsilon it reports holds for ``neighboring_relation`` and covers the
+    outputs of the standard mechanisms and the FINAL model of each run (not its
+    intermediate iterates). Numbers are dp-accounting's ``PLDAccountant``'s
+    (pessimistic discretisation: never below the exact value by more than the
+    rounding of its privacy loss values).
+
+    Args:
+      bound: ``best`` (default: the smallest mu over the proven mu-GDP bounds
+        valid for each run) or a GDP bound id (``shifted-interpolation-full-batch``,
+        ``shifted-interpolation-cyclic``; ``shifted-interpolation-shuffle`` is a
+        mixture and refused unless it has one component). A run with no such
+        bound is refused (use ``LastIterateAccountant``, Renyi DP).
+      neighboring_relation: ``REPLACE_ONE`` (default) or ``ADD_OR_REMOVE_ONE``
+        (no mu-GDP bound is proven for it yet: runs are refused, standard
+        events work).
+      value_discretization_interval: the host's PLD discretisation (> 0).
+
+    Raises:
+      ValueError: an unknown or Renyi-DP bound, another relation, or an invalid interval.
+      UnsupportedHostError: the installed dp-accounting's Gaussian PLD convention is unknown.
+    """
+
+    def __init__(
+        self,
+        bound: Any = BEST,
+        neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
+        value_discretization_interval: float = 1e-4,
+    ):
+        relation = _parse_relation(neighboring_relation)
+        self._bound = _to_bound(bound)
+        allowed = (BEST, *_dpa_run.gdp_bound_ids())
+        if self._bound.value not in allowed:
+            raise ValueError(
+                f"bound must be one of {', '.join(allowed)} for LastIteratePldAccountant (a run composes as a "
+                f"Gaussian mechanism only when certified mu-GDP). Found {self._bound.value}, a Renyi-DP bound: "
+                "use LastIterateAccountant for it."
+            )
+        interval = value_discretization_interval
+        if not (_is_real(interval) and 0 < interval < math.inf):
+            raise ValueError(f"value_discretization_interval must be a number > 0. Found {interval!r}.")
+        super().__init__(_HOST_RELATION[relation])
+        self._relation = relation
+        self._interval = float(interval)
+        self._shift = host_gaussian_shift(self.neighboring_relation)
+        self._host = _dp_pld.PLDAccountant(self.neighboring_relation, self._interval)
+        self._last_iterate_runs = 0
+        self._standard_events = 0
+        self._non_private = False
+        self._winners: frozenset[str] = frozenset()
+
+    # ------------------------------------------------------------ planning
+
+    def _plan(self, event: Any, count: int) -> _Plan:
+        """The host compositions composing ``event`` ``count`` times needs; changes nothing."""
+        if not isinstance(event, dp_event.DpEvent):
+            raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
+        return _PLANNERS.get(type(event), LastIteratePldAccountant._plan_standard)(self, event, count)
+
+    def _plan_no_op(self, event: Any, count: int) -> _Plan:
+        return _Plan()
+
+    def _plan_self_composed(self, event: Any, count: int) -> _Plan:
+        message = _check_self_composed(event)
+        if message is not None:
+            raise _Refusal(event, message)
+        return self._plan(event.event, count * int(event.count))
+
+    def _plan_composed(self, event: Any, count: int) -> _Plan:
+        if not isinstance(event.events, list | tuple):
+            raise _Refusal(event, f"ComposedDpEvent.events must be a list of DpEvents. Found {event.events!r}.")
+        plan = _Plan()
+        for sub in event.events:
+            if not isinstance(sub, dp_event.DpEvent):
+                raise _Refusal(event, f"ComposedDpEvent.events must contain DpEvents only. Found {sub!r}.")
+            plan += self._plan(sub, count)
+        return plan
+
+    def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
+        try:
+            config, assumptions, no_noise = event._build(self._relation)
+            mu, winner = _dpa_run.gaussian_mu(self._bound.value, config, assumptions)
+        except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
+            raise _Refusal(event, f"{exc} (LastIteratePldAccountant, relation {self._relation.value})") from None
+        if no_noise:
+            host_event: Any = dp_event.NonPrivateDpEvent()
+        elif mu == 0.0:
+            host_event = dp_event.NoOpDpEvent()
+        else:
+            host_event = dp_event.GaussianDpEvent(self._shift / mu)
+        return _Plan(
+            [_Step(event, host_event, count)],
+            last_iterate_runs=count,
+            non_private=no_noise and count > 0,
+            winners=frozenset({winner}) if count else frozenset(),
+        )
+
+    def _plan_standard(self, event: Any, count: int) -> _Plan:
+        _check_standard(event)
+        error = self._host._maybe_compose(event, 1, False)  # the host's own dry run
+        if error is not None:
+            raise _Refusal(error.invalid_event if error.invalid_event is not None else event, error.error_message)
+        non_private = isinstance(event, dp_event.NonPrivateDpEvent)
+        return _Plan([_Step(event, event, count)], standard_events=0 if non_private else count, non_private=non_private)
+
+    def _execute(self, plan: _Plan) -> Any:
+        """A copy of the host state with ``plan`` composed (the state itself is untouched)."""
+        host = copy.deepcopy(self._host)
+        for step in plan.steps:
+            if step.count == 0:
+                continue
+            try:
+                host.compose(step.host_event, step.count)
+            except (ArithmeticError, AssertionError, TypeError, ValueError) as exc:
+                raise _Refusal(
+                    step.source,
+                    f"dp-accounting's PLDAccountant failed on it, its parameters are invalid "
+                    f"({type(exc).__name__}: {exc})",
+                ) from None
+        return host
+
+    def _commit(self, plan: _Plan, host: Any) -> None:
+        self._host = host
+        self._last_iterate_runs += plan.last_iterate_runs
+        self._standard_events += plan.standard_events
+        self._non_private = self._non_private or plan.non_private
+        self._winners = self._winners | plan.winners
+
+    # ------------------------------------------------------------ PrivacyAccountant API
+
+    def _maybe_compose(self, event: Any, count: int, do_compose: bool) -> CompositionErrorDetails | None:
+        """Dry run (``do_compose=False``) or composition; a refused event changes nothing."""
+        if not (_is_int(count) and count >= 0):
+            return CompositionErrorDetails(
+                invalid_event=event, error_message=f"count must be an integer >= 0. Found {count!r}."
+            )
+        try:
+            plan = self._plan(event, int(count))
+            if do_compose:
+                self._commit(plan, self._execute(plan))
+        except _Refusal as refusal:
+            return CompositionErrorDetails(invalid_event=refusal.event, error_message=refusal.message)
+        return None
+
+    def compose(self, event: dp_event.DpEvent, count: int = 1) -> LastIteratePldAccountant:
+        """Account for ``count`` applications of ``event``; returns ``self``.
+
+        Raises:
+          TypeError: ``event`` is not a DpEvent or ``count`` is not an integer.
+          ValueError: ``count`` < 1.
+          dp_accounting.UnsupportedEventError: the event (or a sub-event, named
+            in the message) is unsupported or invalid; nothing changes.
+        """
+        if not isinstance(event, dp_event.DpEvent):
+            raise TypeError(f"`event` must be `DpEvent`. Found {type(event)}.")
+        count = _check_count(count)
+        try:
+            plan = self._plan(event, count)
+            host = self._execute(plan)
+        except _Refusal as refusal:
+            raise dp_accounting.UnsupportedEventError(
+                f"Unsupported event: {event}. Error: [{refusal.message}] caused by subevent {refusal.event}."
+            ) from None
+        self._ledger.compose(event, count)
+        self._commit(plan, host)
+        return self
+
+    @property
+    def bound(self) -> str:
+        """The bound id runs are accounted with."""
+        return self._bound.value
+
+    @property
+    def relation(self) -> Relation:
+        """The neighbouring relation, as ``lastiter_plugins.Relation``."""
+        return self._relation
+
+    @property
+    def value_discretization_interval(self) -> float:
+        return self._interval
+
+    @property
+    def host_gaussian_shift(self) -> float:
+        """What ``GaussianDpEvent(s)`` means here: two neighbouring outputs ``host_gaussian_shift / s``
+        noise standard deviations apart (the installed host's convention for the relation: 1 on
+        dp-accounting 0.4.3; under REPLACE_ONE, 2 on 0.6). Noise std ``sigma`` on a sum whose
+        neighbouring values differ by ``shift`` is ``GaussianDpEvent(sigma / shift * host_gaussian_shift)``."""
+        return self._shift
+
+    def get_epsilon(self, target_delta: float) -> float:
+        """Epsilon at ``target_delta`` in [0, 1]: dp-accounting's PLD of everything composed."""
+        if not (_is_real(target_delta) and 0 <= target_delta <= 1):
+            raise ValueError(f"target_delta must be in [0, 1]. Found {target_delta!r}.")
+        return float(self._host.get_epsilon(float(target_delta)))
+
+    def get_delta(self, target_epsilon: float) -> float:
+        """Delta at ``target_epsilon`` >= 0: dp-accounting's PLD of everything composed."""
+        if not (_is_real(target_epsilon) and target_epsilon >= 0):
+            raise ValueError(f"target_epsilon must be a number >= 0. Found {target_epsilon!r}.")
+        return float(np.asarray(self._host.get_delta(float(target_epsilon))).reshape(-1)[0])
+
+    def statement(self, target_delta: float) -> str:
+        """A one-line, honest description of the current guarantee."""
+        eps = self.get_epsilon(target_delta)
+        parts = []
+        if self._last_iterate_runs:
+            via = ", ".join(sorted(self._winners))
+            parts.append(
+                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s), mu-GDP by "
+                f"{self._bound.value}{f' via {via}' if self._bound.value == BEST and via else ''} "
+                "(intermediate iterates must not be released)"
+            )
+        if self._standard_events:
+            parts.append(f"the outputs of {self._standard_events} standard mechanism application(s)")
+        if self._non_private:
+            parts.append("a non-private operation")
+        covered = " and ".join(parts) if parts else "nothing released yet"
+        return (
+            f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours "
+            f"[dp-accounting PLD, discretisation {self._interval:g}] for {covered}."
+        )
+
+
+_PLANNERS: dict[type, Callable[[LastIteratePldAccountant, Any, int], _Plan]] = {
+    dp_event.NoOpDpEvent: LastIteratePldAccountant._plan_no_op,
+    dp_event.SelfComposedDpEvent: LastIteratePldAccountant._plan_self_composed,
+    dp_event.ComposedDpEvent: LastIteratePldAccountant._plan_composed,
+    LastIterateDpSgdEvent: LastIteratePldAccountant._plan_last_iterate,
+}

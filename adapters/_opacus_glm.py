@@ -1,0 +1,780 @@
+r"""Certified linear models under Opacus: ``register(..., model="glm", loss=..., feature_norm=A)``.
+
+Instead of asking for the loss assumptions, the accountant derives them with
+:func:`lastiter_plugins.glm.certify_linear_model` from the model it is attached to
+(at ``make_private``) and checks at every step that the run still is the model
+they were derived for:
+
+* at ``make_private``: the only trainable layer is a final ``torch.nn.Linear``
+  (frozen layers before it are fine: the features are then a fixed function of
+  the example), its input is the output of a :class:`FeatureNormClip` of bound
+  <= A and nothing follows it; the optimizer is plain SGD, whose ``weight_decay``
+  is folded into the constants (under Opacus it is applied after the noisy
+  clipped mean: outside the clip); the clip norm makes clipping never active
+  where the loss is not a scalar GLM (softmax);
+* in every training forward: the features entering the Linear are the clip's
+  output and have l2 norm <= A (checked in float64, never accepting a violation),
+  the Linear runs once and its output is the model's output;
+* at every step: the clipping norm and the weight decay are the ones the
+  constants were derived for, the per-example gradients Opacus clips have the
+  structure of the declared GLM (rank one, backprop outer feature, checked on a
+  sample of the batch), and the gradient with respect to the scores is the
+  declared loss's (logistic: sigmoid(u) - y with y in [0, 1]; softmax:
+  softmax(u) - q with q a probability vector; Huber: at most delta in size).
+
+The derivations are in :mod:`lastiter_plugins.glm` (Song, Steinke, Thakkar &
+Thakurta 2021 for clipped GLMs; Ye & Shokri 2022, arXiv 2203.05363, for the
+contraction with an l2 term).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import weakref
+from typing import Any
+
+import numpy as np
+import torch
+from opacus.accountants import register_accountant
+from opacus.grad_sample import AbstractGradSampleModule
+from torch import nn
+
+import lastiter_plugins as lp
+from lastiter_plugins import feature_clip
+from lastiter_plugins.adapters import _opacus_internals as internals
+from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
+from lastiter_plugins.adapters._opacus_loaders import check_data_loader
+from lastiter_plugins.adapters._opacus_observe import core_batch, poisson_batch_size
+from lastiter_plugins.adapters._opacus_registration import (
+    LastIterateConfigurationError,
+    LastIteratePipelineChangedError,
+    Registration,
+)
+from lastiter_plugins.glm import LinearModelCertificate, LossFamily, certify_linear_model
+
+_Error = LastIterateConfigurationError
+_Changed = LastIteratePipelineChangedError
+
+#: Loss names accepted by ``register(model="glm", loss=...)`` and the torch loss each stands for.
+LOSSES: dict[str, tuple[LossFamily, str]] = {
+    "logistic": (LossFamily.BINARY_LOGISTIC, "torch.nn.BCEWithLogitsLoss, labels in [0, 1], one output"),
+    "softmax": (LossFamily.SOFTMAX_CROSS_ENTROPY, "torch.nn.CrossEntropyLoss on the logits, k >= 2 outputs"),
+    "huber": (LossFamily.HUBER, "torch.nn.HuberLoss(delta=huber_delta), one output"),
+}
+_ALIASES = {
+    "binary_logistic": "logistic",
+    "softmax_cross_entropy": "softmax",
+    "cross_entropy": "softmax",
+}
+#: What the user would declare by hand instead (appended to every refusal of the GLM route).
+BY_HAND = (
+    "Otherwise register without model='glm' and declare smoothness, strong_convexity, weak_convexity and "
+    "gradient_norms_within_clip by hand, valid for every per-example loss on the whole parameter domain."
+)
+#: Relative tolerance of the per-step structure checks (float32 arithmetic of Opacus' grad samplers).
+_TOLERANCE = 1e-4
+#: Per-example gradients whose rank-one structure is checked at each step.
+_SAMPLE = 8
+
+
+# ---------------------------------------------------------------- the feature clip
+
+
+class FeatureNormClip(nn.Module):
+    r"""a -> a min(1, A'/\|a\|) along the last axis, so that every output row has l2 norm <= A exactly.
+
+    A' = :func:`lastiter_plugins.feature_clip.safe_clip_radius` (A, d, dtype) is
+    slightly below A so that float rounding of the clip itself cannot push a norm
+    above A (docs/_drafts/glm.md, section 8; Higham 2002, Lemma 3.1). Computed in
+    the input's dtype (float32 or float64) with one rounding per operation. Put it
+    right before the final ``nn.Linear`` of a model registered with ``model="glm"``:
+    then \|a\| <= A holds for every possible example, the neighbouring one included.
+
+    Args:
+      feature_norm_bound: A > 0.
+    """
+
+    def __init__(self, feature_norm_bound: float) -> None:
+        super().__init__()
+        feature_clip.safe_clip_radius(feature_norm_bound, 1, np.float64)  # validates A
+        self._bound = float(feature_norm_bound)
+        self._radii: dict[tuple[int, torch.dtype], float] = {}
+
+    @property
+    def feature_norm_bound(self) -> float:
+        """A: every output row has l2 norm <= A."""
+        return self._bound
+
+    def extra_repr(self) -> str:
+        return f"feature_norm_bound={self._bound:g}"
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        dtype = features.dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"FeatureNormClip needs float32 or float64 features. Found {dtype}.")
+        dim = int(features.shape[-1])
+        key = (dim, dtype)
+        radius = self._radii.get(key)
+        if radius is None:
+            np_dtype = np.float32 if dtype is torch.float32 else np.float64
+            radius = self._radii[key] = feature_clip.safe_clip_radius(self._bound, dim, np_dtype)
+        norms = torch.sqrt(torch.sum(features * features, dim=-1, keepdim=True))
+        # tensor / tensor: one correctly rounded division (a Python float / tensor is reciprocal-then-multiply)
+        factor = torch.clamp(torch.div(torch.full_like(norms, radius), norms), max=1.0)
+        return features * factor
+
+
+def feature_norms_ok(features: torch.Tensor, bound: float) -> tuple[bool, float]:
+    """(every row has exact l2 norm <= bound, the largest norm found), in float64 on the features' device.
+
+    float32 -> float64 is exact and so are the squares; the float64 sum and root are within
+    (d + 4) 2^-53 relative of the exact norm, so a row is accepted only if its exact norm is <= bound
+    (as :func:`lastiter_plugins.feature_clip.feature_norms_within`)."""
+    wide = features.detach().to(torch.float64)
+    norms = torch.sqrt(torch.sum(wide * wide, dim=-1))
+    largest = float(norms.max()) if norms.numel() else 0.0
+    d = int(features.shape[-1])
+    ok = math.isfinite(largest) and largest * (1.0 + (d + 4) * 2.0**-53) <= bound
+    return ok, largest
+
+
+# ---------------------------------------------------------------- the declaration
+
+
+@dataclasses.dataclass(frozen=True)
+class GlmDeclaration:
+    """What ``register(model="glm", ...)`` declares: the loss and the feature-norm bound A."""
+
+    loss: str  # a key of LOSSES
+    feature_norm: float
+    huber_delta: float | None = None
+
+    @property
+    def family(self) -> LossFamily:
+        return LOSSES[self.loss][0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def declare(
+    *,
+    loss: Any,
+    feature_norm: Any,
+    huber_delta: Any,
+    smoothness: Any,
+    weak_convexity: Any,
+    strong_convexity: Any,
+    gradient_norms_within_clip: Any,
+) -> GlmDeclaration:
+    """Validate the arguments of ``register(model="glm", ...)``."""
+    declared = {
+        "smoothness": smoothness is not None,
+        "weak_convexity": weak_convexity != 0.0,
+        "strong_convexity": strong_convexity != 0.0,
+        "gradient_norms_within_clip": gradient_norms_within_clip is not False,
+    }
+    clash = [name for name, given in declared.items() if given]
+    if clash:
+        raise ValueError(
+            f"{', '.join(clash)} must not be given with model='glm': the accountant derives the loss assumptions "
+            "from the model, the loss and feature_norm. Remove them, or register without model='glm' to declare "
+            f"them by hand. Found {', '.join(clash)}."
+        )
+    key = loss.strip().lower().replace("-", "_") if isinstance(loss, str) else loss
+    key = _ALIASES.get(key, key)
+    if key not in LOSSES:
+        raise ValueError(
+            f"loss must be one of {', '.join(LOSSES)} with model='glm' ("
+            + "; ".join(f"{k}: {v[1]}" for k, v in LOSSES.items())
+            + "). Squared and hinge losses need a bound on the parameters and labels: compute their constants with "
+            f"lastiter_plugins.glm.certify_linear_model and declare them by hand. Found loss={loss!r}."
+        )
+    try:
+        feature_clip.safe_clip_radius(feature_norm, 1, np.float64)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("feature_norm_bound", "feature_norm")) from None
+    if key == "huber":
+        if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) or not 0 < huber_delta < math.inf:
+            raise ValueError(f"huber_delta must be a finite number > 0 for loss='huber'. Found {huber_delta!r}.")
+        huber_delta = float(huber_delta)
+    elif huber_delta is not None:
+        raise ValueError(f"huber_delta is only for loss='huber'. Found huber_delta={huber_delta!r} with loss={key!r}.")
+    return GlmDeclaration(loss=key, feature_norm=float(feature_norm), huber_delta=huber_delta)
+
+
+# ---------------------------------------------------------------- the model
+
+
+def unwrap(module: Any) -> nn.Module:
+    """The user's model inside Opacus' GradSampleModule and (DP)DDP wrappers."""
+    for _ in range(4):
+        if isinstance(module, AbstractGradSampleModule):
+            module = module._module
+        elif type(module).__name__ in ("DistributedDataParallel", "DifferentiallyPrivateDistributedDataParallel"):
+            module = module.module
+        else:
+            break
+    return module
+
+
+def _leaves_in_order(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """Leaf modules in execution order when the model is (nested) nn.Sequential, else None."""
+    if not isinstance(module, nn.Sequential) or type(module).forward is not nn.Sequential.forward:
+        return None
+    out: list[tuple[str, nn.Module]] = []
+    for name, child in module.named_children():
+        if isinstance(child, nn.Sequential):
+            inner = _leaves_in_order(child)
+            if inner is None:
+                return None
+            out.extend((f"{name}.{n}", m) for n, m in inner)
+        else:
+            out.append((name, child))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Derivation:
+    """What was derived at ``make_private``: the certificate and the facts it rests on."""
+
+    certificate: LinearModelCertificate
+    clip_norm: float
+    weight_decays: tuple[float, ...]
+    bias: bool
+    num_outputs: int
+    feature_dim: int
+
+
+def _find_structure(model: nn.Module, decl: GlmDeclaration) -> tuple[nn.Linear, FeatureNormClip]:
+    trainable = [(n, m) for n, m in model.named_modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    names = [n or type(m).__name__ for n, m in trainable]
+    if len(trainable) != 1 or type(trainable[0][1]) is not nn.Linear:
+        found = (
+            "no trainable parameter"
+            if not trainable
+            else f"trainable parameters in {len(trainable)} module(s): "
+            + ", ".join(f"{n} ({type(m).__name__})" for n, (_, m) in zip(names, trainable, strict=True))
+        )
+        raise _Error(
+            "model='glm' certifies a model whose only trainable layer is a final torch.nn.Linear on clipped "
+            "features (layers before it must be frozen: requires_grad=False), since only then is each "
+            f"per-example loss phi(<a, x>) of the trained parameters x. Found {found}. {BY_HAND}"
+        )
+    linear = trainable[0][1]
+    if "forward" in vars(linear):
+        raise _Error(f"the final nn.Linear's forward must be torch's own. Found it replaced on the instance. {BY_HAND}")
+    clips = [m for m in model.modules() if isinstance(m, FeatureNormClip)]
+    if not clips:
+        raise _Error(
+            "model='glm' needs a lastiter_plugins.adapters.opacus.FeatureNormClip(A) right before the final "
+            "nn.Linear: it makes every feature vector's norm <= A for every possible example (the neighbouring "
+            f"one included), which the constants rest on. Found none in the model. {BY_HAND}"
+        )
+    leaves = _leaves_in_order(model)
+    if leaves is not None:
+        position = next(i for i, (_, m) in enumerate(leaves) if m is linear)
+        after = leaves[position + 1 :]
+        if after:
+            raise _Error(
+                "the final nn.Linear must be the model's last layer: its output (the score u = <x, a>) must be the "
+                "model's output, on which the declared loss is computed; an activation after it changes the loss "
+                f"(a sigmoid before BCELoss is not convex in u once the log is clamped). Found "
+                f"{', '.join(f'{n} ({type(m).__name__})' for n, m in after)} after it. Remove it and use "
+                f"{LOSSES[decl.loss][1]}. {BY_HAND}"
+            )
+        before = leaves[position - 1][1] if position > 0 else None
+        if not isinstance(before, FeatureNormClip):
+            raise _Error(
+                "the layer right before the final nn.Linear must be FeatureNormClip(A): anything between them "
+                "(dropout rescales, a normalisation shifts) can make a feature norm exceed A. Found "
+                f"{type(before).__name__ if before is not None else 'nothing'} before it. {BY_HAND}"
+            )
+        clip = before
+    elif len(clips) == 1:
+        clip = clips[0]  # the order is checked in every forward (the Linear's input is the clip's output)
+    else:
+        raise _Error(
+            "model='glm' needs exactly one FeatureNormClip when the model is not an nn.Sequential (the adapter "
+            f"checks in every forward that the final nn.Linear's input is its output). Found {len(clips)}."
+        )
+    if type(clip) is not FeatureNormClip or "forward" in vars(clip):
+        raise _Error(
+            f"the feature clip must be FeatureNormClip itself (its forward is what bounds the norms). Found "
+            f"{type(clip).__name__}{' with forward replaced' if 'forward' in vars(clip) else ''}."
+        )
+    if clip.feature_norm_bound > decl.feature_norm:
+        raise _Error(
+            f"the FeatureNormClip's bound must be <= the registered feature_norm = {decl.feature_norm:g}. Found "
+            f"FeatureNormClip({clip.feature_norm_bound:g}). Register feature_norm={clip.feature_norm_bound:g}."
+        )
+    return linear, clip
+
+
+def _check_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    base = getattr(optimizer, "original_optimizer", optimizer)
+    if type(base) is not torch.optim.SGD:
+        raise _Error(
+            "model='glm' derives the constants for plain SGD, x <- x - lr (noisy clipped mean + weight_decay x). "
+            f"Found {type(base).__name__}: no bound covers adaptive or momentum methods, whatever constants are "
+            "declared. Use torch.optim.SGD (momentum=0)."
+        )
+    return base
+
+
+def derive(
+    module: Any,
+    optimizer: Any,
+    *,
+    clip_norm: Any,
+    reg: Registration,
+    batch_size: int,
+    normaliser: float,
+) -> tuple[Derivation, nn.Module, nn.Linear, FeatureNormClip]:
+    """Derive the loss assumptions of the model, or refuse naming what to change or to declare by hand.
+
+    Args:
+      module: the private module (or the model before make_private).
+      optimizer: the DPOptimizer or the torch optimizer it wraps.
+      clip_norm: C (max_grad_norm).
+      reg: the registration (declaration and diameter).
+      batch_size: b of the core (the noisy sum is compared to b examples).
+      normaliser: N, what Opacus divides the noisy sum by (expected batch size for 'mean', 1 for 'sum').
+    """
+    decl: GlmDeclaration = reg.glm
+    if not isinstance(module, nn.Module):
+        raise _Error(
+            "model='glm' reads the model the accountant is attached to: make_private must wrap it "
+            f"(wrap_model=True, the default), or pass module= to bind_data_loader. Found {type(module).__name__}."
+        )
+    model = unwrap(module)
+    base = _check_optimizer(optimizer)
+    linear, clip = _find_structure(model, decl)
+    params = [p for g in base.param_groups for p in g["params"] if p.requires_grad]
+    mine = [p for p in linear.parameters() if p.requires_grad]
+    if {id(p) for p in params} != {id(p) for p in mine}:
+        raise _Error(
+            "the optimizer must train exactly the final nn.Linear's parameters. Found "
+            f"{len(params)} trainable tensors in the optimizer and {len(mine)} in the Linear. {BY_HAND}"
+        )
+    k = int(linear.out_features)
+    family = decl.family
+    if family is LossFamily.SOFTMAX_CROSS_ENTROPY and k < 2:
+        raise _Error(f"loss='softmax' needs an nn.Linear with >= 2 outputs (one per class). Found {k}.")
+    if family is not LossFamily.SOFTMAX_CROSS_ENTROPY and k != 1:
+        raise _Error(
+            f"loss={decl.loss!r} is a scalar GLM: the final nn.Linear must have one output. Found out_features={k} "
+            "(several outputs with a per-output loss are not one GLM; for classes use loss='softmax')."
+        )
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) or not 0 < clip_norm < math.inf:
+        raise _Error(f"max_grad_norm must be one finite number > 0 (flat clipping). Found {clip_norm!r}.")
+    decays = []
+    for i, group in enumerate(base.param_groups):
+        value = _number(group.get("weight_decay", 0.0))
+        if not (math.isfinite(value) and value >= 0):
+            raise _Error(f"weight_decay must be a finite number >= 0. Found {value!r} in param_groups[{i}].")
+        decays.append(value)
+    used = [w for w, g in zip(decays, base.param_groups, strict=True) if any(p.requires_grad for p in g["params"])]
+    used = used or [0.0]
+    # torch adds lr * w * x after the noisy mean (sum / N); in the core's terms (step lr * b / N on the
+    # mean over b examples) the l2 coefficient is w * N / b.
+    scale = normaliser / batch_size
+    bias = linear.bias is not None and linear.bias.requires_grad
+    certificate = certify_linear_model(
+        family,
+        feature_norm_bound=decl.feature_norm,
+        clip_norm=float(clip_norm),
+        bias=bias,
+        num_classes=k if family is LossFamily.SOFTMAX_CROSS_ENTROPY else None,
+        l2=max(used) * scale,
+        l2_placement="outside_clip",
+        l2_covers_all_parameters=min(used) == max(used),
+        projection_radius=None if reg.assumptions.diameter is None else reg.assumptions.diameter / 2.0,
+        huber_delta=decl.huber_delta,
+    )
+    if not certificate.certified:
+        raise _Error(f"{certificate.not_certified} (clip_norm is make_private's max_grad_norm.)")
+    derivation = Derivation(
+        certificate=certificate,
+        clip_norm=float(clip_norm),
+        weight_decays=tuple(decays),
+        bias=bias,
+        num_outputs=k,
+        feature_dim=int(linear.in_features),
+    )
+    return derivation, model, linear, clip
+
+
+def assumptions_of(derivation: Derivation) -> lp.LossAssumptions:
+    return lp.LossAssumptions(**derivation.certificate.loss_assumption_kwargs())
+
+
+# ---------------------------------------------------------------- per-forward and per-step checks
+
+
+class Watch:
+    """Forward hooks on the model, its FeatureNormClip and its final Linear, and the per-step check.
+
+    Per training forward (training mode, gradients on): the Linear's input is the clip's output, 2-D, with
+    every row of norm <= A; the Linear runs once; its output is the model's output. Per step: clip norm and
+    weight decay unchanged, per-example gradients rank one (on a sample) and consistent with the loss.
+    """
+
+    def __init__(
+        self, model: nn.Module, linear: nn.Linear, clip: FeatureNormClip, decl: GlmDeclaration, d: Derivation | None
+    ):
+        self.decl, self.derivation = decl, d
+        self._model, self._linear, self._clip = weakref.ref(model), weakref.ref(linear), weakref.ref(clip)
+        self.failure: str | None = None
+        self._clip_out: Any = None
+        self._linear_calls = 0
+        self._current: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.record: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._generator = torch.Generator().manual_seed(0x6C6D)  # which rows to check; not the user's RNG
+        me = weakref.ref(self)
+        self._handles = [
+            model.register_forward_pre_hook(_call(me, "_top_pre")),
+            model.register_forward_hook(_call(me, "_top_post")),
+            clip.register_forward_hook(_call(me, "_clip_post")),
+            linear.register_forward_hook(_call(me, "_linear_post")),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def watches(self, model: nn.Module, linear: Any = None, clip: Any = None) -> bool:
+        return (
+            self._model() is model
+            and (linear is None or self._linear() is linear)
+            and (clip is None or self._clip() is clip)
+        )
+
+    def fail(self, message: str) -> None:
+        self.failure = message
+        raise _Changed(message)
+
+    @staticmethod
+    def _recording(module: nn.Module) -> bool:
+        return module.training and torch.is_grad_enabled()
+
+    # -- forward hooks
+    def _top_pre(self, module: nn.Module, args: Any) -> None:
+        if self._recording(module):
+            self._clip_out, self._linear_calls, self._current = None, 0, None
+
+    def _clip_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        model = self._model()
+        if model is not None and self._recording(model):
+            self._clip_out = output
+
+    def _linear_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        model = self._model()
+        if model is None or not self._recording(model):
+            return
+        self._linear_calls += 1
+        features = args[0] if args else None
+        if features is None or features is not self._clip_out:
+            self.fail(
+                "the final nn.Linear's input must be the output of the FeatureNormClip in every training forward: "
+                "the constants rest on every feature norm being <= A. Found features that did not come from the "
+                "clip (it was removed or bypassed after registration, or another module sits between them). "
+                "The run's epsilon is void."
+            )
+        if features.dim() != 2:
+            self.fail(
+                "the final nn.Linear's input must be one feature vector per example, shape (batch, d). Found shape "
+                f"{tuple(features.shape)}: a Linear applied per position sums several rank-one gradients, which is "
+                "not one GLM. The run's epsilon is void."
+            )
+        ok, largest = feature_norms_ok(features, self.decl.feature_norm)
+        if not ok:
+            self.fail(
+                f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
+                f"{self.decl.feature_norm:g}. Found norm {largest:.17g} (non-finite features, or a clip with "
+                "another bound). The run's epsilon is void."
+            )
+        self._current = (features.detach(), output.detach())
+
+    def _top_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self._recording(module):
+            return
+        if self._linear_calls != 1:
+            self.fail(
+                f"the final nn.Linear must run exactly once per forward of the model (one score per example). "
+                f"Found {self._linear_calls} calls in one forward. The run's epsilon is void."
+            )
+        if self._current is None or (output is not self._current[1] and not _same(output, self._current[1])):
+            self.fail(
+                "the model's output must be the final nn.Linear's output: the declared loss is a function of the "
+                "score u = <x, a>, and an operation after the Linear (an activation, a scaling) changes the loss. "
+                "Found another tensor. The run's epsilon is void."
+            )
+        self.record = self._current
+
+    # -- the step
+    def check_step(self, optim: Any) -> None:
+        if self.failure is not None:
+            raise _Changed(self.failure)
+        d, linear = self.derivation, self._linear()
+        if optim.max_grad_norm != d.clip_norm:
+            self.fail(
+                f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
+                f"Found {optim.max_grad_norm!r}. The run's epsilon is void."
+            )
+        groups = optim.original_optimizer.param_groups
+        decays = tuple(_number(g.get("weight_decay", 0.0)) for g in groups)
+        if decays != d.weight_decays:
+            self.fail(
+                f"weight_decay must stay {list(d.weight_decays)} (per parameter group), the values folded into the "
+                f"constants. Found {list(decays)}. The run's epsilon is void."
+            )
+        clip = self._clip()
+        if clip is None or clip.feature_norm_bound > self.decl.feature_norm:
+            self.fail(
+                f"the FeatureNormClip must keep a bound <= feature_norm = {self.decl.feature_norm:g}. Found "
+                f"{'no clip' if clip is None else clip.feature_norm_bound}. The run's epsilon is void."
+            )
+        record, self.record = self.record, None
+        if record is None:
+            self.fail(
+                "every step must follow a training forward of the registered model (the per-example gradients "
+                "are checked against its features). Found none since the last step (another model or module was "
+                "called). The run's epsilon is void."
+            )
+        features, scores = record
+        weight = getattr(linear.weight, "grad_sample", None)
+        if not torch.is_tensor(weight) or weight.dim() != 3 or weight.shape[0] != features.shape[0]:
+            shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
+            self.fail(
+                "the per-example gradients of the final nn.Linear must come from its last training forward, one "
+                f"(outputs x features) matrix per example of that batch ({features.shape[0]} examples). Found "
+                f"{shape}. The run's epsilon is void."
+            )
+        backprop = self._backprops(weight, features, linear)
+        self._check_rank_one(weight, backprop, features)
+        self._check_loss(backprop, scores, features)
+
+    def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
+        if self.derivation.bias:
+            bias = getattr(linear.bias, "grad_sample", None)
+            if not torch.is_tensor(bias) or bias.shape != weight.shape[:2]:
+                self.fail("the bias' per-example gradients must match the weight's. The run's epsilon is void.")
+            return bias
+        a = features.to(weight.dtype)
+        squares = torch.sum(a * a, dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
+        return torch.einsum("bkd,bd->bk", weight, a) / squares[:, None]
+
+    def _check_rank_one(self, weight: torch.Tensor, backprop: torch.Tensor, features: torch.Tensor) -> None:
+        n = weight.shape[0]
+        rows = torch.randperm(n, generator=self._generator)[:_SAMPLE].to(weight.device)
+        g, a, w = backprop[rows].double(), features[rows].double(), weight[rows].double()
+        residual = torch.linalg.vector_norm(w - g[:, :, None] * a[:, None, :], dim=(1, 2))
+        scale = torch.linalg.vector_norm(g, dim=1) * torch.linalg.vector_norm(a, dim=1) + 1e-30
+        worst = float(torch.max(residual / scale)) if n else 0.0
+        if not worst <= _TOLERANCE:
+            self.fail(
+                "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as for "
+                f"every GLM. Found a relative deviation of {worst:.3g} (a custom grad sampler, or a loss that is not "
+                f"a function of the score u alone). {BY_HAND} The run's epsilon is void."
+            )
+
+    def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, features: torch.Tensor) -> None:
+        g, u = backprop.double(), scores.double().reshape(backprop.shape)
+        if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
+            keep = torch.sum(features.double() ** 2, dim=1) > 0
+            g, u = g[keep], u[keep]
+        if g.numel() == 0:
+            return
+        family, tol = self.decl.family, _TOLERANCE
+        if family is LossFamily.BINARY_LOGISTIC:
+            labels = torch.sigmoid(u) - g
+            low, high = float(labels.min()), float(labels.max())
+            if not (low >= -tol and high <= 1 + tol):
+                self._wrong_loss(f"labels y = sigmoid(u) - dloss/du between {low:.4g} and {high:.4g}, not in [0, 1]")
+        elif family is LossFamily.SOFTMAX_CROSS_ENTROPY:
+            q = torch.softmax(u, dim=1) - g
+            low, total = float(q.min()), torch.sum(q, dim=1)
+            off = float(torch.max(torch.abs(total - 1.0)))
+            if not (low >= -tol and off <= tol):
+                self._wrong_loss(
+                    f"q = softmax(u) - dloss/du with smallest entry {low:.4g} and row sums off 1 by up to {off:.3g}, "
+                    "not a probability vector"
+                )
+        else:  # Huber: |dloss/du| = |clamp(u - y, -delta, delta)| <= delta
+            largest = float(torch.max(torch.abs(g)))
+            if not largest <= self.decl.huber_delta * (1 + tol):
+                self._wrong_loss(f"|dloss/du| up to {largest:.4g} > huber_delta = {self.decl.huber_delta:g}")
+
+    def _wrong_loss(self, found: str) -> None:
+        self.fail(
+            f"the gradient of each example's loss with respect to its score must be that of loss={self.decl.loss!r} "
+            f"({LOSSES[self.decl.loss][1]}, reduced as make_private's loss_reduction says: 'mean' for a mean over "
+            f"the batch). Found {found}: another loss, a scaled or weighted loss, or a reduction that does not match "
+            f"loss_reduction. {BY_HAND} The run's epsilon is void."
+        )
+
+
+def _number(value: Any) -> float:
+    return float(value.item() if torch.is_tensor(value) else value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """A view of the same storage (GradSampleModule may return the inner output unchanged or as a view)."""
+    return (
+        torch.is_tensor(a)
+        and torch.is_tensor(b)
+        and a.shape == b.shape
+        and a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride()
+    )
+
+
+def _call(ref: Any, method: str) -> Any:
+    def hook(*args: Any) -> Any:
+        watch = ref()
+        return None if watch is None else getattr(watch, method)(*args)
+
+    return hook
+
+
+# ---------------------------------------------------------------- the accountant
+
+
+class GlmAccountant(LastIterateAccountant):
+    """A last-iterate accountant whose loss assumptions are derived from the model (``model="glm"``).
+
+    Created by ``register(..., model="glm")``. ``registration.assumptions`` holds the derived
+    constants once ``make_private`` (or the first step after ``bind_data_loader``) has seen the model.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._glm_module: Any = None  # weak reference to the module given to bind_data_loader
+        self._glm_facts: Any = None
+        self._watch: Watch | None = None
+        self._derivation: Derivation | None = None
+
+    @property
+    def derivation(self) -> Derivation | None:
+        """The certificate and the facts it was derived from (None before make_private)."""
+        return self._derivation
+
+    def _adopt(
+        self, module: Any, optim: Any, clip_norm: Any, batch_size: int, normaliser: float, *, watch: bool = True
+    ) -> None:
+        reg = type(self)._registration
+        derivation, model, linear, clip = derive(
+            module, optim, clip_norm=clip_norm, reg=reg, batch_size=batch_size, normaliser=normaliser
+        )
+        if watch and self._watch is not None and self._watch.watches(model, linear, clip):
+            self._watch.derivation = derivation  # hooked at bind_data_loader: keep what it recorded
+        else:
+            if self._watch is not None:
+                self._watch.remove()
+                self._watch = None
+            if watch:
+                self._watch = Watch(model, linear, clip, reg.glm, derivation)
+        self._derivation = derivation
+        # the core computes with the instance's registration: the derived constants, and the weight
+        # decay the optimizer check must accept
+        self._registration = dataclasses.replace(
+            reg, assumptions=assumptions_of(derivation), weight_decays=derivation.weight_decays
+        )
+
+    def get_optimizer_hook_fn(self, sample_rate: float):
+        reg = type(self)._registration
+        caller = internals.engine_locals("make_private")
+        if caller is not None:
+            optim, loader = caller["optimizer"], caller["data_loader"]
+            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
+            world = int(getattr(optim, "world_size", 1) or 1)
+            normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
+            self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), normaliser)
+        inner = super().get_optimizer_hook_fn(sample_rate)
+
+        def hook_fn(optim: Any) -> None:
+            self._glm_step(optim)
+            inner(optim)
+
+        return hook_fn
+
+    def bind_data_loader(self, data_loader: Any, module: nn.Module | None = None):
+        facts = super().bind_data_loader(data_loader, module)
+        if module is None or self._watch is None or not self._watch.watches(unwrap(module)):
+            if self._watch is not None:
+                self._watch.remove()
+            self._watch = self._derivation = None
+            vars(self).pop("_registration", None)  # back to the declaration until the model is derived
+            self._glm_module = None if module is None else weakref.ref(module)
+            if isinstance(module, nn.Module):  # hook the model now, so that the first forward is seen
+                model = unwrap(module)
+                linear, clip = _find_structure(model, type(self)._registration.glm)
+                self._watch = Watch(model, linear, clip, type(self)._registration.glm, None)
+        self._glm_facts = facts
+        return facts
+
+    def _glm_step(self, optim: Any) -> None:
+        if self._derivation is None:  # optimizer hook created outside make_private: derive at the first step
+            module = self._glm_module() if self._glm_module is not None else None
+            if module is None or self._glm_facts is None:
+                raise _Changed(
+                    "model='glm' derives the loss assumptions from the model: create the optimizer with "
+                    "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
+                    "module=model) before training. Found no model."
+                )
+            reg = type(self)._registration
+            normaliser = float(optim.expected_batch_size) if optim.loss_reduction == "mean" else 1.0
+            try:
+                self._adopt(module, optim, optim.max_grad_norm, core_batch(reg, self._glm_facts), normaliser)
+            except _Error as exc:
+                raise _Changed(str(exc)) from None
+        self._watch.check_step(optim)
+
+    def training_config(self) -> lp.TrainingConfig | None:
+        if self._watch is not None and self._watch.failure is not None:
+            raise _Changed(f"accountant {self.mechanism()!r} refused this run: {self._watch.failure}")
+        if self._derivation is None and self.history:
+            call = internals.engine_locals("make_private_with_epsilon", depth=16)
+            if call is None:
+                raise _Error(
+                    "model='glm' derives the loss assumptions from the model at make_private; this accountant has "
+                    "not seen one. Call PrivacyEngine.make_private (or make_private_with_epsilon) first."
+                )
+            self._adopt_planned(call)
+        return super().training_config()
+
+    def _adopt_planned(self, call: dict[str, Any]) -> None:
+        """Derive from a make_private_with_epsilon call (Opacus' calibration, before the model is wrapped)."""
+        reg = type(self)._registration
+        loader = call["data_loader"]
+        n, batches = len(loader.dataset), len(loader)
+        if call["poisson_sampling"]:
+            b = poisson_batch_size(reg.dataset_size, 1.0 / batches)
+        else:
+            b = core_batch(reg, check_data_loader(loader, reg.sampling, reg.dataset_size))
+        normaliser = float(int(n * (1.0 / batches))) if call["loss_reduction"] == "mean" else 1.0
+        # Opacus' calibration runs on a temporary accountant: derive without hooking the model
+        self._adopt(call["module"], call["optimizer"], call["max_grad_norm"], b, normaliser, watch=False)
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        if self._derivation is None:
+            raise _Error(
+                "model='glm' derives the loss assumptions from the model: call make_private before loading the "
+                "accountant's state, so that the checkpoint's constants can be compared with the model's."
+            )
+        super().load_state_dict(state_dict)
+
+
+def register_class(name: str, reg: Registration, force: bool) -> None:
+    """Register the configured subclass of :class:`GlmAccountant` with Opacus."""
+    cls = type(
+        f"GlmAccountant_{name}",
+        (GlmAccountant,),
+        {"_registration": reg, "__module__": __name__, "__doc__": f"Certified linear-model accountant {name!r}."},
+    )
+    register_accountant(name, cls, force=force)

@@ -1,0 +1,647 @@
+"""Certified linear models in the host adapters (model="glm"): the derived constants and the
+epsilon equal the core's for hand-derived constants, every refusal fires before the first step
+and names the constants to declare by hand, and the per-step checks fire when the run stops
+being the certified GLM. Real small models trained with Opacus / TF Privacy on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lastiter_plugins as lp
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HAVE_OPACUS = importlib.util.find_spec("opacus") is not None and importlib.util.find_spec("torch") is not None
+HAVE_TF = importlib.util.find_spec("tensorflow_privacy") is not None
+needs_opacus = pytest.mark.skipif(not HAVE_OPACUS, reason="needs torch and opacus")
+needs_tf = pytest.mark.skipif(not HAVE_TF, reason="needs tensorflow and tensorflow-privacy")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
+    pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook"),
+]
+
+DELTA = 1e-5
+A = 1.0  # feature_norm
+N, B, DIM = 60, 20, 4
+LR = 0.5
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+BY_HAND = "declare smoothness, strong_convexity, weak_convexity and gradient_norms_within_clip by hand"
+
+
+def _data(classes: int = 0, scale: float = 3.0, n: int = N):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(n, DIM)) * scale).astype("float32")  # norms up to ~10: the clip is active
+    labels = (x[:, 0] > 0).astype("int64") + (x[:, 1] > 0)
+    return x, (labels % classes if classes else (x[:, 0] > 0).astype("float32"))
+
+
+def _hand_constants(loss: str, clip_norm: float, *, bias: bool = True, w: float = 0.0) -> lp.LossAssumptions:
+    """The constants derived by hand (docs/_drafts/glm.md sections 1-2, 4, 6), not by the code under test."""
+    a2 = A**2 + (1.0 if bias else 0.0)
+    if loss == "logistic":
+        m, g, scalar = a2 / 4.0, math.sqrt(a2), True
+    elif loss == "softmax":
+        m, g, scalar = a2 / 2.0, math.sqrt(2.0 * a2), False
+    else:  # huber, delta = 0.5
+        m, g, scalar = a2, 0.5 * math.sqrt(a2), True
+    never_active = clip_norm >= g * (1 + 1e-3) + 1e-6
+    assert scalar or never_active
+    return lp.LossAssumptions(
+        smoothness=m + w,
+        strong_convexity=w,
+        gradient_norms_within_clip=never_active,
+        clipped_loss_convex_smooth=True,
+    )
+
+
+def _assert_constants(found: lp.LossAssumptions, expected: lp.LossAssumptions) -> None:
+    assert found.smoothness == pytest.approx(expected.smoothness, rel=1e-12)
+    assert found.strong_convexity == pytest.approx(expected.strong_convexity, rel=1e-12)
+    assert found.weak_convexity == 0.0 and found.diameter == expected.diameter
+    assert found.gradient_norms_within_clip is expected.gradient_norms_within_clip
+    assert found.clipped_loss_convex_smooth is expected.clipped_loss_convex_smooth
+
+
+def _load_example(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ================================================================ Opacus
+
+if HAVE_OPACUS:
+    import torch
+    from opacus import PrivacyEngine
+    from opacus.grad_sample import GradSampleModule
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lastiter_plugins.adapters import opacus as lo
+
+    torch.set_num_threads(1)
+
+
+def _glm(request, loss="logistic", **kw) -> str:
+    return lo.register(
+        "glm-" + request.node.name,
+        force=True,
+        sampling=kw.pop("sampling", "cyclic"),
+        dataset_size=N,
+        learning_rate=LR,
+        model="glm",
+        loss=loss,
+        feature_norm=A,
+        **kw,
+    )
+
+
+def _clipped_linear(outputs: int = 1, bias: bool = True) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(lo.FeatureNormClip(A), nn.Linear(DIM, outputs, bias=bias))
+
+
+def _private(name, model, *, clip=1.0, optimizer=None, classes=0, noise=1.0, reduction="mean"):
+    x, y = _data(classes)
+    engine = PrivacyEngine(accountant=name)
+    optimizer = optimizer(model) if optimizer is not None else torch.optim.SGD(model.parameters(), lr=LR)
+    loader = DataLoader(TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=B)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=noise,
+        max_grad_norm=clip,
+        poisson_sampling=False,
+        loss_reduction=reduction,
+    )
+    return engine, model, optimizer, loader
+
+
+def _loss_fn(loss: str):
+    if loss == "softmax":
+        return nn.CrossEntropyLoss()
+    if loss == "huber":
+        return lambda u, y: nn.functional.huber_loss(u.squeeze(-1), y, delta=0.5)
+    return lambda u, y: nn.functional.binary_cross_entropy_with_logits(u.squeeze(-1), y)
+
+
+def _train(model, optimizer, loader, loss_fn, epochs=1):
+    for _ in range(epochs):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss_fn(model(xb), yb).backward()
+            optimizer.step()
+
+
+@needs_opacus
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dim", [1, 7, 1000])
+def test_opacus_feature_norm_clip_keeps_every_norm_within_the_bound(dtype, dim):
+    from lastiter_plugins.feature_clip import feature_norms_within, safe_clip_radius
+
+    rng = np.random.default_rng(dim)
+    rows = rng.normal(size=(2000, dim)) * rng.choice([1e-3, 0.5, 1.0, 3.0, 1e6], size=(2000, 1))
+    rows[0] = 0.0
+    bound = 0.7
+    radius = safe_clip_radius(bound, dim, dtype)
+    rows[1] *= radius / np.linalg.norm(rows[1])  # exactly at the safe radius: the clip must keep it
+    x = torch.tensor(rows, dtype=getattr(torch, dtype))
+    out = lo.FeatureNormClip(bound)(x)
+    assert out.dtype == x.dtype
+    assert feature_norms_within(out.numpy(), bound).all()
+    assert torch.equal(out[0], x[0])
+    small = torch.linalg.vector_norm(x.double(), dim=1) <= radius * (1 - 1e-6)
+    assert small.any() and torch.equal(out[small], x[small])  # rows inside the radius are untouched
+    large = torch.linalg.vector_norm(x.double(), dim=1) > 2 * bound
+    assert large.any() and torch.allclose(
+        torch.linalg.vector_norm(out[large].double(), dim=1), torch.tensor(radius).double()
+    )
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("loss", "outputs", "clip", "bias"),
+    [("logistic", 1, 0.5, True), ("logistic", 1, 0.5, False), ("softmax", 3, 2.01, True), ("huber", 1, 0.3, True)],
+    ids=["logistic-clipping-active", "logistic-no-bias", "softmax-never-active", "huber"],
+)
+def test_opacus_epsilon_equals_core_for_hand_derived_constants(request, loss, outputs, clip, bias):
+    kw = {"huber_delta": 0.5} if loss == "huber" else {}
+    name = _glm(request, loss=loss, **kw)
+    classes = outputs if loss == "softmax" else 0
+    if loss == "huber":
+        classes = 0
+    engine, model, optimizer, loader = _private(name, _clipped_linear(outputs, bias), clip=clip, classes=classes)
+    expected_assumptions = _hand_constants(loss, clip, bias=bias)
+    _assert_constants(engine.accountant.registration.assumptions, expected_assumptions)
+    _train(model, optimizer, loader, _loss_fn(loss), epochs=2)
+    config = lp.TrainingConfig(
+        dataset_size=N,
+        batch_size=B,
+        noise_multiplier=1.0,
+        steps=2 * N // B,
+        sampling="cyclic",
+        learning_rate=LR,
+        clip_norm=clip,
+    )
+    expected = lp.compute_epsilon("best", config, expected_assumptions, DELTA)
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+    assert engine.accountant.epsilon_result(DELTA).winner == expected.winner
+
+
+class _Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clip, self.hidden, self.out = lo.FeatureNormClip(A), nn.Linear(DIM, 3), nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(self.clip(x))))
+
+
+class _SigmoidAfter(nn.Module):
+    """Not an nn.Sequential: the activation after the Linear is seen in the forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clip, self.linear = lo.FeatureNormClip(A), nn.Linear(DIM, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.linear(self.clip(x)))
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("make_model", "optimizer", "clip", "phrase"),
+    [
+        (_Mlp, None, 1.0, "trainable parameters in 2 module(s)"),
+        (lambda: nn.Sequential(lo.FeatureNormClip(A), nn.Linear(DIM, 1), nn.Sigmoid()), None, 1.0, "2 (Sigmoid)"),
+        (_clipped_linear, lambda m: torch.optim.Adam(m.parameters(), lr=LR), 1.0, "Found Adam"),
+        (lambda: nn.Sequential(nn.Linear(DIM, 1)), None, 1.0, "Found none in the model"),
+        (
+            lambda: nn.Sequential(lo.FeatureNormClip(A), nn.Dropout(0.1), nn.Linear(DIM, 1)),
+            None,
+            1.0,
+            "Found Dropout before it",
+        ),
+        (lambda: nn.Sequential(lo.FeatureNormClip(2 * A), nn.Linear(DIM, 1)), None, 1.0, "FeatureNormClip(2)"),
+        (lambda: _clipped_linear(3), None, 1.0, "must have one output"),
+    ],
+    ids=["mlp", "activation-after-linear", "adam", "missing-clip", "dropout-between", "clip-too-loose", "3-outputs"],
+)
+def test_opacus_refuses_at_make_private(request, make_model, optimizer, clip, phrase):
+    name = _glm(request)
+    engine = None
+    with pytest.raises(lo.LastIterateConfigurationError) as info:
+        engine, *_ = _private(name, make_model(), clip=clip, optimizer=optimizer)
+    assert engine is None and phrase in str(info.value)
+    if phrase not in ("Found Adam", "FeatureNormClip(2)", "must have one output"):
+        assert BY_HAND in str(info.value)  # names the constants to declare by hand
+
+
+@needs_opacus
+def test_opacus_refuses_softmax_where_clipping_can_be_active(request):
+    name = _glm(request, loss="softmax")
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"clip_norm must be >= 2\.002"):
+        _private(name, _clipped_linear(3), clip=1.0, classes=3)
+
+
+@needs_opacus
+def test_opacus_register_refuses_declared_constants_and_unknown_losses(request):
+    with pytest.raises(ValueError, match="smoothness must not be given with model='glm'"):
+        _glm(request, smoothness=0.5)
+    with pytest.raises(ValueError, match="loss must be one of logistic, softmax, huber"):
+        _glm(request, loss="squared")
+    with pytest.raises(ValueError, match="huber_delta must be a finite number > 0"):
+        _glm(request, loss="huber")
+    with pytest.raises(ValueError, match="feature_norm must be"):
+        lo.register("x", sampling="cyclic", dataset_size=N, learning_rate=LR, model="glm", loss="logistic")
+    with pytest.raises(ValueError, match="need model='glm'"):
+        lo.register("x", sampling="cyclic", dataset_size=N, learning_rate=LR, feature_norm=1.0)
+
+
+@needs_opacus
+def test_opacus_frozen_layers_before_the_clip_are_accepted(request):
+    torch.manual_seed(0)
+    frozen = nn.Linear(DIM, 5)
+    frozen.requires_grad_(False)
+    model = nn.Sequential(frozen, nn.Tanh(), lo.FeatureNormClip(A), nn.Linear(5, 1))
+    engine, model, optimizer, loader = _private(_glm(request), model)
+    _train(model, optimizer, loader, _loss_fn("logistic"))
+    assert engine.get_epsilon(DELTA) > 0
+
+
+@needs_opacus
+def test_opacus_step_check_fires_when_the_clip_is_removed_after_registration(request):
+    engine, model, optimizer, loader = _private(_glm(request), _clipped_linear())
+    _train(model, optimizer, loader, _loss_fn("logistic"))  # one certified epoch
+    assert engine.get_epsilon(DELTA) > 0
+    model._module[0] = nn.Identity()  # the features now reach the Linear unclipped
+    xb, yb = next(iter(loader))
+    with pytest.raises(lp.PipelineChangedError, match="did not come from the clip"):
+        _loss_fn("logistic")(model(xb), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match="refused this run"):
+        engine.get_epsilon(DELTA)  # void from then on
+    optimizer.zero_grad()
+    with pytest.raises(lp.PipelineChangedError):  # and every later training forward
+        model(xb)
+
+
+@needs_opacus
+def test_opacus_step_check_fires_on_an_activation_after_the_linear(request):
+    engine, model, _, loader = _private(_glm(request), _SigmoidAfter())  # not Sequential: seen in forward
+    xb, _ = next(iter(loader))
+    with pytest.raises(lp.PipelineChangedError, match=r"model's output must be the final nn\.Linear's output"):
+        model(xb)
+    assert engine.accountant.steps == 0
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("loss", "loss_fn", "phrase"),
+    [
+        ("logistic", lambda u, y: nn.functional.mse_loss(u.squeeze(-1), y), "not in [0, 1]"),
+        ("logistic", lambda u, y: 10 * nn.functional.binary_cross_entropy_with_logits(u.squeeze(-1), y), "[0, 1]"),
+        ("huber", lambda u, y: nn.functional.huber_loss(u.squeeze(-1), y, delta=2.0), "> huber_delta = 0.5"),
+    ],
+    ids=["mse-declared-logistic", "scaled-logistic", "huber-wrong-delta"],
+)
+def test_opacus_step_check_fires_on_another_loss(request, loss, loss_fn, phrase):
+    kw = {"huber_delta": 0.5} if loss == "huber" else {}
+    engine, model, optimizer, loader = _private(_glm(request, loss=loss, **kw), _clipped_linear())
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    loss_fn(model(xb * 0.1), yb).backward()  # small scores: BCE and MSE differ there
+    with pytest.raises(lp.PipelineChangedError) as info:
+        optimizer.step()
+    assert phrase in str(info.value) and BY_HAND in str(info.value)
+    assert engine.accountant.steps == 0
+    with pytest.raises(lp.PipelineChangedError):
+        engine.get_epsilon(DELTA)
+
+
+@needs_opacus
+def test_opacus_step_check_fires_on_per_example_gradients_that_are_not_rank_one(request):
+    _, model, optimizer, loader = _private(_glm(request), _clipped_linear())
+    original = GradSampleModule.GRAD_SAMPLERS[nn.Linear]
+
+    def not_rank_one(layer, activations, backprops):
+        out = original(layer, activations, backprops)
+        out[layer.weight] = out[layer.weight] + 0.1 * torch.randn_like(out[layer.weight])
+        return out
+
+    GradSampleModule.GRAD_SAMPLERS[nn.Linear] = not_rank_one
+    try:
+        xb, yb = next(iter(loader))
+        optimizer.zero_grad()
+        _loss_fn("logistic")(model(xb), yb).backward()
+        with pytest.raises(lp.PipelineChangedError, match="must be rank one"):
+            optimizer.step()
+    finally:
+        GradSampleModule.GRAD_SAMPLERS[nn.Linear] = original
+
+
+@needs_opacus
+def test_opacus_step_check_fires_when_the_clip_norm_changes(request):
+    _, model, optimizer, loader = _private(_glm(request, loss="softmax"), _clipped_linear(3), clip=2.01, classes=3)
+    _train(model, optimizer, loader, _loss_fn("softmax"))
+    optimizer.max_grad_norm = 1.0  # clipping could now be active: the softmax certificate no longer holds
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    _loss_fn("softmax")(model(xb), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match=r"max_grad_norm must stay 2\.01"):
+        optimizer.step()
+
+
+@needs_opacus
+def test_opacus_custom_engine_binds_the_model_and_derives_at_the_first_step(request):
+    from opacus.accountants import create_accountant
+    from opacus.optimizers import DPOptimizer
+
+    accountant = create_accountant(_glm(request))
+    x, y = _data()
+    loader = DataLoader(TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=B)
+    with pytest.raises(lo.LastIterateConfigurationError, match="trainable parameters in 2 module"):
+        accountant.bind_data_loader(loader, module=GradSampleModule(_Mlp()))
+    module = GradSampleModule(_clipped_linear())
+    optimizer = DPOptimizer(
+        torch.optim.SGD(module.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=B
+    )
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=B / N))
+    accountant.bind_data_loader(loader, module=module)
+    assert accountant.derivation is None  # the optimizer is seen at the first step
+    _train(module, optimizer, loader, _loss_fn("logistic"))
+    _assert_constants(accountant.registration.assumptions, _hand_constants("logistic", 0.5))
+    config = lp.TrainingConfig(
+        dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=N // B, sampling="cyclic", learning_rate=LR,
+        clip_norm=0.5,
+    )  # fmt: skip
+    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 0.5), DELTA)
+    assert accountant.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+
+
+@needs_opacus
+def test_opacus_make_private_with_epsilon_calibrates_with_the_derived_constants(request):
+    name = _glm(request)
+    x, y = _data()
+    engine = PrivacyEngine(accountant=name)
+    model = _clipped_linear()
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=B),
+        target_epsilon=3.0,
+        target_delta=DELTA,
+        epochs=3,
+        max_grad_norm=0.5,
+        poisson_sampling=False,
+    )
+    _train(model, optimizer, loader, _loss_fn("logistic"), epochs=3)
+    _assert_constants(engine.accountant.registration.assumptions, _hand_constants("logistic", 0.5))
+    assert 2.5 < engine.get_epsilon(DELTA) <= 3.0
+
+
+@needs_opacus
+def test_opacus_weight_decay_is_folded_into_the_constants(request):
+    w = 0.05
+    engine, model, optimizer, loader = _private(
+        _glm(request), _clipped_linear(), optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=w)
+    )
+    _assert_constants(engine.accountant.registration.assumptions, _hand_constants("logistic", 1.0, w=w))
+    _train(model, optimizer, loader, _loss_fn("logistic"), epochs=2)
+    config = lp.TrainingConfig(
+        dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=2 * N // B, sampling="cyclic", learning_rate=LR
+    )
+    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 1.0, w=w), DELTA)
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
+    # a bias without weight decay: the l2 term no longer covers every parameter, lam = 0
+    engine, *_ = _private(
+        _glm(request),
+        _clipped_linear(),
+        optimizer=lambda m: torch.optim.SGD(
+            [{"params": [m[1].weight], "weight_decay": w}, {"params": [m[1].bias], "weight_decay": 0.0}], lr=LR
+        ),
+    )
+    derived = engine.accountant.registration.assumptions
+    assert derived.strong_convexity == 0.0 and derived.smoothness == pytest.approx(0.5 + w)
+
+
+@needs_opacus
+@pytest.mark.parametrize("name", ["opacus_logistic_regression", "opacus_softmax_regression"])
+def test_opacus_examples_run_without_weight_decay(name, capsys):
+    result = _load_example(name).main(["--epochs", "3", "--weight-decay", "0"])
+    out = capsys.readouterr().out
+    assert f"certified: ({result['epsilon']:.3f}, 1e-05)-DP for the final model only" in out
+    assert result["accuracy"] >= (0.9 if "logistic" in name else 0.8)
+
+
+@needs_opacus
+@pytest.mark.parametrize("name", ["opacus_logistic_regression", "opacus_softmax_regression"])
+def test_opacus_examples_run_with_their_defaults(name, capsys):
+    result = _load_example(name).main(["--epochs", "3"])
+    default = "0.01" if "logistic" in name else "0.005"
+    assert f"lam={default}, gradient norms within clip" in capsys.readouterr().out  # weight decay folded in
+    assert result["accuracy"] >= (0.9 if "logistic" in name else 0.8)
+
+
+# ================================================================ Keras / TF Privacy
+
+if HAVE_TF:
+    import tensorflow as tf
+    import tensorflow_privacy as tfp_privacy
+
+    from lastiter_plugins.adapters import tf_privacy as ltf
+
+    tf.get_logger().setLevel("ERROR")
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    except RuntimeError:  # already initialised by another test module
+        pass
+
+TF_N, TF_B = 64, 16
+
+
+def _bce():
+    return tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+
+def _sparse():
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+
+
+def _keras(layers, loss=None, clip=1.0):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((DIM,)), *layers]) if isinstance(layers, list) else layers
+    optimizer = tfp_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=clip, noise_multiplier=1.0, num_microbatches=None, learning_rate=LR
+    )
+    model.compile(optimizer=optimizer, loss=loss if loss is not None else _bce())
+    return model
+
+
+def _fit(model, callback, labels=None, classes=0, epochs=2):
+    x, y = _data(classes, n=TF_N)
+    y = y if labels is None else labels
+    model.fit(x, y, batch_size=TF_B, epochs=epochs, shuffle=False, callbacks=[callback], verbose=0)
+
+
+def _glm_callback():
+    return ltf.LastIterateCallback(sampling="cyclic", dataset_size=TF_N, delta=DELTA, model="glm", feature_norm=A)
+
+
+@needs_tf
+@pytest.mark.parametrize("dim", [1, 7, 1000])
+def test_keras_feature_norm_clip_keeps_every_norm_within_the_bound(dim):
+    from lastiter_plugins.feature_clip import feature_norms_within, safe_clip_radius
+
+    rng = np.random.default_rng(dim)
+    rows = (rng.normal(size=(1000, dim)) * rng.choice([1e-3, 0.5, 3.0, 1e6], size=(1000, 1))).astype("float32")
+    rows[0] = 0.0
+    out = ltf.FeatureNormClip(0.7)(tf.constant(rows)).numpy()
+    assert out.dtype == np.float32 and feature_norms_within(out, 0.7).all()
+    inside = np.linalg.norm(rows.astype("float64"), axis=1) <= safe_clip_radius(0.7, dim, "float32") * (1 - 1e-6)
+    assert inside.any() and np.array_equal(out[inside], rows[inside])
+    config = ltf.FeatureNormClip(0.7).get_config()
+    assert ltf.FeatureNormClip.from_config(config).feature_norm_bound == 0.7
+
+
+@needs_tf
+@pytest.mark.parametrize(
+    ("loss", "units", "clip"),
+    [("logistic", 1, 1.0), ("logistic", 1, 1.5), ("softmax", 3, 2.01)],
+    ids=["logistic-clipping-active", "logistic-never-active", "softmax-never-active"],
+)
+def test_keras_epsilon_equals_core_for_hand_derived_constants(loss, units, clip):
+    keras_loss = _sparse() if loss == "softmax" else _bce()
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(units)], keras_loss, clip=clip)
+    callback = _glm_callback()
+    _fit(model, callback, classes=units if loss == "softmax" else 0)
+    hand = _hand_constants(loss, clip)
+    _assert_constants(callback.assumptions, hand)
+    config = lp.TrainingConfig(
+        dataset_size=TF_N,
+        batch_size=TF_B,
+        noise_multiplier=float(np.float32(1.0 * clip)) / float(np.float32(clip)),  # float32 std / clip, as run
+        steps=2 * TF_N // TF_B,
+        sampling="cyclic",
+        learning_rate=LR,
+        clip_norm=clip,
+    )
+    expected = lp.compute_epsilon("best", config, hand, DELTA)
+    assert callback.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+
+
+class _MaybeBypass(tf.keras.Model if HAVE_TF else object):
+    """Calls the clip, but feeds the Dense layer the raw features once ``bypass`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clip = ltf.FeatureNormClip(A)
+        self.dense = tf.keras.layers.Dense(1)
+        self.bypass = False
+
+    def call(self, x, training=None):
+        clipped = self.clip(x)
+        return self.dense(x if self.bypass else clipped)
+
+
+@needs_tf
+@pytest.mark.parametrize(
+    ("layers", "loss", "clip", "phrase", "by_hand"),
+    [
+        (
+            lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(3, activation="relu"), tf.keras.layers.Dense(1)],
+            None,
+            1.0,
+            "Found trainable variables in",
+            True,
+        ),
+        (
+            lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(1, activation="sigmoid")],
+            None,
+            1.0,
+            "Found activation='sigmoid'",
+            True,
+        ),
+        (lambda: [tf.keras.layers.Dense(1)], None, 1.0, "Found none in the model", True),
+        (
+            lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(1, kernel_regularizer="l2")],
+            None,
+            1.0,
+            "Found kernel_regularizer",
+            False,
+        ),
+        (
+            lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)],
+            lambda: tf.keras.losses.BinaryCrossentropy(reduction=tf.keras.losses.Reduction.NONE),
+            1.0,
+            "Found from_logits=False",
+            True,
+        ),
+        (
+            lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)],
+            lambda: tf.keras.losses.MeanSquaredError(reduction=tf.keras.losses.Reduction.NONE),
+            1.0,
+            "Found MeanSquaredError",
+            True,
+        ),
+        (lambda: [ltf.FeatureNormClip(A), tf.keras.layers.Dense(3)], _sparse, 1.0, "clip_norm must be >= 2.002", True),
+    ],
+    ids=["mlp", "activation", "missing-clip", "kernel-regularizer", "probabilities", "mse", "softmax-small-clip"],
+)
+def test_keras_refuses_before_the_first_step(layers, loss, clip, phrase, by_hand):
+    model = _keras(layers(), loss() if loss is not None else None, clip=clip)
+    with pytest.raises(ltf.AccountingError) as info:
+        _fit(model, _glm_callback(), classes=3 if loss is _sparse else 0)
+    assert phrase in str(info.value)
+    assert not by_hand or "by hand" in str(info.value)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@needs_tf
+def test_keras_refuses_declared_constants_with_glm():
+    with pytest.raises(ValueError, match="smoothness must not be given with model='glm'"):
+        ltf.LastIterateCallback(
+            sampling="cyclic", dataset_size=TF_N, delta=DELTA, model="glm", feature_norm=A, smoothness=0.5
+        )
+    with pytest.raises(ValueError, match="feature_norm needs model='glm'"):
+        ltf.LastIterateCallback(sampling="cyclic", dataset_size=TF_N, delta=DELTA, feature_norm=A, smoothness=0.5)
+
+
+@needs_tf
+def test_keras_step_check_fires_when_the_clip_is_bypassed_after_registration():
+    model = _MaybeBypass()
+    model.build((None, DIM))
+    model = _keras(model)
+    callback = _glm_callback()
+    model.bypass = True  # after the callback was created: the Dense layer now sees raw features
+    with pytest.raises(lp.PipelineChangedError, match="Dense layer's input must be the FeatureNormClip's output"):
+        _fit(model, callback)
+    assert int(model.optimizer.iterations.numpy()) == 1  # refused after the first step
+    with pytest.raises(lp.PipelineChangedError):
+        _ = callback.epsilon
+
+
+@needs_tf
+def test_keras_same_model_with_the_clip_in_place_is_accepted():
+    model = _MaybeBypass()
+    model.build((None, DIM))
+    model = _keras(model)
+    callback = _glm_callback()
+    _fit(model, callback)
+    assert callback.epsilon > 0
+    _assert_constants(callback.assumptions, _hand_constants("logistic", 1.0))
+
+
+@needs_tf
+def test_keras_step_check_fires_on_labels_outside_the_range_the_certificate_needs():
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)], clip=1.5)  # never-active route
+    _, y = _data(n=TF_N)
+    with pytest.raises(lp.PipelineChangedError, match=r"binary labels must be in \[0, 1\]"):
+        _fit(model, _glm_callback(), labels=2.0 * y)
