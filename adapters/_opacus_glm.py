@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from opacus.accountants import register_accountant
 from opacus.grad_sample import AbstractGradSampleModule
 from torch import nn
 
@@ -777,4 +776,4 @@ def register_class(name: str, reg: Registration, force: bool) -> None:
         (GlmAccountant,),
         {"_registration": reg, "__module__": __name__, "__doc__": f"Certified linear-model accountant {name!r}."},
     )
-    register_accountant(name, cls, force=force)
+    internals.register_accountant(name, cls, force=force)

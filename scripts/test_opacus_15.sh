@@ -15,9 +15,13 @@
 #   OPACUS15_VENV  venv folder (default .venv-opacus15 in the repo root; git-ignored)
 #   PYTHON         interpreter that creates the venv (default python3, must be >= 3.10)
 #
-# Default selection: the Opacus adapter tests, and the comparison and known-value
-# tests that call Opacus' accountants (RDP, PRV) on Poisson pipelines and the built-in
-# scenario. Slow suites stay off unless --runslow is passed. Exit status is pytest's.
+# Default selection: the Opacus adapter tests (tests/test_opacus_*.py), and the
+# comparison and known-value tests that call Opacus' accountants (RDP, PRV) on Poisson
+# pipelines and the built-in scenario. Opacus 1.5 has no accountant registry: the tests
+# attach the accountant to the engine there (docs/opacus.md, "Opacus 1.5"), and the few
+# that need the registry (make_private_with_epsilon with a last-iterate accountant, the
+# example script) are skipped with a reason naming the Opacus version. Slow suites stay
+# off unless --runslow is passed. Exit status is pytest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +46,7 @@ case "$version" in
 esac
 
 if [ "$#" -eq 0 ]; then
-  set -- tests/test_opacus_adapter.py tests/test_compare.py tests/test_known_values.py -q \
+  set -- tests/test_opacus_*.py tests/test_compare.py tests/test_known_values.py -q -rs \
     -k 'opacus or poisson or builtin_rows'
 fi
 echo "+ $venv/bin/python -m pytest $*"

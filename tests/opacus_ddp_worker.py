@@ -17,7 +17,7 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from opacus import PrivacyEngine
+from opacus import PrivacyEngine, accountants
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,6 +33,15 @@ def _setup() -> str:
     warnings.filterwarnings("ignore")
     return lo.register(NAME, force=True, sampling="poisson", relation="add_or_remove_one", dataset_size=N,
                        learning_rate=LR, smoothness=0.25, orders=ORDERS)  # fmt: skip
+
+
+def _engine(name: str) -> PrivacyEngine:
+    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach it instead."""
+    if hasattr(accountants, "register_accountant"):
+        return PrivacyEngine(accountant=name)
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    return engine
 
 
 def _data() -> TensorDataset:
@@ -67,7 +76,7 @@ def _train(engine, model, steps_wanted=None):
 def single_process_epsilon(steps: int) -> float:
     """Epsilon of the same run in one process (same global batch, same number of steps)."""
     name = _setup()
-    engine = PrivacyEngine(accountant=name)
+    engine = _engine(name)
     while True:  # Poisson epochs may yield fewer batches: train until `steps` steps
         _train(engine, lambda m: m, steps_wanted=steps - engine.accountant.steps)
         if engine.accountant.steps >= steps:
@@ -81,7 +90,7 @@ def _worker(rank: int, world: int, port: int, outdir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.manual_seed(100 + rank)  # each rank's Poisson draws
-        engine = PrivacyEngine(accountant=name)
+        engine = _engine(name)
         optimizer, taken = _train(engine, DPDDP)
         record = {
             "rank": rank,

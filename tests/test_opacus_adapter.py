@@ -16,8 +16,9 @@ from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
+import opacus.accountants  # noqa: E402
 from opacus import PrivacyEngine  # noqa: E402
-from opacus.accountants import RDPAccountant, create_accountant  # noqa: E402
+from opacus.accountants import RDPAccountant  # noqa: E402
 from opacus.accountants.analysis.rdp import compute_rdp  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler  # noqa: E402
@@ -30,6 +31,18 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
     pytest.mark.filterwarnings("ignore:.*[Ff]ull backward hook"),
 ]
+
+# Opacus 1.6 has an accountant registry (PrivacyEngine(accountant=name), create_accountant(name) for any
+# registered name); Opacus 1.5 has none, and the adapter's attach / create_accountant stand in (docs/opacus.md)
+OPACUS_REGISTRY = hasattr(opacus.accountants, "register_accountant")
+needs_registry = pytest.mark.skipif(
+    not OPACUS_REGISTRY,
+    reason=f"Opacus {opacus.__version__} has no accountant registry (Opacus >= 1.6): make_private_with_epsilon and "
+    "PrivacyEngine(accountant=name) cannot create a custom accountant",
+)
+only_without_registry = pytest.mark.skipif(
+    OPACUS_REGISTRY, reason=f"Opacus {opacus.__version__} has an accountant registry: the Opacus 1.5 route is not used"
+)
 
 N = 100
 DELTA = 1e-5
@@ -62,10 +75,24 @@ def _register(request, **kw) -> str:
     return lo.register(_name(request), force=True, **params)
 
 
+def create_accountant(name):
+    """Opacus' create_accountant (1.6: its registry), or the adapter's on Opacus 1.5."""
+    return opacus.accountants.create_accountant(name) if OPACUS_REGISTRY else lo.create_accountant(name)
+
+
+def _engine(name) -> PrivacyEngine:
+    """PrivacyEngine(accountant=name) on Opacus 1.6; on Opacus 1.5, a PrivacyEngine with the accountant attached."""
+    if OPACUS_REGISTRY:
+        return PrivacyEngine(accountant=name)
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    return engine
+
+
 def _private(
     name, *, loader=None, optimizer=None, model=None, noise=1.0, clip=1.0, poisson=False, reduction="mean", **kw
 ):
-    engine = PrivacyEngine(accountant=name)
+    engine = _engine(name)
     model = model if model is not None else _model()
     optimizer = optimizer(model) if optimizer is not None else torch.optim.SGD(model.parameters(), lr=LR)
     loader = loader if loader is not None else DataLoader(_dataset(), batch_size=10)
@@ -102,7 +129,7 @@ def _train(model, optimizer, loader, epochs=1, accumulate=1, reduction="mean"):
 def test_register_binds_configuration_to_name(request):
     name = _register(request, sampling="cyclic")
     assert create_accountant(name).mechanism() == name
-    assert PrivacyEngine(accountant=name).accountant.registration.sampling is lp.Sampling.CYCLIC
+    assert _engine(name).accountant.registration.sampling is lp.Sampling.CYCLIC
     assert lo.register(name, sampling="cyclic", **BASE) == name  # same configuration again: fine
 
 
@@ -135,6 +162,78 @@ def test_register_refuses_taking_over_opacus_names():
 def test_register_validates(request, kw, match):
     with pytest.raises(ValueError, match=match):
         lo.register(_name(request), **{**BASE, **kw})
+
+
+def test_attach_gives_the_engine_a_new_configured_accountant(request):
+    name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
+    engine = PrivacyEngine(accountant="rdp")
+    accountant = lo.attach(engine, name)
+    assert engine.accountant is accountant and isinstance(accountant, lo.LastIterateAccountant)
+    assert accountant.mechanism() == name and accountant.registration == lo.registration(name)
+    assert lo.create_accountant(name) is not accountant  # a new one each time
+    model = _model()
+    model, optimizer, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                                   data_loader=DataLoader(_dataset(), batch_size=10),
+                                                   noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    _train(model, optimizer, loader, epochs=2)
+    expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
+                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=20)[0]  # fmt: skip
+    assert accountant.steps == 20
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
+    # after make_private the optimizer reports to the accountant the engine held then: refused
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"must come before engine\.make_private"):
+        lo.attach(engine, name)
+    assert engine.accountant is accountant
+
+
+def test_attach_and_create_accountant_refusals(request):
+    with pytest.raises(ValueError, match="no last-iterate accountant is registered under 'nobody'"):
+        lo.attach(PrivacyEngine(), "nobody")
+    with pytest.raises(ValueError, match="no last-iterate accountant is registered"):
+        lo.create_accountant("rdp")
+    with pytest.raises(TypeError, match=r"must be an opacus\.PrivacyEngine"):
+        lo.attach(object(), _register(request, sampling="cyclic"))
+
+
+@only_without_registry
+def test_opacus_15_refuses_the_name_in_the_engine_and_calibration(request):
+    # Opacus 1.5's PrivacyEngine(accountant=...) knows only rdp, gdp and prv: Opacus itself refuses the name,
+    # before any code of the adapter runs (docs/opacus.md, Opacus 1.5)
+    name = _register(request, sampling="cyclic")
+    with pytest.raises(ValueError, match=f"Unexpected accounting mechanism: {name}"):
+        PrivacyEngine(accountant=name)
+    # make_private_with_epsilon would create the accountant by name to calibrate: refused by the adapter
+    model = _model()
+    with pytest.raises(lp.UnsupportedHostError, match=r"accountant registry \(Opacus >= 1.6\).*calibrate_noise"):
+        _engine(name).make_private_with_epsilon(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                                data_loader=DataLoader(_dataset(), batch_size=10), target_epsilon=3.0,
+                                                target_delta=DELTA, epochs=3, max_grad_norm=1.0,
+                                                poisson_sampling=False)  # fmt: skip
+    # also for a name forced over one of Opacus' own (1.5 would calibrate with Opacus' accountant)
+    lo.register("rdp", sampling="cyclic", force=True, **BASE)
+    try:
+        engine = PrivacyEngine()
+        assert lo.attach(engine, "rdp").registration.name == "rdp"
+        assert type(PrivacyEngine(accountant="rdp").accountant) is RDPAccountant  # Opacus' names stay Opacus'
+        with pytest.raises(lp.UnsupportedHostError, match="make_private_with_epsilon"):
+            engine.make_private_with_epsilon(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                             data_loader=DataLoader(_dataset(), batch_size=10), target_epsilon=3.0,
+                                             target_delta=DELTA, epochs=3, max_grad_norm=1.0,
+                                             poisson_sampling=False)  # fmt: skip
+    finally:
+        from lastiter_plugins.adapters import _opacus_internals, _opacus_registration
+
+        _opacus_internals._ADAPTER_ACCOUNTANTS.pop("rdp", None)
+        _opacus_registration._REGISTRATIONS.pop("rdp", None)
+
+
+def test_state_dict_stores_the_mechanism_name(request):
+    # Opacus 1.5's IAccountant.state_dict stores the mechanism method, which torch.save cannot pickle for a
+    # registered class and which never equals a loaded name: the accountant writes Opacus' keys itself
+    name = _register(request, sampling="cyclic")
+    state = create_accountant(name).state_dict()
+    assert state["mechanism"] == name and state["history"] == []
+    create_accountant(name).load_state_dict(state)
 
 
 def test_base_class_cannot_be_instantiated():
@@ -389,7 +488,7 @@ def test_hook_outside_make_private_needs_bound_loader(request):
 
     name = _register(request, sampling="cyclic")
     accountant = create_accountant(name)
-    model = PrivacyEngine(accountant=name)._prepare_model(_model())
+    model = _engine(name)._prepare_model(_model())
     optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
                             expected_batch_size=10)  # fmt: skip
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
@@ -534,6 +633,7 @@ def test_poisson_batch_rounds_up_when_sample_rate_is_not_b_over_n(request):
 # ---------------------------------------------------------------- calibration
 
 
+@needs_registry
 @pytest.mark.parametrize(
     ("n", "batch", "bound"),
     [
@@ -568,6 +668,7 @@ def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
     assert composition > eps  # the last-iterate bound let it use less noise
 
 
+@needs_registry
 def test_make_private_with_epsilon_run_that_differs_from_the_plan_is_refused(request):
     # calibrated for one loader batch per step; accumulating 2 is refused at the first step, and voids the run
     name = _register(
@@ -593,6 +694,7 @@ def test_make_private_with_epsilon_run_that_differs_from_the_plan_is_refused(req
         engine.get_epsilon(DELTA)
 
 
+@needs_registry
 def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
     name = _register(request, sampling="cyclic")
     model = _model()
@@ -705,6 +807,11 @@ def test_distributed_counts_steps_once_and_matches_single_process(request, tmp_p
 # ---------------------------------------------------------------- example
 
 
+@pytest.mark.skipif(
+    not OPACUS_REGISTRY,
+    reason=f"Opacus {opacus.__version__} has no accountant registry (Opacus >= 1.6): the example creates its engine "
+    "with PrivacyEngine(accountant=name)",
+)
 def test_example_runs(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "examples", "opacus_logistic_regression.py")
@@ -769,7 +876,7 @@ def test_skip_step_outside_make_private_needs_the_module_and_a_batch_memory_mana
 
     def setup():
         accountant = create_accountant(name)
-        model = PrivacyEngine(accountant=name)._prepare_model(_model())
+        model = _engine(name)._prepare_model(_model())
         optimizer = DPOptimizer(torch.optim.SGD(model.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=1.0,
                                 expected_batch_size=10)  # fmt: skip
         optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=0.1))
@@ -809,7 +916,7 @@ def test_shuffle_once_resume_needs_the_same_permutation(request):
     with pytest.raises(lo.LastIterateConfigurationError, match=r"same permutation.*ShuffleOnceSampler"):
         engine2.accountant.load_state_dict(state)
     # loaded before make_private: refused when make_private shows the loader
-    engine3 = PrivacyEngine(accountant=name)
+    engine3 = _engine(name)
     engine3.accountant.load_state_dict(state)
     model3 = _model()
     with pytest.raises(lo.LastIterateConfigurationError, match="same permutation"):

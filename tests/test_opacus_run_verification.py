@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
+import opacus.accountants  # noqa: E402
 from opacus import PrivacyEngine  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
 
@@ -41,10 +42,19 @@ def _register(request, **kw) -> str:
     return lo.register("v-" + request.node.name, force=True, **params)
 
 
+def _engine(name) -> PrivacyEngine:
+    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach the accountant instead."""
+    if hasattr(opacus.accountants, "register_accountant"):
+        return PrivacyEngine(accountant=name)
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    return engine
+
+
 def _private(name, loader, **kw):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
-    engine = PrivacyEngine(accountant=name)
+    engine = _engine(name)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
         noise_multiplier=1.0, max_grad_norm=1.0, **{"poisson_sampling": False, **kw},
