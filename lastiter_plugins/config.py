@@ -62,24 +62,47 @@ def _parse_enum(cls, value, name):
     raise ValueError(f"{name} must be one of {choices}. Found {value!r}.")
 
 
+#: The largest count (examples, batch size, steps, epochs) accepted: 2**53, the largest integer
+#: up to which every integer is exact in double precision, in which the bounds are computed.
+MAX_COUNT = 2**53
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a user's value, with a huge integer abbreviated (one line, readable)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) >= 10**20:
+        digits = str(abs(int(value)))
+        return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1} (an integer)"
+    return repr(value)
+
+
 def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
-    if not math.isfinite(value) or int(value) != value:
-        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif not math.isfinite(value) or int(value) != value:
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")
     if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}. Found {value!r}.")
+        raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")
+    if value > MAX_COUNT:
+        raise ValueError(
+            f"{name} must be an integer <= 2**53 = {MAX_COUNT} (the supported range is [{minimum}, 2**53]). "
+            f"Found {_shown(value)}."
+        )
     return int(value)
 
 
 def _check_real(name: str, value: Any, *, positive: bool) -> float:
     constraint = "> 0" if positive else ">= 0"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a finite number {constraint}. Found {value!r}.")
-    value = float(value)
+        raise ValueError(f"{name} must be a finite number {constraint}. Found {_shown(value)}.")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond the largest double
+        raise ValueError(f"{name} must be a finite number {constraint}. Found {_shown(value)}.") from None
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ValueError(f"{name} must be a finite number {constraint}. Found {value!r}.")
-    return value
+    return value + 0.0  # -0.0 is 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +151,13 @@ class TrainingConfig:
         epochs = _check_int("epochs", epochs, 1)
         n = _check_int("dataset_size", dataset_size, 1)
         b = _check_int("batch_size", batch_size, 1)
-        return cls(dataset_size=n, batch_size=b, steps=epochs * math.ceil(n / b), **kwargs)
+        per_epoch = -(-n // b)
+        if epochs * per_epoch > MAX_COUNT:
+            raise ValueError(
+                f"epochs must be <= 2**53 / ceil(dataset_size / batch_size) = {MAX_COUNT // per_epoch} (the run "
+                f"may have at most 2**53 steps). Found {_shown(epochs)}."
+            )
+        return cls(dataset_size=n, batch_size=b, steps=epochs * per_epoch, **kwargs)
 
     def replace(self, **changes: Any) -> TrainingConfig:
         """A copy with some fields changed (validated again)."""

@@ -77,7 +77,8 @@ def validate_delta(delta: float) -> float:
 
 
 def _warn_if_at_edge(orders: np.ndarray, order: float, eps: float) -> None:
-    if eps > 0 and orders.size > 1 and order in (float(orders.min()), float(orders.max())):
+    # inf: no order gives a finite epsilon, so no wider grid would help either
+    if 0 < eps < math.inf and orders.size > 1 and order in (float(orders.min()), float(orders.max())):
         warnings.warn(
             f"the optimal Renyi order {order:g} is at the edge of the order grid "
             f"[{orders.min():g}, {orders.max():g}]; epsilon may improve with a wider grid.",
@@ -159,7 +160,7 @@ def _stationary_order(slope: float, log_inv_delta: float) -> float:
     :math:`g(x) = \mathrm{slope}\,x^2 + \log(1+x) - L`, :math:`x = \alpha - 1`,
     :math:`L = \log(1/\delta)`, bracketed by
     :math:`x_{lo} = 2L/(1+\sqrt{1+4\,\mathrm{slope}\,L})` and
-    :math:`x_{hi} = \min(\sqrt{L/\mathrm{slope}}, e^L - 1)` (docs/_drafts/conversion.md, section 2).
+    :math:`x_{hi} = \min(\sqrt{L/\mathrm{slope}}, e^L - 1)` (docs/decisions.md, section 13, part 2).
     Finite for every slope >= 0 (at most 1/delta).
     """
     big = log_inv_delta
@@ -190,7 +191,7 @@ def epsilon_of_linear_rdp(rho: float, delta: float) -> tuple[float, float]:
     2020, arXiv 2004.00010, Prop. 12) has derivative
     :math:`\rho - (\log(1/\delta) - \log\alpha)/(\alpha-1)^2`, with exactly one zero
     :math:`\alpha^*` in :math:`(1, 1/\delta]`, its global minimiser (derivation in
-    docs/_drafts/conversion.md). The order is clipped to dp-accounting's domain
+    docs/decisions.md, section 13). The order is clipped to dp-accounting's domain
     (:math:`\alpha > 1.01`), and epsilon is dp-accounting's ``compute_epsilon`` at
     that one order with RDP :math:`\rho\alpha`: valid by construction, whatever the
     precision of the root.
@@ -295,7 +296,7 @@ def refine_epsilon(
     the grid value. No smoothness is assumed (the sampled Gaussian's chord bound has
     kinks at integer orders). The search stays within ``[min(orders), max(orders)]``;
     :class:`OrderGridWarning` is issued, as by :func:`rdp_to_epsilon`, when the grid
-    optimum sits at an edge. Derivation: docs/_drafts/conversion.md.
+    optimum sits at an edge. Derivation: docs/decisions.md, section 13.
 
     Args:
       rdp_at: the RDP bound (nats) at an array of orders > 1; may return ``inf``.

@@ -97,9 +97,9 @@ def _log_delta(mu: np.ndarray, eps: np.ndarray) -> np.ndarray:
     if not ok.any():
         return out
     m, e = mu[ok], eps[ok]
-    a = -e / m + m / 2.0
     res = np.empty(m.shape)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a = -e / m + m / 2.0  # -inf where eps/mu overflows (mu tiny): then delta is 0
         # delta close to 1 (a > 5): Phi(a) - e^eps Phi(b), no cancellation to fear
         big = a > 5.0
         if big.any():
@@ -142,12 +142,14 @@ def gdp_delta(mu: float | np.ndarray, eps: float | np.ndarray) -> np.ndarray:
 
 
 def _upper_bracket(log_delta, log_target: float, start: float) -> float:
-    hi = max(start, 1e-300)
-    for _ in range(2000):
+    """An eps with delta(eps) <= target, doubling from ``start``; inf when no double reaches the target
+    (the epsilon exceeds the largest double: inf is its correct, vacuous, rounding)."""
+    hi = min(max(start, 1e-300), 1e300) if math.isfinite(start) else 1.0
+    while math.isfinite(hi):
         if log_delta(hi) <= log_target:
             return hi
         hi *= 2.0
-    raise ValueError("could not bracket epsilon (delta target unreachable).")
+    return math.inf
 
 
 def _solve_epsilon(log_delta, delta: float, scale: float) -> float:
@@ -160,6 +162,8 @@ def _solve_epsilon(log_delta, delta: float, scale: float) -> float:
     if log_delta(0.0) <= log_target:
         return 0.0
     hi = _upper_bracket(log_delta, log_target, scale)
+    if math.isinf(hi):
+        return math.inf
     eps = optimize.brentq(lambda e: log_delta(e) - log_target, 0.0, hi, xtol=1e-15, rtol=1e-13, maxiter=500)
     # never report an epsilon whose delta exceeds the target: step up until it holds
     step = max(abs(eps) * 1e-13, 1e-300)
@@ -196,6 +200,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return 0.0
     if math.isinf(mu):
         return 0.0 if delta >= 1.0 else math.inf
+    # a starting point for the bracket (inf for mu > 1e154: the bracket then starts at 1)
     scale = mu * mu / 2.0 + mu * (math.sqrt(2.0 * max(-math.log(max(delta, 1e-300)), 1.0)) + 1.0)
     return _solve_epsilon(lambda e: _log_delta_scalar(mu, e), float(delta), scale)
 
@@ -226,7 +231,7 @@ def _merge_components(w: np.ndarray, m: np.ndarray, max_components: int = _MAX_C
     to a geometric grid (delta_mu increases with mu, so the profile only grows)."""
     values, inverse = np.unique(m, return_inverse=True)
     if values.size > max_components:
-        positive = values[values > 0]
+        positive = values[(values > 0) & np.isfinite(values)]  # inf (delta = 1) stays a component of its own
         lo, hi = float(positive.min()), float(positive.max())
         grid = np.geomspace(lo, hi, max_components - 1)
         grid[-1] = hi
@@ -311,8 +316,12 @@ def mixture_rdp(weights, mus, orders: np.ndarray | float) -> np.ndarray:
     a = np.atleast_1d(orders)
     if np.any(a <= 1.0):
         raise ValueError(f"orders must be > 1. Found {a[a <= 1.0][:3].tolist()}.")
-    exps = ((a - 1.0) * a / 2.0)[:, None] * (m**2)[None, :] + np.log(w)[None, :]
-    out = special.logsumexp(exps, axis=1) / (a - 1.0)
+    m2 = m**2
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow: that component, and the bound, are inf
+        products = ((a - 1.0) * a / 2.0)[:, None] * m2[None, :]
+    exps = np.where(m2[None, :] == 0.0, 0.0, products) + np.log(w)[None, :]  # mu = 0 adds e^0 at any order
+    # the divergence is >= 0: a rounding below 0 (weights summing to 1 - 1e-16) is raised to 0
+    out = np.maximum(special.logsumexp(exps, axis=1) / (a - 1.0), 0.0)
     return out.reshape(orders.shape) if orders.ndim else out[0]
 
 

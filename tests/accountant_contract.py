@@ -12,7 +12,9 @@ NonPrivate (bare or nested) gives epsilon inf and delta 1;
 ``compose(e, n)`` == n x ``compose(e)`` == ``compose(SelfComposedDpEvent(e, n))``
 == ``compose(ComposedDpEvent([e] * n))``; ledger round trip (composing the
 ledger, or its ``to_named_tuple`` round trip, into a fresh accountant gives the
-same state); deep copies and pickles are equal and independent; unsupported and invalid events are refused
+same state); deep copies and pickles are equal and independent; epsilon and delta
+are consistent (``get_delta(get_epsilon(d)) <= d``) for the whole ledger and for
+each event alone; unsupported and invalid events are refused
 (``supports()`` False, ``UnsupportedEventError`` naming the sub-event) and
 leave the state (ledger, epsilon, delta, RDP) untouched, also when a valid
 sibling precedes them; ``supports()`` never changes the state.
@@ -76,6 +78,16 @@ def assert_refused_untouched(
     with pytest.raises(dp_accounting.UnsupportedEventError, match="caused by subevent"):
         accountant.compose(event)
     assert_same_state(before, snapshot(accountant))
+
+
+def assert_epsilon_delta_consistent(accountant: dp_accounting.PrivacyAccountant) -> None:
+    """Epsilon does not increase with delta, and ``get_delta(get_epsilon(d)) <= d`` (to 1e-9 relative)."""
+    epsilons = [accountant.get_epsilon(d) for d in DELTAS]
+    assert epsilons == sorted(epsilons), f"epsilon must not increase with delta: {epsilons}"
+    for delta, epsilon in zip(DELTAS, epsilons, strict=True):
+        if np.isfinite(epsilon):
+            found = accountant.get_delta(epsilon)
+            assert found <= delta * (1 + 1e-9), f"get_delta(get_epsilon({delta:g})) = {found!r} > {delta:g}"
 
 
 def assert_count_equivalences(
@@ -219,11 +231,12 @@ class AccountantContract:
         accountant = self.make_accountant()
         for event in self.supported_events():
             accountant.compose(event)
-        epsilons = [accountant.get_epsilon(d) for d in DELTAS]
-        assert epsilons == sorted(epsilons), "epsilon must not increase with delta"
-        for delta, epsilon in zip(DELTAS, epsilons, strict=True):
-            if np.isfinite(epsilon):
-                assert accountant.get_delta(epsilon) <= delta * (1 + 1e-9)
+        assert_epsilon_delta_consistent(accountant)
+
+    def test_epsilon_and_delta_are_consistent_for_each_event_alone(self):
+        # an accountant may answer a ledger of one event differently (e.g. exactly, without a grid)
+        for event in self.supported_events():
+            assert_epsilon_delta_consistent(self.make_accountant().compose(event))
 
     def test_copies_are_independent_and_equal(self):
         accountant = self.make_accountant().compose(self.supported_events()[0])

@@ -7,24 +7,34 @@ RDP takes about 2 s on the default grid.
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
+import types
 import warnings
 
 import attr
 import dp_accounting
 import numpy as np
 import pytest
-from accountant_contract import AccountantContract, assert_count_equivalences, assert_refused_untouched
+from accountant_contract import (
+    AccountantContract,
+    assert_count_equivalences,
+    assert_epsilon_delta_consistent,
+    assert_refused_untouched,
+)
 from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant as dp_pld
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters import _dpa_pld
 from lastiter_plugins.adapters.dp_accounting import (
     BoundId,
     LastIterateAccountant,
     LastIterateDpSgdEvent,
+    LastIteratePldAccountant,
     SamplingScheme,
 )
 
@@ -40,6 +50,13 @@ KR_BOUNDED = LastIterateDpSgdEvent("reshuffle", 1000, 10, 2.0, 500, 0.5, smoothn
 AT = LastIterateDpSgdEvent("random_batch", 1000, 50, 2.0, 5000, 0.5, smoothness=1.0, diameter=0.5)
 COMPOSITION_RB = LastIterateDpSgdEvent("random_batch", 1000, 100, 1.5, 200, None)
 LIANG = LastIterateDpSgdEvent("poisson", 1000, 50, 2.0, 5000, 0.5, smoothness=1.0, diameter=0.5)
+# f-DP (shifted interpolation) and bounded-domain runs: convex, smooth, clipping never active.
+SI_CYCLIC = LastIterateDpSgdEvent("cyclic", 1000, 50, 4.0, 400, 1.0, smoothness=0.25, gradient_norms_within_clip=True)
+SI_SHUFFLE = attr.evolve(SI_CYCLIC, sampling="shuffle_once")
+SI_FULL = LastIterateDpSgdEvent(
+    "cyclic", 200, 200, 6.0, 50, 1.0, smoothness=0.5, strong_convexity=0.1, gradient_norms_within_clip=True
+)
+BDR = attr.evolve(AT, gradient_norms_within_clip=True)
 
 GAUSS = dp_event.GaussianDpEvent(1.0)
 LAPLACE = dp_event.LaplaceDpEvent(2.0)
@@ -75,7 +92,7 @@ class TestContractReplaceOne(AccountantContract):
         return accountant(R1)
 
     def supported_events(self):
-        return [KR, GAUSS, SWOR, dp_event.ComposedDpEvent([AT, LAPLACE]), BEST_CYCLIC]
+        return [KR, GAUSS, SWOR, dp_event.ComposedDpEvent([AT, LAPLACE]), BEST_CYCLIC, SI_CYCLIC, SI_SHUFFLE]
 
     def invalid_events(self):
         bad_noise = attr.evolve(KR, noise_multiplier=-1.0)
@@ -135,6 +152,19 @@ def test_contract_detects_a_ledger_poisoned_by_late_validation():
     broken = _LedgerFirst(orders=ORDERS).compose(KR)
     with pytest.raises(AssertionError, match="ledger changed"):
         assert_refused_untouched(broken, attr.evolve(KR, noise_multiplier=-1.0))
+
+
+class _GridDeltaOnly(LastIterateAccountant):
+    """Broken on purpose: answers delta on the grid even for a single run answered losslessly."""
+
+    def get_delta_and_optimal_order(self, target_epsilon):
+        return dp_rdp.compute_delta(self._orders, self._rdp, target_epsilon)
+
+
+def test_contract_detects_a_delta_inconsistent_with_epsilon():
+    with pytest.raises(AssertionError, match="get_delta"):
+        assert_epsilon_delta_consistent(_GridDeltaOnly(orders=ORDERS).compose(SI_CYCLIC))
+    assert_epsilon_delta_consistent(accountant().compose(SI_CYCLIC))
 
 
 def test_contract_detects_an_ignored_count():
@@ -225,18 +255,117 @@ def test_the_accountant_decides_the_bound_for_the_same_event():
         (AT, R1, "best"),
         (COMPOSITION_RB, R1, "composition"),
         (LIANG, AOR, "liang-bounded"),
+        (SI_CYCLIC, R1, "shifted-interpolation-cyclic"),
+        (SI_SHUFFLE, R1, "shifted-interpolation-shuffle"),
+        (SI_FULL, R1, "shifted-interpolation-full-batch"),
+        (SI_SHUFFLE, R1, "best"),
+        (BDR, R1, "bounded-domain-random"),
+        (BDR, R1, "best"),
     ],
-    ids=["kong-ribero-cyclic", "best", "kong-ribero-bounded", "random-batch-best", "composition-rb", "liang"],
+    ids=[
+        "kong-ribero-cyclic",
+        "best",
+        "kong-ribero-bounded",
+        "random-batch-best",
+        "composition-rb",
+        "liang",
+        "si-cyclic",
+        "si-shuffle",
+        "si-full-batch",
+        "best-si-shuffle",
+        "bounded-domain-random",
+        "best-bounded-domain-random",
+    ],
 )
-def test_single_run_agrees_with_the_core(event, relation, bound):
-    acc = accountant(relation, bound=bound).compose(event)
-    expected = core_rdp(event, relation, bound=bound)
+@pytest.mark.parametrize("orders", [ORDERS, None], ids=["custom-orders", "default-orders"])
+def test_single_run_agrees_with_the_core(event, relation, bound, orders):
+    # One run and nothing else: exactly the core's lossless epsilon (f-DP profiles converted exactly).
+    acc = accountant(relation, orders=orders, bound=bound).compose(event)
+    expected = core_rdp(event, relation, orders=acc.orders, bound=bound)
     np.testing.assert_array_equal(acc.rdp, expected)
     params = dict(relation=relation.name.lower(), **event.to_params())
-    eps, order = lp.epsilon(bound, DELTA, orders=list(ORDERS), **params)
-    assert acc.get_epsilon_and_optimal_order(DELTA) == (eps, order)
-    assert acc.get_delta(eps) == dp_rdp.compute_delta(list(ORDERS), expected, eps)[0]
-    assert acc.get_delta(eps) <= DELTA * (1 + 1e-9)
+    core = lp.epsilon(bound, DELTA, orders=None if orders is None else list(orders), **params)
+    assert acc.get_epsilon_and_optimal_order(DELTA) == (core.epsilon, core.order)
+    assert (core.order is None) == (core.kind is lp.Kind.GDP)
+    for delta in (1e-3, DELTA, 1e-9):
+        eps = acc.get_epsilon(delta)
+        found = acc.get_delta(eps)
+        assert found <= delta * (1 + 1e-9)  # consistent with its own epsilon
+        assert found <= dp_rdp.compute_delta(acc.orders, expected, eps)[0]  # never above the grid conversion
+
+
+def _certified_delta_floors(event, epsilons, low, high):
+    """For each epsilon, the smallest delta any candidate of best certifies for the run, computed
+    independently: exact profiles of the GDP bounds, and dp-accounting's conversion formula on a
+    dense order grid over [low, high] for every candidate's RDP curve."""
+    params = event.to_params()
+    config, assumptions = lp.build(**params)
+
+    def log_deltas(orders, r, eps):
+        improved = (orders - 1) * (r - eps + np.log1p(-1 / orders)) - np.log(orders)
+        return np.minimum(improved, 0.5 * np.log1p(-np.exp(-r)))
+
+    coarse = np.linspace(max(low, 1.0101), high, 2001)
+    floors = np.ones(len(epsilons))
+    for bid, evaluation in lp.applicable_bounds(**params).items():
+        if bid == "best" or not (evaluation.applies and evaluation.proof.proven):
+            continue
+        spec = lp.BOUNDS[bid]
+        r = lp.rdp(bid, coarse, **params)
+        for i, eps in enumerate(epsilons):
+            j = int(np.argmin(log_deltas(coarse, r, eps)))  # then brute force around the coarse minimum
+            fine = np.linspace(coarse[max(j - 1, 0)], coarse[min(j + 1, coarse.size - 1)], 401)
+            found = float(
+                np.exp(min(log_deltas(coarse, r, eps).min(), log_deltas(fine, lp.rdp(bid, fine, **params), eps).min()))
+            )
+            if spec.kind is lp.Kind.GDP:
+                found = min(found, spec.profile(config, assumptions).delta(eps))
+            floors[i] = min(floors[i], found)
+    return floors
+
+
+@pytest.mark.parametrize(
+    "event", [KR, BEST_CYCLIC, SI_CYCLIC, SI_SHUFFLE, BDR], ids=["kr", "best-cyclic", "si-cyclic", "si-shuffle", "bdr"]
+)
+def test_single_run_delta_is_never_below_what_the_bounds_certify(event):
+    # get_delta for one run searches orders beyond the grid: every number it returns must be one a
+    # candidate bound certifies at some order (or its exact profile), never less.
+    acc = accountant().compose(event)
+    epsilons = (0.5, 2.0, acc.get_epsilon(DELTA), 8.0)
+    floors = _certified_delta_floors(event, epsilons, min(ORDERS), max(ORDERS))
+    for eps, floor in zip(epsilons, floors, strict=True):
+        assert acc.get_delta(eps) >= floor * (1 - 1e-6)
+        assert acc.get_delta(eps) <= dp_rdp.compute_delta(list(ORDERS), acc.rdp, eps)[0]
+
+
+def test_composition_with_anything_else_uses_the_rdp_grid():
+    params = SI_CYCLIC.to_params()
+    lossless = lp.epsilon("best", DELTA, orders=list(ORDERS), **params)
+    assert lossless.kind is lp.Kind.GDP  # the run's best is its f-DP profile, converted exactly
+    assert accountant().compose(SI_CYCLIC).get_epsilon(DELTA) == lossless.epsilon
+    # a NoOp is no event: still the one run
+    with_no_op = dp_event.ComposedDpEvent([SI_CYCLIC, dp_event.NoOpDpEvent()])
+    assert accountant().compose(with_no_op).get_epsilon(DELTA) == lossless.epsilon
+    # the same run twice (k copies are k runs), another run, or a standard event: the sum of the RDP
+    # curves (the f-DP bound enters with its implied RDP alpha mu^2 / 2) converted on the grid
+    mu = SI_CYCLIC.gaussian_mu()
+    np.testing.assert_allclose(core_rdp(SI_CYCLIC), np.array(ORDERS) * mu**2 / 2, rtol=1e-12)
+    for acc, curve in (
+        (accountant().compose(SI_CYCLIC, 2), 2 * core_rdp(SI_CYCLIC)),
+        (accountant().compose(SI_CYCLIC).compose(SI_FULL), core_rdp(SI_CYCLIC) + core_rdp(SI_FULL)),
+        (accountant().compose(SI_CYCLIC).compose(GAUSS), core_rdp(SI_CYCLIC) + host_rdp(GAUSS)),
+    ):
+        np.testing.assert_allclose(acc.rdp, curve, rtol=1e-14)
+        eps, order = acc.get_epsilon_and_optimal_order(DELTA)
+        assert (eps, order) == lp.conversion.rdp_to_epsilon(np.array(ORDERS), acc.rdp, DELTA)
+        assert eps > lossless.epsilon and order in ORDERS
+        assert acc.get_delta(eps) == dp_rdp.compute_delta(list(ORDERS), acc.rdp, eps)[0]
+
+
+def test_statement_says_how_a_single_run_was_converted():
+    assert "privacy profile converted exactly" in accountant().compose(SI_CYCLIC).statement(DELTA)
+    assert "RDP order" in accountant().compose(SI_CYCLIC).compose(GAUSS).statement(DELTA)
+    assert "RDP order" in accountant().compose(KR).statement(DELTA)
 
 
 def test_default_orders_agree_with_lastiter_epsilon():
@@ -399,19 +528,36 @@ def test_get_delta_validates_epsilon(epsilon):
 # ---------------------------------------------------------------- calibration
 
 
-def test_calibrate_dp_mechanism_finds_the_noise_multiplier():
-    target = 3.0
-
+@pytest.mark.parametrize(
+    ("event", "target"),
+    [(KR, 3.0), (SI_CYCLIC, 2.0), (SI_SHUFFLE, 2.0), (BDR, 8.0)],
+    ids=["kr", "si-cyclic", "si-shuffle", "bdr"],
+)
+def test_calibrate_dp_mechanism_finds_the_noise_multiplier(event, target):
+    # One run alone: the accountant's epsilon is the core's lossless one, so the host's calibration
+    # agrees with lastiter_plugins.calibrate_noise (f-DP bounds included).
     def eps(z):
-        return accountant().compose(attr.evolve(KR, noise_multiplier=z)).get_epsilon(DELTA)
+        return accountant().compose(attr.evolve(event, noise_multiplier=z)).get_epsilon(DELTA)
 
     z = dp_accounting.calibrate_dp_mechanism(
-        lambda: accountant(), lambda z: attr.evolve(KR, noise_multiplier=z), target, DELTA
+        lambda: accountant(), lambda z: attr.evolve(event, noise_multiplier=z), target, DELTA
     )
     assert eps(z) <= target < eps(z * (1 - 1e-4))
-    params = {k: v for k, v in KR.to_params().items() if k != "noise_multiplier"}
+    params = {k: v for k, v in event.to_params().items() if k != "noise_multiplier"}
     core = lp.calibrate_noise("best", target, DELTA, orders=list(ORDERS), **params)
     assert z <= core and z == pytest.approx(core, rel=2e-4)
+
+
+def test_calibrate_dp_mechanism_with_the_pld_accountant():
+    target, interval = 2.0, 1e-3
+    z = dp_accounting.calibrate_dp_mechanism(
+        lambda: pld(interval=interval), lambda z: attr.evolve(SI_CYCLIC, noise_multiplier=z), target, DELTA
+    )
+    assert pld(interval=interval).compose(attr.evolve(SI_CYCLIC, noise_multiplier=z)).get_epsilon(DELTA) <= target
+    params = {k: v for k, v in SI_CYCLIC.to_params().items() if k != "noise_multiplier"}
+    core = lp.calibrate_noise("shifted-interpolation-cyclic", target, DELTA, **params)
+    assert lp.epsilon("shifted-interpolation-cyclic", DELTA, noise_multiplier=z, **params).epsilon <= target
+    assert z == pytest.approx(core, rel=1e-3)  # PLD rounds up by at most its discretisation
 
 
 def test_calibrate_dp_mechanism_on_a_mixed_pipeline():
@@ -471,3 +617,178 @@ def test_add_or_remove_poisson_steps_equal_the_composition_bound():
         LastIterateDpSgdEvent("poisson", n, b, z, steps, None)
     )
     np.testing.assert_allclose(standard.rdp, ours.rdp, rtol=1e-9)
+
+
+# ---------------------------------------------------------------- PLD: runs certified mu-GDP
+
+HOST_VERSION = tuple(int(x) for x in importlib.metadata.version("dp-accounting").split(".")[:2])
+# What the installed PLDAccountant(REPLACE_ONE) does to GaussianDpEvent(s): shift 1 (0.4.3) or 2 (0.6),
+# read from the version here, independently of the adapter's measurement.
+R1_SHIFT = 2.0 if HOST_VERSION >= (0, 6) else 1.0
+
+
+def pld(relation=R1, bound="best", interval=1e-4) -> LastIteratePldAccountant:
+    return LastIteratePldAccountant(bound=bound, neighboring_relation=relation, value_discretization_interval=interval)
+
+
+class TestContractPld(AccountantContract):
+    # A Gaussian composed n times at once is exact (noise / sqrt(n)); composed one by one, the host
+    # convolves discretised PLDs: equal to about 1e-5 at this discretisation (1e-3, for speed), as for
+    # dp-accounting's own PLDAccountant below.
+    rtol = 1e-4
+
+    def make_accountant(self):
+        return pld(interval=1e-3)
+
+    def supported_events(self):
+        return [SI_CYCLIC, GAUSS, dp_event.ComposedDpEvent([SI_FULL, dp_event.GaussianDpEvent(2.0)]), SI_SHUFFLE]
+
+    def invalid_events(self):
+        bad_noise = attr.evolve(SI_CYCLIC, noise_multiplier=-1.0)
+        return [
+            (KR, KR),  # no mu-GDP bound applies to it
+            (bad_noise, bad_noise),
+            (dp_event.GaussianDpEvent(-1.0),) * 2,
+            (dp_event.PoissonSampledDpEvent(0.1, SI_CYCLIC), SI_CYCLIC),
+            (dp_event.SelfComposedDpEvent(SI_CYCLIC, 0),) * 2,
+        ]
+
+
+class TestContractHostPldAccountant(AccountantContract):
+    """dp-accounting's own PLDAccountant meets the contract with the same tolerance."""
+
+    rtol = 1e-4
+
+    def make_accountant(self):
+        return dp_pld.PLDAccountant(R1, 1e-3)
+
+    def supported_events(self):
+        return [GAUSS, dp_event.ComposedDpEvent([GAUSS, dp_event.GaussianDpEvent(2.0)])]
+
+
+def test_host_gaussian_shift_is_measured_right():
+    assert _dpa_pld.host_gaussian_shift(R1) == R1_SHIFT
+    assert _dpa_pld.host_gaussian_shift(AOR) == 1.0
+
+
+def test_an_unknown_host_gaussian_convention_is_refused(monkeypatch):
+    class OtherShift(dp_pld.PLDAccountant):  # a host reading GaussianDpEvent(s) as a shift of 1.5 / s
+        def _maybe_compose(self, event, count, do_compose):
+            if isinstance(event, dp_event.GaussianDpEvent):
+                event = dp_event.GaussianDpEvent(event.noise_multiplier / 1.5)
+            return super()._maybe_compose(event, count, do_compose)
+
+    monkeypatch.setattr(_dpa_pld, "_dp_pld", types.SimpleNamespace(PLDAccountant=OtherShift))
+    _dpa_pld.host_gaussian_shift.cache_clear()
+    try:
+        with pytest.raises(lp.UnsupportedHostError, match="neither the 1-GDP value"):
+            LastIteratePldAccountant()
+    finally:
+        _dpa_pld.host_gaussian_shift.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("event", "bound"),
+    [
+        (SI_CYCLIC, "shifted-interpolation-cyclic"),
+        (SI_FULL, "shifted-interpolation-full-batch"),
+        (SI_CYCLIC, "best"),
+        (SI_FULL, "best"),
+    ],
+    ids=["si-cyclic", "si-full-batch", "best-cyclic", "best-full-batch"],
+)
+@pytest.mark.parametrize("interval", [1e-4, 1e-2], ids=["fine", "coarse"])
+def test_pld_single_run_is_the_core_epsilon_up_to_discretisation(event, bound, interval):
+    acc = pld(bound=bound, interval=interval).compose(event)
+    winner = lp.epsilon(bound, DELTA, **event.to_params()).winner
+    mu = event.gaussian_mu(bound)
+    assert lp.BOUNDS[winner].profile(*lp.build(**event.to_params())).mus == (mu,)
+    for delta in (1e-3, DELTA, 1e-9):
+        core = lp.epsilon(bound, delta, **event.to_params())
+        assert core.winner == winner and core.kind is lp.Kind.GDP
+        ours = acc.get_epsilon(delta)
+        assert ours >= core.epsilon - interval  # never below the exact value by more than the discretisation
+        assert ours <= core.epsilon + interval
+        # the same through delta: the host's delta at the exact epsilon is the exact mu-GDP delta, rounded up
+        assert acc.get_delta(core.epsilon) >= lp.profiles.gdp_delta(mu, core.epsilon) * (1 - 1e-6)
+    assert f"mu-GDP by {bound}" in acc.statement(DELTA) and "final model only" in acc.statement(DELTA)
+
+
+def test_pld_uses_the_worst_position_gaussian_for_shuffle_once():
+    # The shuffle-once profile is a mixture (one Gaussian per position), not one Gaussian: best uses
+    # shifted-interpolation-cyclic (its largest component, valid for shuffle_once), which is looser.
+    acc = pld().compose(SI_SHUFFLE)
+    params = SI_SHUFFLE.to_params()
+    cyclic = lp.epsilon("shifted-interpolation-cyclic", DELTA, **params).epsilon
+    assert acc.get_epsilon(DELTA) == pytest.approx(cyclic, abs=1e-4)
+    assert acc.get_epsilon(DELTA) > lp.epsilon("best", DELTA, **params).epsilon + 0.1
+    profile = lp.BOUNDS["shifted-interpolation-shuffle"].profile(*lp.build(**params))
+    assert SI_SHUFFLE.gaussian_mu() == pytest.approx(profile.max_mu, rel=1e-12)
+    with pytest.raises(dp_accounting.UnsupportedEventError, match="mixture of Gaussian privacy profiles"):
+        pld(bound="shifted-interpolation-shuffle").compose(SI_SHUFFLE)
+    with pytest.raises(lp.NotApplicableError, match="shifted-interpolation-cyclic also covers shuffle_once"):
+        SI_SHUFFLE.gaussian_mu("shifted-interpolation-shuffle")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [GAUSS, LAPLACE, dp_event.PoissonSampledDpEvent(0.05, GAUSS)],
+    ids=["gaussian", "laplace", "poisson-sampled-gaussian"],
+)
+def test_pld_composition_is_dp_accountings_own_pld_of_the_dominating_gaussian(other):
+    # The run is mu-GDP: the Gaussian mechanism of sensitivity 1 and noise 1/mu, which the installed
+    # host's PLDAccountant(REPLACE_ONE) calls GaussianDpEvent(R1_SHIFT / mu). Same discretisation,
+    # same compositions in the same order: the same numbers, exactly.
+    interval = 1e-3
+    mu = SI_CYCLIC.gaussian_mu()
+    host = dp_pld.PLDAccountant(R1, interval).compose(dp_event.GaussianDpEvent(R1_SHIFT / mu))
+    alone = host.get_epsilon(DELTA)
+    ours = pld(interval=interval).compose(SI_CYCLIC)
+    assert ours.get_epsilon(DELTA) == alone
+    if not host.supports(other):  # 0.4.3: Poisson needs add-or-remove; 0.6: Laplace needs it
+        error = ours._maybe_compose(other, 1, False)
+        assert error is not None and error.invalid_event is other
+        assert HOST_VERSION >= (0, 6) if other is LAPLACE else HOST_VERSION < (0, 6)
+        return
+    host.compose(other)
+    ours.compose(other)
+    for delta in (1e-3, DELTA, 1e-9):
+        assert ours.get_epsilon(delta) == host.get_epsilon(delta)
+    for eps in (0.5, 2.0, 8.0):
+        assert ours.get_delta(eps) == host.get_delta(eps)
+    assert ours.get_epsilon(DELTA) > alone
+
+
+def test_pld_is_tighter_than_rdp_for_a_run_composed_with_standard_events():
+    pipeline = dp_event.ComposedDpEvent([SI_CYCLIC, dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(3.0), 4)])
+    via_pld = pld(interval=1e-3).compose(pipeline).get_epsilon(DELTA)
+    via_rdp = accountant().compose(pipeline).get_epsilon(DELTA)
+    if R1_SHIFT == 1.0:  # same meaning of GaussianDpEvent in both accountants (0.4.3)
+        assert via_pld < via_rdp
+    mu = math.hypot(SI_CYCLIC.gaussian_mu(), 2.0 * R1_SHIFT / 3.0)  # GDP composition: exact
+    exact = lp.profiles.gdp_epsilon(mu, DELTA)
+    assert exact - 1e-3 <= via_pld <= exact + 1e-2
+
+
+def test_pld_refusals_say_why_and_what_to_use():
+    with pytest.raises(dp_accounting.UnsupportedEventError, match="no proven mu-GDP bound"):
+        pld().compose(KR)
+    with pytest.raises(ValueError, match="Renyi-DP bound: use LastIterateAccountant"):
+        LastIteratePldAccountant(bound="kong-ribero-cyclic")
+    with pytest.raises(ValueError, match="value_discretization_interval must be a number > 0"):
+        pld(interval=0.0)
+    with pytest.raises(ValueError, match="neighboring_relation must be REPLACE_ONE or ADD_OR_REMOVE_ONE"):
+        pld(relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    with pytest.raises(lp.NotApplicableError, match="Renyi-DP bound, not a mu-GDP one"):
+        SI_CYCLIC.gaussian_mu("ye-shokri-convex")
+    # add-or-remove: standard events work, no mu-GDP bound is proven for the runs
+    acc = pld(AOR, interval=1e-3).compose(POISSON)
+    assert acc.get_epsilon(DELTA) == dp_pld.PLDAccountant(AOR, 1e-3).compose(POISSON).get_epsilon(DELTA)
+    assert not acc.supports(SI_CYCLIC)
+
+
+def test_pld_zero_noise_run_is_non_private():
+    acc = pld().compose(attr.evolve(SI_CYCLIC, noise_multiplier=0))
+    assert acc.get_epsilon(DELTA) == math.inf and acc.get_delta(100.0) == 1.0
+    assert attr.evolve(SI_CYCLIC, noise_multiplier=0).gaussian_mu() == math.inf
+    assert "a non-private operation" in acc.statement(DELTA)

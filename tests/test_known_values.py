@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import numpy as np
 import pytest
+from conftest import strongly_convex
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 import lastiter_plugins as lp
@@ -174,13 +176,31 @@ def test_theta_matches_definition(lipschitz, s):
     assert theta(lipschitz, s) == pytest.approx(direct, rel=1e-12)
 
 
+def _log_theta_exact(lipschitz: float, s: int) -> float:
+    """log theta_L(s) = log(L^(2(s-1)) (L^2 - 1) / (L^(2s) - 1)) in 60-digit decimal arithmetic (L != 1), an
+    oracle independent of the expm1 form under test."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        log_l2 = 2 * decimal.Decimal(lipschitz).ln()  # the double L exactly, then log(L^2)
+        if log_l2 > 0:  # (1 - L^-2) / (1 - L^-2s)
+            value = (1 - (-log_l2).exp()).ln() - (1 - (-s * log_l2).exp()).ln()
+        else:  # L^(2(s-1)) (1 - L^2) / (1 - L^2s)
+            value = (s - 1) * log_l2 + (1 - log_l2.exp()).ln() - (1 - (s * log_l2).exp()).ln()
+        return float(value)
+
+
 @pytest.mark.parametrize("lipschitz", [1.0 + 1e-12, 1.01, 2.0, 10.0, 0.99, 0.1], ids=str)
 def test_theta_stable_for_huge_s(lipschitz):
-    with np.errstate(over="raise", invalid="raise", divide="raise"):
-        value = float(np.exp(log_theta(lipschitz, 10**7)))  # underflow to 0 is exact enough
-    assert math.isfinite(value) and value >= 0
-    if lipschitz > 1:
-        assert value == pytest.approx(1.0 - lipschitz**-2, rel=1e-6) or lipschitz < 1.001
+    """s = 10^7: log theta_L(s) equals its closed form (L < 1: about 2 (s-1) log L, theta itself underflows
+    to 0; L > 1: about log(1 - L^-2); L = 1 + 1e-12: about -log(s) + (s-1) log(L^2) / 2), with no
+    floating-point exception."""
+    s = 10**7
+    with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
+        got = float(log_theta(lipschitz, s))
+        value = float(theta(lipschitz, s))
+    expected = _log_theta_exact(lipschitz, s)
+    assert got == pytest.approx(expected, rel=1e-9), (got, expected)
+    assert value == pytest.approx(math.exp(expected), rel=1e-8, abs=0.0)  # 0.0 exactly where exp underflows
     assert theta(lipschitz, 0) == 0
 
 
@@ -208,10 +228,8 @@ def test_one_step_kong_ribero_cyclic_is_gaussian_up_to_its_factor_two():
 
 def test_ye_shokri_one_epoch_is_the_gaussian_mechanism():
     """K = 1: G(1) = 0, so ye-shokri-cyclic is exactly one use, 2 alpha / z^2."""
-    got = lp.rdp(
-        "ye-shokri-cyclic", ORDERS, dataset_size=100, batch_size=10, noise_multiplier=2.0, learning_rate=0.1,
-        steps=10, smoothness=1.0, strong_convexity=0.5, sampling="cyclic", gradient_norms_within_clip=True,
-    )  # fmt: skip
+    params = strongly_convex(dataset_size=100, noise_multiplier=2.0, steps=10, strong_convexity=0.5)  # l = 10: K = 1
+    got = lp.rdp("ye-shokri-cyclic", ORDERS, **params)
     np.testing.assert_allclose(got, 2 * np.array(ORDERS) / 4.0)
 
 
@@ -348,8 +366,30 @@ def test_sampled_without_replacement_equals_dp_accounting(q, noise):
 
 def test_near_one_contraction_does_not_divide_by_zero():
     """lam so small that rho rounds to 1: G(K) is its limit K - 1, no ZeroDivisionError."""
-    params = dict(dataset_size=100, batch_size=10, noise_multiplier=1.0, learning_rate=0.1, steps=50,
-                  smoothness=1.0, strong_convexity=2.2e-308, gradient_norms_within_clip=True, sampling="cyclic")  # fmt: skip
+    params = strongly_convex(dataset_size=100, steps=50, strong_convexity=2.2e-308)  # b = 10, z = 1, cyclic
     got = lp.rdp("ye-shokri-cyclic", [2.0], **params)[0]
-    # rho = 1: e0(h) = 2 alpha/z^2 * 1/h, G = K - 1 = 4, plus one use
+    # rho = 1, l = 10, h = 5, K = 5: e0(h) = 2 alpha/z^2 * 1/h, G = K - 1 = 4, plus one use
     assert got == pytest.approx(4.0 * (1 / 5) * 4 + 4.0)
+
+
+@pytest.mark.parametrize("q", [1e-9, 1e-12, 1e-6])
+def test_sampled_gaussian_keeps_tiny_divergences_at_tiny_sampling_rates(q):
+    """A_a - 1 ~ C(a,2) q^2 (e^{1/s^2} - 1) is far below the float spacing of 1 at tiny q: summing the
+    terms of A_a directly rounded it to 0 (an optimistic 0 that T = 1e12 steps turn into epsilon = 0).
+    Exact value at order 2: log(1 + q^2 (e^{1/s^2} - 1)); Poisson and without-replacement composition
+    must stay positive and grow with T."""
+    from lastiter_plugins.bounds import sgm
+
+    s = 1.0
+    exact_two = math.log1p(q * q * math.expm1(1.0 / s**2))
+    assert sgm.sgm_rdp(q, s, np.array([2.0]))[0] == pytest.approx(exact_two, rel=1e-9)
+    assert sgm.sgm_rdp(q, s, np.array([2.0]), exact_fractional=True)[0] == pytest.approx(exact_two, rel=1e-9)
+    assert (sgm.sgm_rdp(q, s, np.array([1.5, 2.5]), exact_fractional=True) > 0).all()
+    assert (sgm.sgm_without_replacement_rdp(q, s, np.array([2.0, 3.0, 1.5])) > 0).all()
+    if q < 1e-9:
+        return  # below this the divergence is under delta^2 even at T = 1e12: (0, delta)-DP is the truth there
+    n = round(1 / q)
+    for sampling, relation in (("poisson", "add_or_remove_one"), ("random_batch", "replace_one")):
+        params = dict(dataset_size=n, batch_size=1, noise_multiplier=s, sampling=sampling, relation=relation)
+        eps = [lp.epsilon("composition", 1e-5, steps=t, **params).epsilon for t in (10**10, 10**12)]
+        assert 0 < eps[0] < eps[1]

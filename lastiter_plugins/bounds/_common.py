@@ -48,6 +48,23 @@ def theta(lipschitz: float, s: np.ndarray | float) -> np.ndarray:
     return np.exp(log_theta(lipschitz, s))
 
 
+def inverse_square(value: float) -> float:
+    r""":math:`1/x^2` for x > 0, rounded to ``inf`` when it overflows and to 0 when it
+    underflows, never raising (``x ** 2`` raises OverflowError for x > 1.3e154 and
+    ``1 / x ** 2`` ZeroDivisionError for x < 1.5e-162; IEEE multiplication and division
+    round instead). Every bound is increasing in 1/z^2, so ``inf`` is the correct
+    (vacuous) rounding of an overflow; an underflow rounds to 0 as any floating-point
+    result below the smallest double does."""
+    reciprocal = 1.0 / float(value)
+    return reciprocal * reciprocal
+
+
+def square(value: float) -> float:
+    """x^2 of a Python float, ``inf`` on overflow instead of OverflowError."""
+    value = float(value)
+    return value * value
+
+
 def inverse(value: float) -> float:
     """1/value, with 1/0 = inf (a step-size limit with no curvature is no limit)."""
     return math.inf if value == 0 else 1.0 / value

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import inverse, minimise_over_fraction
+from lastiter_plugins.bounds._common import inverse, minimise_over_fraction, square
 from lastiter_plugins.bounds.sgm import sgm_rdp
 
 
@@ -32,12 +32,13 @@ def _min_over_horizon(per_step: np.ndarray, shift: np.ndarray, steps: int) -> np
     The objective is convex in R with continuous minimiser sqrt(shift/per_step);
     its two integer neighbours (clipped to [1, steps]) contain the minimum.
     """
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # 0/0, inf/inf: any R is valid (R = T)
         r_star = np.sqrt(shift / per_step)
     best = np.full(per_step.shape, np.inf)
     for r in (np.floor(r_star), np.ceil(r_star)):
         r = np.clip(np.nan_to_num(r, nan=steps, posinf=steps), 1, steps)
-        best = np.minimum(best, r * per_step + shift / r)
+        with np.errstate(over="ignore"):
+            best = np.minimum(best, r * per_step + shift / r)
     return best
 
 
@@ -51,12 +52,15 @@ def _min_over_horizon_contracting(
     if contraction == 0.0:
         return per_step.copy()  # c^(2R) = 0 for every R >= 1
     log_c = np.log(contraction)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         r_star = np.log(per_step / (-2.0 * log_c * shift)) / (2.0 * log_c)
     best = np.full(per_step.shape, np.inf)
     for r in (np.floor(r_star), np.ceil(r_star)):
         r = np.clip(np.nan_to_num(r, nan=1.0, posinf=steps, neginf=1.0), 1, steps)
-        best = np.minimum(best, r * per_step + np.exp(2.0 * r * log_c) * shift)
+        with np.errstate(over="ignore", divide="ignore"):
+            # c^(2R) shift in log space: c^(2R) may underflow where the shift overflows (then the term is inf)
+            decayed = np.exp(2.0 * r * log_c + np.log(shift))
+            best = np.minimum(best, r * per_step + decayed)
     return best
 
 
@@ -102,12 +106,15 @@ def rdp(
     """
     orders = np.asarray(orders, dtype=float)
     q, z = sampling_probability, noise_multiplier
-    composition = steps * sgm_rdp(q, z / 2.0, orders)
-    shift_unit = orders * diameter**2 * batch_size**2 / (2.0 * learning_rate**2 * z**2 * clip_norm**2)
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
+        composition = float(steps) * sgm_rdp(q, z / 2.0, orders)
+        # alpha (D b / (eta z C))^2 / 2; Python floats round an overflow to inf instead of raising
+        shift_unit = orders * (square(diameter * batch_size / learning_rate / z / clip_norm) / 2.0)
 
     def objective(gamma: np.ndarray) -> np.ndarray:
         per_step = sgm_rdp(q, z * np.sqrt(gamma) / 2.0, orders)
-        shift = shift_unit / (1.0 - gamma)
+        with np.errstate(over="ignore"):
+            shift = shift_unit / (1.0 - gamma)
         value = _min_over_horizon(per_step, shift, steps)
         if contraction is not None and contraction < 1.0:
             value = np.minimum(value, _min_over_horizon_contracting(per_step, shift, contraction, steps))

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import log_theta
+from lastiter_plugins.bounds._common import inverse_square, log_theta, square
 
 _SINGLETONS = 8  # the first terms of the strongly convex sum are evaluated exactly
 _BLOCK_LOG_RATIO = 0.5  # later blocks: the variable part of x varies by at most e^(1/2)
@@ -85,8 +85,8 @@ def _first_use_refinement(
 def _convex_scaled(windows, am1, orders, d, z, q):
     r""":math:`(\alpha-1)\varepsilon_R` of the convex window bound."""
     with np.errstate(over="ignore", invalid="ignore"):
-        det = am1 * orders * d**2 / (2.0 * windows)
-        x = 2.0 * orders / z**2 + 2.0 * orders * d / (z * windows)
+        det = am1 * orders * square(d) / (2.0 * windows)
+        x = orders * (2.0 * inverse_square(z)) + 2.0 * orders * (d / z) / windows
         return det + windows * _log_mgf(x, am1, q)
 
 
@@ -94,9 +94,11 @@ def _convex_minimiser(orders, am1, d, z, q, steps):
     r"""Continuous minimiser in [1, T] of the convex window bound (it is convex in R:
     alpha d^2/(2R) plus the perspective R L(kappa_0 + beta/R) of the convex L), by
     bisection on the sign of the derivative in log R."""
-    a_coef = am1 * orders * d**2 / 2.0  # (alpha-1) alpha d^2 / 2
-    kappa0 = 2.0 * orders / z**2
-    beta = 2.0 * orders * d / z
+    # (an overflow, or inf * 0 = NaN at absurd orders, only moves the candidate R: every R is valid)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a_coef = am1 * orders * (square(d) / 2.0)  # (alpha-1) alpha d^2 / 2
+        kappa0 = orders * (2.0 * inverse_square(z))
+        beta = 2.0 * orders * (d / z)
     lo = np.zeros_like(orders)
     hi = np.full_like(orders, math.log(steps))
     log_q = math.log(q)
@@ -127,8 +129,9 @@ def _contracting_scaled(windows: float, am1, orders, d, z, q, contraction) -> np
     log_c = math.log(contraction)
     log_det = 2.0 * log_c + float(log_theta(contraction, windows))  # log(c^{2R} / S_R)
     log_s = math.log(-math.expm1(2.0 * windows * log_c)) - math.log(-math.expm1(2.0 * log_c))
-    y0 = d * math.exp(windows * log_c - log_s)
-    det = am1 * orders * d**2 * math.exp(log_det) / 2.0 if d > 0 else np.zeros_like(orders)
+    log_y0 = math.log(d) + windows * log_c - log_s  # y0 = d c^R / S_R, d > 0 finite
+    with np.errstate(over="ignore", invalid="ignore"):  # inf: vacuous; NaN (inf * 0): a candidate dropped
+        det = am1 * orders * np.exp(2.0 * math.log(d) + log_det) / 2.0
     # block boundaries (shared by all orders)
     r_int = int(windows)
     bounds = [np.arange(min(_SINGLETONS, r_int) + 1, dtype=float)]
@@ -141,13 +144,15 @@ def _contracting_scaled(windows: float, am1, orders, d, z, q, contraction) -> np
     edges = np.unique(np.concatenate(bounds))
     first, last = edges[:-1], edges[1:] - 1.0  # inclusive j ranges
     count = edges[1:] - edges[:-1]
-    kappa0 = 2.0 * orders[:, None] / z**2
-    w = 2.0 * orders[:, None] * y0 / z
     am1c = am1[:, None]
-    l_first = _log_mgf(kappa0 + w * np.exp(first * log_c)[None, :], am1c, q)
-    l_last = _log_mgf(kappa0 + w * np.exp(last * log_c)[None, :], am1c, q)
-    total = np.sum(count[None, :] * 0.5 * (l_first + l_last), axis=1)
-    return det + total
+    # x_j = kappa_0 + w c^j, w = 2 alpha y0 / z, with w c^j formed in log space (c^j may underflow where w overflows)
+    log_w = (np.log(2.0 * orders) + log_y0 - math.log(z))[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        kappa0 = orders[:, None] * (2.0 * inverse_square(z))
+        l_first = _log_mgf(kappa0 + np.exp(log_w + first[None, :] * log_c), am1c, q)
+        l_last = _log_mgf(kappa0 + np.exp(log_w + last[None, :] * log_c), am1c, q)
+        total = np.sum(count[None, :] * 0.5 * (l_first + l_last), axis=1)
+        return det + total
 
 
 def _contracting(orders, am1, d, z, q, steps, contraction, log_m0):
@@ -160,7 +165,7 @@ def _contracting(orders, am1, d, z, q, steps, contraction, log_m0):
     for r in grid:
         scaled = _contracting_scaled(float(r), am1, orders, d, z, q, contraction)
         value = _first_use_refinement(scaled, np.full_like(orders, r), steps, am1, q, log_m0)
-        best = np.minimum(best, value)
+        best = np.fmin(best, value)  # a NaN candidate (inf * 0 at absurd orders) is dropped: the others are valid
     return best
 
 
@@ -222,10 +227,19 @@ def random_batch_rdp(
     q, z, steps = float(sampling_probability), float(noise_multiplier), int(steps)
     if q <= 0.0:
         return np.zeros_like(orders)
-    am1 = orders - 1.0
     with np.errstate(over="ignore"):
-        d = diameter * batch_size / (learning_rate * z * clip_norm)
-        log_m0 = _log_mgf(2.0 * orders / z**2, am1, q)
+        kappa0 = orders * (2.0 * inverse_square(z))
+    # kappa_0 = 2 alpha / z^2 overflows: m_0 and every window bound are inf
+    out = np.full(orders.shape, np.inf)
+    live = np.isfinite(kappa0)
+    if not live.any():
+        return out
+    orders, kappa0 = orders[live], kappa0[live]
+    am1 = orders - 1.0
+    # d = D b / (eta z C) in Python floats: an overflow rounds to inf instead of raising
+    d = float(diameter) * batch_size / learning_rate / z / clip_norm
+    with np.errstate(over="ignore"):
+        log_m0 = _log_mgf(kappa0, am1, q)
     # convex window bound: its minimiser, its integer neighbours, R = T and a geometric grid
     r_star = _convex_minimiser(orders, am1, d, z, q, steps) if math.isfinite(d) else np.full_like(orders, steps)
     grid = np.unique(np.round(np.geomspace(1.0, float(steps), _GRID)))
@@ -237,7 +251,8 @@ def random_batch_rdp(
         )
     )
     scaled = _convex_scaled(windows, am1, orders, d, z, q)
-    best = np.min(_first_use_refinement(scaled, windows, steps, am1, q, log_m0), axis=0)
-    if contraction is not None and contraction < 1.0 - 1e-12 and math.isfinite(d):
-        best = np.minimum(best, _contracting(orders, am1, d, z, q, steps, float(contraction), log_m0))
-    return np.where(np.isnan(best), np.inf, np.maximum(best, 0.0))
+    best = np.fmin.reduce(_first_use_refinement(scaled, windows, steps, am1, q, log_m0), axis=0)  # NaN: dropped
+    if contraction is not None and contraction < 1.0 - 1e-12 and 0.0 < d < math.inf:
+        best = np.fmin(best, _contracting(orders, am1, d, z, q, steps, float(contraction), log_m0))
+    out[live] = np.where(np.isnan(best), np.inf, np.maximum(best, 0.0))
+    return out

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from lastiter_plugins.bounds._common import inverse_square
 from lastiter_plugins.bounds.sgm import sgm_rdp, sgm_without_replacement_rdp
 
 
 def epoch_rdp(orders: np.ndarray, *, noise_multiplier: float, epochs: int) -> np.ndarray:
     r""":math:`\lceil T/l \rceil \cdot 2\alpha / z^2` (``epochs`` = ceil(T/l))."""
     orders = np.asarray(orders, dtype=float)
-    return epochs * 2.0 * orders / noise_multiplier**2
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
+        return orders * (2.0 * float(epochs) * inverse_square(noise_multiplier))
 
 
 def random_batch_rdp(
@@ -38,9 +40,13 @@ def random_batch_rdp(
     computed by :func:`~lastiter_plugins.bounds.sgm.sgm_without_replacement_rdp`
     in tens of milliseconds instead of seconds.
     """
-    return steps * sgm_without_replacement_rdp(batch_size / dataset_size, noise_multiplier / 2.0, orders)
+    per_step = sgm_without_replacement_rdp(batch_size / dataset_size, noise_multiplier / 2.0, orders)
+    with np.errstate(over="ignore"):
+        return float(steps) * per_step
 
 
 def poisson_rdp(orders: np.ndarray, *, sampling_probability: float, noise_multiplier: float, steps: int) -> np.ndarray:
     r"""T x RDP of the Poisson-sampled Gaussian mechanism (add-or-remove-one)."""
-    return steps * sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
+    per_step = sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
+    with np.errstate(over="ignore"):
+        return float(steps) * per_step

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import theta
+from lastiter_plugins.bounds._common import inverse_square, square, theta
 
 
 def update_lipschitz(
@@ -53,7 +53,9 @@ def cyclic_rdp(
     expression of its proof. ``epochs`` is E = floor(T / l).
     """
     orders = np.asarray(orders, dtype=float)
-    return 4.0 * orders / noise_multiplier**2 * (1.0 + epochs * float(theta(lipschitz, steps_per_epoch)))
+    factor = 4.0 * inverse_square(noise_multiplier) * (1.0 + epochs * float(theta(lipschitz, steps_per_epoch)))
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf, never below the truth
+        return orders * factor
 
 
 def bounded_rdp(
@@ -75,8 +77,10 @@ def bounded_rdp(
     """
     orders = np.asarray(orders, dtype=float)
     z = noise_multiplier
-    shift = lipschitz * diameter * batch_size / (learning_rate * z * clip_norm) + 2.0 / z
-    return orders / 2.0 * shift**2
+    # Python float arithmetic rounds an overflow to inf (the vacuous bound) instead of raising
+    shift = lipschitz * diameter * batch_size / learning_rate / z / clip_norm + 2.0 / z
+    with np.errstate(over="ignore"):
+        return orders * (square(shift) / 2.0)
 
 
 def curvature_free_rdp(orders: np.ndarray, *, noise_multiplier: float, steps: int, batch_size: int) -> np.ndarray:
@@ -86,4 +90,6 @@ def curvature_free_rdp(orders: np.ndarray, *, noise_multiplier: float, steps: in
     clipped gradients. Always worse than composition; kept for completeness.
     """
     orders = np.asarray(orders, dtype=float)
-    return 8.0 * orders * steps * batch_size**2 / noise_multiplier**2
+    factor = 8.0 * float(steps) * square(batch_size) * inverse_square(noise_multiplier)
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
+        return orders * factor

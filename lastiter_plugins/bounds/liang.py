@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import minimise_over_fraction
+from lastiter_plugins.bounds._common import minimise_over_fraction, square
 from lastiter_plugins.bounds.sgm import sgm_rdp
 
 
@@ -78,10 +78,14 @@ def bounded_rdp(
     """
     orders = np.asarray(orders, dtype=float)
     q, z = sampling_probability, noise_multiplier
-    shift = orders * expansion**2 * diameter**2 * batch_size**2 / (2.0 * learning_rate**2 * z**2 * clip_norm**2)
+    # alpha (c D b / (eta z C))^2 / 2, in Python floats, which round an overflow to inf (vacuous) instead of raising
+    ratio = expansion * diameter * batch_size / learning_rate / z / clip_norm
+    with np.errstate(over="ignore"):
+        shift = orders * (square(ratio) / 2.0)
 
     def objective(beta: np.ndarray) -> np.ndarray:
-        return sgm_rdp(q, np.sqrt(beta) * z, orders) + shift / (1.0 - beta)
+        with np.errstate(over="ignore"):
+            return sgm_rdp(q, np.sqrt(beta) * z, orders) + shift / (1.0 - beta)
 
     return minimise_over_fraction(objective, orders.size)
 
@@ -112,4 +116,6 @@ def unbounded_rdp(
       RDP (nats) at each order, add-or-remove-one neighbours.
     """
     orders = np.asarray(orders, dtype=float)
-    return steps * sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
+    per_step = sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
+    with np.errstate(over="ignore"):
+        return float(steps) * per_step

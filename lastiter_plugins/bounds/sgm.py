@@ -23,6 +23,15 @@ equal to it at integer orders:
   rule dp-accounting itself applies to sampling without replacement (Wang,
   Balle & Kasiviswanathan 2019, Cor. 10). It can only over-estimate.
 
+Extreme arguments: the sums below are O(alpha)
+in memory and time, so orders above :data:`MAX_SUMMED_ORDER` use the Gaussian
+bound :math:`\alpha/(2s^2)` instead, an upper bound on both divergences at every
+order (joint convexity of :math:`e^{(\alpha-1)D_\alpha}` over the pairs
+"example in the batch / not in the batch", each at most
+:math:`\alpha/(2s^2)`); noise so small that :math:`1/(2s^2)` exceeds
+:data:`_HUGE` (s < 7e-126) gives ``inf`` (vacuous), and noise so large that it
+underflows gives the value of zero noise-to-sensitivity ratio, 0.
+
 Why not call dp-accounting for everything: its SGM is a Python loop per order
 (about 1 s for the library's default grid) and returns NaN for fractional orders
 above about 1000 (a cancellation in ``_compute_log_a_frac``); the binomial sum
@@ -40,6 +49,54 @@ import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 from scipy import special
 
+#: Orders above this are bounded by the Gaussian mechanism's alpha / (2 s^2) (see the module docstring).
+MAX_SUMMED_ORDER = 2**17
+_HUGE = 1e250  # 1/(2 s^2) above this: the divergence is reported as inf
+_CHUNK = 2**22  # terms of the binomial sums evaluated at once
+
+
+def _half_inverse_square(noise: np.ndarray) -> np.ndarray:
+    """1/(2 s^2) per entry: inf where it overflows, 0 where it underflows, never a warning."""
+    with np.errstate(over="ignore", under="ignore"):
+        return 0.5 / noise / noise
+
+
+def _log_sum_by_segment(terms: np.ndarray, starts: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """log of the sum of exp(terms) over each segment; +inf where a term is +inf or the sum overflows."""
+    peak = np.maximum.reduceat(terms, starts)
+    shift = np.where(np.isfinite(peak), peak, 0.0)
+    with np.errstate(over="ignore", divide="ignore"):
+        out = np.log(np.add.reduceat(np.exp(terms - shift[seg]), starts)) + shift
+    return np.where(peak == np.inf, np.inf, out)
+
+
+def _log1p_exp(x: np.ndarray) -> np.ndarray:
+    """log(1 + e^x), accurate for every x (also where e^x is far below the float spacing of 1)."""
+    with np.errstate(over="ignore"):
+        return np.where(x < 0.0, np.log1p(np.exp(np.minimum(x, 0.0))), x + np.log1p(np.exp(-np.abs(x))))
+
+
+def _log_expm1(x: np.ndarray) -> np.ndarray:
+    """log(e^x - 1) for x >= 0 (-inf at 0), without overflow."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(x > 1.0, x + np.log1p(-np.exp(-np.maximum(x, 1.0))), np.log(np.expm1(np.minimum(x, 1.0))))
+
+
+def _chunks(int_orders: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Consecutive groups of orders whose sums hold at most _CHUNK terms together (one order may exceed it)."""
+    groups: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for a in int_orders:
+        if current and size + a + 1 > _CHUNK:
+            groups.append(tuple(current))
+            current, size = [], 0
+        current.append(a)
+        size += a + 1
+    if current:
+        groups.append(tuple(current))
+    return groups
+
 
 @functools.lru_cache(maxsize=32)
 def _binomial_layout(int_orders: tuple[int, ...]):
@@ -56,12 +113,28 @@ def _binomial_layout(int_orders: tuple[int, ...]):
 
 
 def _log_moment_int(q: float, noise: np.ndarray, int_orders: tuple[int, ...]) -> np.ndarray:
-    r"""log A_a = (a-1) S_a(q, noise) at integer orders a >= 1 (0 at a = 1)."""
-    starts, seg, i, a_minus_i, log_comb, i2mi = _binomial_layout(int_orders)
+    r"""log A_a = (a-1) S_a(q, noise) at integer orders a >= 1 (0 at a = 1); ``inf`` where it overflows.
+    ``noise`` holds one value per order, each with 1/(2 s^2) <= _HUGE.
+
+    :math:`A_a = \sum_i \binom{a}{i} q^i (1-q)^{a-i} e^{(i^2-i)/(2s^2)}`
+    (Mironov, Talwar & Zhang 2019, arXiv 1908.10530, Thm. 4), evaluated as
+    :math:`\log(1 + \sum_{i\ge 2} \binom{a}{i} q^i (1-q)^{a-i}\,\mathrm{expm1}((i^2-i)/(2s^2)))`:
+    the binomial weights sum to 1 and the terms i = 0, 1 have exponent 0, so every
+    remaining term is positive and nothing cancels. (Summing the terms of A_a
+    directly loses everything below the float spacing of 1: at q = 1e-9 the
+    excess A_2 - 1 ~ 1e-18 rounds to 0, which times T = 1e12 steps is an
+    optimistic 0 instead of ~1e-6.)"""
     noise = np.broadcast_to(np.asarray(noise, dtype=float), (len(int_orders),))
-    terms = log_comb + i * math.log(q) + a_minus_i * math.log1p(-q) + i2mi / (2.0 * noise[seg] ** 2)
-    peak = np.maximum.reduceat(terms, starts)
-    out = np.log(np.add.reduceat(np.exp(terms - peak[seg]), starts)) + peak
+    half_inv = _half_inverse_square(noise)
+    parts, start = [], 0
+    for group in _chunks(int_orders):
+        starts, seg, i, a_minus_i, log_comb, i2mi = _binomial_layout(group)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing term makes the moment inf: an upper bound
+            excess = _log_expm1(i2mi * half_inv[start + seg])  # -inf for i = 0, 1
+            terms = log_comb + i * math.log(q) + a_minus_i * math.log1p(-q) + excess
+        parts.append(_log1p_exp(_log_sum_by_segment(terms, starts, seg)))
+        start += len(group)
+    out = np.concatenate(parts)
     return np.where(np.asarray(int_orders) == 1, 0.0, out)
 
 
@@ -81,10 +154,10 @@ def _interpolate_cumulant(orders: np.ndarray, noise: np.ndarray, log_moment) -> 
     ints = np.concatenate([floor, np.ceil(orders[frac])]).astype(np.int64)
     values = log_moment(tuple(ints.tolist()), np.concatenate([noise, noise[frac]]))
     log_lo = values[: orders.size]
-    log_hi = log_lo.copy()
-    log_hi[frac] = values[orders.size :]
-    t = orders - floor
-    return ((1.0 - t) * log_lo + t * log_hi) / (orders - 1.0)
+    out = log_lo.copy()
+    t = orders[frac] - floor[frac]
+    out[frac] = (1.0 - t) * log_lo[frac] + t * values[orders.size :]  # t in (0, 1): inf stays inf, never 0 * inf
+    return out / (orders - 1.0)
 
 
 def sgm_rdp(
@@ -112,26 +185,54 @@ def sgm_rdp(
     noise_arr = np.broadcast_to(np.asarray(noise, dtype=float), orders.shape)
     if q == 0.0:
         return np.zeros_like(orders)
+    half_inv = _half_inverse_square(noise_arr)
+    with np.errstate(over="ignore"):
+        gaussian = orders * half_inv  # alpha / (2 s^2): q = 1, and an upper bound for every q
     if q == 1.0:
-        return orders / (2.0 * noise_arr**2)
-    out = _interpolate_cumulant(orders, noise_arr, lambda ints, noise_of: _log_moment_int(q, noise_of, ints))
-    is_int = orders == np.floor(orders)
-    if exact_fractional and not is_int.all():
-        frac = ~is_int
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            exact = np.array(
-                [
-                    _dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, float(s), [a])[0]
-                    for a, s in zip(orders[frac], noise_arr[frac], strict=True)
-                ],
-                dtype=float,
-            )
-        # dp-accounting's series is unstable for large fractional orders (NaN);
-        # keep the interpolated bound wherever the series did not give a number.
-        good = np.isfinite(exact) & (exact >= 0.0)
-        out[frac] = np.where(good, np.minimum(exact, out[frac]), out[frac])
+        return gaussian
+    out, summed = _extremes(orders, half_inv, gaussian)
+    if summed.any():
+        sub_orders = orders[summed]
+        out[summed] = _interpolate_cumulant(
+            sub_orders, noise_arr[summed], lambda ints, noise_of: _log_moment_int(q, noise_of, ints)
+        )
+        frac = summed & (orders != np.floor(orders)) & np.isfinite(out) & (out > 0.0)
+        if exact_fractional and frac.any():
+            # dp-accounting's fractional series sums terms near 1, so its cumulant (a-1) eps(a) is
+            # only resolved above ~1e-15: below _SERIES_FLOOR the chord (an upper bound from the
+            # exact integer orders) is kept, since the series can round a tiny divergence to 0.
+            series = _dp_accounting_fractional(q, orders[frac], noise_arr[frac])
+            reliable = (orders[frac] - 1.0) * series > _SERIES_FLOOR
+            out[frac] = np.where(reliable, np.minimum(out[frac], series), out[frac])
     return np.maximum(out, 0.0)
+
+
+#: Below this cumulant dp-accounting's fractional series is not trusted (rounding near 1).
+_SERIES_FLOOR = 1e-9
+
+
+def _extremes(orders: np.ndarray, half_inv: np.ndarray, gaussian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values fixed without a sum (inf where 1/(2 s^2) > _HUGE, the Gaussian bound above
+    MAX_SUMMED_ORDER), and the mask of the orders left to the sums."""
+    out = np.where(half_inv > _HUGE, np.inf, gaussian)
+    summed = (half_inv <= _HUGE) & (orders <= MAX_SUMMED_ORDER)
+    return out, summed
+
+
+def _dp_accounting_fractional(q: float, orders: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """dp-accounting's series at fractional orders; inf wherever it gives no number (its series is
+    unstable for large fractional orders, NaN, and may raise at extreme noise)."""
+    out = np.full(orders.shape, np.inf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for k, (a, s) in enumerate(zip(orders, noise, strict=True)):
+            try:
+                value = float(_dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, float(s), [float(a)])[0])
+            except (ArithmeticError, ValueError):
+                continue
+            if math.isfinite(value) and value >= 0.0:
+                out[k] = value
+    return out
 
 
 # Orders up to which dp-accounting evaluates Wang et al.'s Theorem 27 with forward
@@ -149,7 +250,7 @@ def _wor_forward_differences(noise: float, max_order: int) -> np.ndarray:
     depend on how many are computed, so one table serves every order <= max_order.
     """
     x = np.arange(max_order + 2, dtype=float)
-    log_abs = np.concatenate(([0.0], x * (x + 1.0) / (2.0 * noise**2)))
+    log_abs = np.concatenate(([0.0], x * (x + 1.0) * _half_inverse_square(np.array(noise))))
     positive = np.ones(log_abs.size, dtype=bool)
     deltas = np.empty(max_order + 2)
     with np.errstate(divide="ignore"):
@@ -168,7 +269,12 @@ def _wor_forward_differences(noise: float, max_order: int) -> np.ndarray:
 
 def _wor_log_moment(q: float, noise: float, int_orders: tuple[int, ...]) -> np.ndarray:
     """dp-accounting's ``_compute_rdp_sample_wor_gaussian_int`` at each integer order, vectorised:
-    log(1 + sum_{i=2..a} exp(s_i)) with its terms s_i (0 at order 1)."""
+    log(1 + sum_{i=2..a} exp(s_i)) with its terms s_i (0 at order 1); ``inf`` where it overflows.
+    Needs 1/(2 noise^2) <= _HUGE."""
+    return np.concatenate([_wor_log_moment_group(q, noise, group) for group in _chunks(int_orders)])
+
+
+def _wor_log_moment_group(q: float, noise: float, int_orders: tuple[int, ...]) -> np.ndarray:
     orders = np.asarray(int_orders, dtype=np.int64)
     out = np.zeros(orders.size)
     big = orders >= 2
@@ -181,18 +287,21 @@ def _wor_log_moment(q: float, noise: float, int_orders: tuple[int, ...]) -> np.n
     i = (np.arange(sizes.sum()) - np.repeat(starts, sizes) + 2).astype(float)
     a = o[seg].astype(float)
     log_comb = special.gammaln(a + 1.0) - special.gammaln(i + 1.0) - special.gammaln(a - i + 1.0)
-    s = math.log(2.0) + (i - 1.0) * i / (2.0 * noise**2)  # log 2 + cgf(i - 1)
+    half_inv = float(_half_inverse_square(np.array([noise]))[0])
+    with np.errstate(over="ignore"):  # an overflowing term makes the moment inf: an upper bound
+        s = math.log(2.0) + (i - 1.0) * i * half_inv  # log 2 + cgf(i - 1)
     small = (a <= _WOR_EXACT_MAX_ORDER) & (i > 2)
     if small.any():
         deltas = _wor_forward_differences(noise, int(min(o.max(), _WOR_EXACT_MAX_ORDER)))
         lo = (2 * np.floor(i[small] / 2.0) - 1).astype(np.int64)
         hi = (2 * np.ceil(i[small] / 2.0) - 1).astype(np.int64)
         s[small] = np.minimum(math.log(4.0) + 0.5 * (deltas[lo] + deltas[hi]), s[small])
-    f2 = 1.0 / noise**2  # func(2) = 2 / (2 noise^2)
-    s[i == 2] = min(math.log(4.0) + f2 + math.log(-math.expm1(-f2)), f2 + math.log(2.0))
+    f2 = 2.0 * half_inv  # func(2) = 2 / (2 noise^2)
+    exact_two = math.log(4.0) + f2 + math.log(-math.expm1(-f2)) if f2 > 0.0 else -math.inf
+    s[i == 2] = min(exact_two, f2 + math.log(2.0))
     terms = s + i * math.log(q) + log_comb
-    peak = np.maximum(np.maximum.reduceat(terms, starts), 0.0)
-    out[big] = peak + np.log(np.exp(-peak) + np.add.reduceat(np.exp(terms - peak[seg]), starts))
+    # log(1 + sum exp(terms)) per order, without adding the 1 first (it would absorb a tiny sum)
+    out[big] = _log1p_exp(_log_sum_by_segment(terms, starts, seg))
     return out
 
 
@@ -209,8 +318,15 @@ def sgm_without_replacement_rdp(q: float, noise: float, orders: np.ndarray) -> n
       orders: orders > 1.
     """
     orders = np.asarray(orders, dtype=float)
-    if q == 1.0:
-        return orders / (2.0 * noise**2)
     noise_arr = np.full(orders.shape, float(noise))
-    out = _interpolate_cumulant(orders, noise_arr, lambda ints, _: _wor_log_moment(q, float(noise), ints))
+    half_inv = _half_inverse_square(noise_arr)
+    with np.errstate(over="ignore"):
+        gaussian = orders * half_inv  # alpha / (2 s^2): q = 1, and an upper bound for every q
+    if q == 1.0:
+        return gaussian
+    out, summed = _extremes(orders, half_inv, gaussian)
+    if summed.any():
+        out[summed] = _interpolate_cumulant(
+            orders[summed], noise_arr[summed], lambda ints, _: _wor_log_moment(q, float(noise), ints)
+        )
     return np.maximum(out, 0.0)

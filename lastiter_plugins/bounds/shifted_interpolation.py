@@ -4,7 +4,7 @@ noisy (cyclic) gradient descent.
 
 Everything here is in units of the per-step noise std
 :math:`\sigma_p = \eta z C / b`. Our mapping (derivation in
-docs/_drafts/shifted-interpolation.md, section 0):
+docs/decisions.md, section 14, part 0):
 
 * ``step_mu`` :math:`s = 2/z`: replace-one changes the clipped-gradient sum by
   at most 2C, so one use of the differing example moves the update by at most
@@ -51,7 +51,8 @@ def diameter_in_noise_units(
     r""":math:`\tilde D = D / \sigma_p = D b / (\eta z C)` (None without a projection)."""
     if diameter is None:
         return None
-    return diameter * batch_size / (learning_rate * noise_multiplier * clip_norm)
+    # divided one factor at a time: Python floats round an overflow to inf and an underflow to 0, never raise
+    return float(diameter) * batch_size / learning_rate / noise_multiplier / clip_norm
 
 
 def worst_batch_contraction(
@@ -74,8 +75,8 @@ def worst_batch_contraction(
 
 
 def _check(step_mu: float, contraction: float, diameter_ratio: float | None) -> float:
-    if not step_mu >= 0 or math.isinf(step_mu):
-        raise ValueError(f"step_mu must be finite and >= 0. Found {step_mu}.")
+    if not step_mu >= 0:
+        raise ValueError(f"step_mu must be >= 0. Found {step_mu}.")
     if not 0.0 <= contraction <= 1.0:
         raise ValueError(
             f"contraction must be in [0, 1] (eta <= 2/M) for the shifted-interpolation bounds. Found {contraction}."
@@ -83,6 +84,15 @@ def _check(step_mu: float, contraction: float, diameter_ratio: float | None) -> 
     if diameter_ratio is not None and not diameter_ratio >= 0:
         raise ValueError(f"diameter_ratio must be >= 0 or None. Found {diameter_ratio}.")
     return max(float(contraction), _MIN_CONTRACTION)
+
+
+def _usable_ratio(diameter_ratio: float | None) -> float | None:
+    """The diameter ratio the restart schedules use: None without a projection, and also where it
+    overflowed (inf) or underflowed (0): the restarts are extra candidates of a minimum, so leaving
+    them out can only raise the bound."""
+    if diameter_ratio is None or not 0.0 < diameter_ratio < math.inf:
+        return None
+    return float(diameter_ratio)
 
 
 def _log1mexp(x: np.ndarray | float) -> np.ndarray:
@@ -104,28 +114,30 @@ def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.nda
     r"""Minimal :math:`\sum a_t^2` to remove ``removed`` (measured at the window's
     end) over ``steps`` noise steps: :math:`R^2 (1-c^2)/(1-c^{2m})` (c = 1: R^2/m)."""
     steps = np.asarray(steps, dtype=float)
-    return np.asarray(removed, dtype=float) ** 2 / _geometric_ratio(2.0 * log_c, steps)
+    with np.errstate(over="ignore"):  # removed^2 overflows: the cost is inf (the divisor is >= 1)
+        return np.asarray(removed, dtype=float) ** 2 / _geometric_ratio(2.0 * log_c, steps)
 
 
-def _fb_theta(log_c: float, steps_per_epoch: int, blocks: np.ndarray) -> np.ndarray:
-    r""":math:`\theta_c(l)\,\mathrm{FB}(c^l, B)
-    = \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}\cdot\frac{1-c^{lB}}{1+c^{lB}}` (0 at B = 0;
-    (B)/l at c = 1), in a form stable for l*B up to 1e12."""
+def _log_fb_theta(log_c: float, steps_per_epoch: int, blocks: np.ndarray) -> np.ndarray:
+    r"""log of :math:`\theta_c(l)\,\mathrm{FB}(c^l, B)
+    = \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}\cdot\frac{1-c^{lB}}{1+c^{lB}}` (-inf at B = 0;
+    log(B/l) at c = 1), in a form stable for l*B up to 1e16."""
     blocks = np.asarray(blocks, dtype=float)
-    if log_c == 0.0:
-        return blocks / steps_per_epoch
-    x = steps_per_epoch * log_c  # log c^l
-    log_theta_l = float(log_theta(math.exp(log_c), np.array([float(steps_per_epoch)]))[0])
-    log_fb_prefactor = math.log1p(math.exp(x)) - float(_log1mexp(x))  # (1+c^l)/(1-c^l)
     with np.errstate(divide="ignore"):
+        if log_c == 0.0:
+            return np.log(blocks / steps_per_epoch)
+        x = steps_per_epoch * log_c  # log c^l
+        log_theta_l = float(log_theta(math.exp(log_c), np.array([float(steps_per_epoch)]))[0])
+        log_fb_prefactor = math.log1p(math.exp(x)) - float(_log1mexp(x))  # (1+c^l)/(1-c^l)
         log_ratio = _log1mexp(blocks * x) - np.log1p(np.exp(blocks * x))  # (1-c^{lB})/(1+c^{lB})
-    out = np.exp(log_theta_l + log_fb_prefactor + log_ratio)
-    return np.where(blocks > 0, out, 0.0)
+    return np.where(blocks > 0, log_theta_l + log_fb_prefactor + log_ratio, -np.inf)
 
 
-def _theta(log_c: float, s: np.ndarray) -> np.ndarray:
-    s = np.asarray(s, dtype=float)
-    return np.exp(log_theta(math.exp(log_c), s))
+def _times_exp(log_a: float | np.ndarray, log_b: float | np.ndarray) -> np.ndarray:
+    """exp(log_a + log_b): a product formed in log space (a factor may underflow where another
+    overflows); inf where it overflows."""
+    with np.errstate(over="ignore"):
+        return np.exp(np.asarray(log_a, dtype=float) + log_b)
 
 
 def full_batch_mu(*, step_mu: float, contraction: float, steps: int, diameter_ratio: float | None = None) -> float:
@@ -162,14 +174,19 @@ def full_batch_mu(*, step_mu: float, contraction: float, steps: int, diameter_ra
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     if steps == 0 or step_mu == 0.0:
         return 0.0
+    if math.isinf(step_mu):
+        return math.inf
     log_c = math.log(c)
-    best = float(_window_cost(log_c, step_mu * _geometric_ratio(log_c, steps), steps))
-    if diameter_ratio is not None and steps > 1:
-        d = float(diameter_ratio)
+    with np.errstate(over="ignore"):  # s * (a sum >= 1) overflows: the cost is inf
+        best = float(_window_cost(log_c, step_mu * _geometric_ratio(log_c, steps), steps))
+    d = _usable_ratio(diameter_ratio)
+    if d is not None and steps > 1:
+        log_d = math.log(d)
 
         def cost(m: np.ndarray) -> np.ndarray:
             m = np.asarray(m, dtype=float)
-            removed = np.exp(m * log_c) * d + step_mu * _geometric_ratio(log_c, m)
+            with np.errstate(over="ignore"):
+                removed = _times_exp(m * log_c, log_d) + step_mu * _geometric_ratio(log_c, m)
             return _window_cost(log_c, removed, m)
 
         best = min(best, _integer_min(cost, 1, steps - 1))
@@ -217,19 +234,43 @@ def _blocks_cost(log_c: float, step_mu: float, steps_per_epoch: int, max_blocks:
     and with a projection the restarts at a use, B = 1..max_blocks."""
     if max_blocks <= 0:
         return 0.0
-    best = float(step_mu**2 * _fb_theta(log_c, steps_per_epoch, np.array([max_blocks]))[0])
+    log_s = math.log(step_mu)
+    best = float(_times_exp(2.0 * log_s, _log_fb_theta(log_c, steps_per_epoch, np.array([max_blocks]))[0]))
     if d is None:
         return best
     per_epoch = steps_per_epoch
+    log_d = math.log(d)
 
     def cost(blocks: np.ndarray) -> np.ndarray:
         blocks = np.asarray(blocks, dtype=float)
-        # (s/c) sum_{k=1..B} c^{kl} = s c^{l-1} (1 - c^{lB}) / (1 - c^l)
-        injected = step_mu * math.exp((per_epoch - 1) * log_c) * _geometric_ratio(per_epoch * log_c, blocks)
-        removed = np.exp(blocks * per_epoch * log_c) * d + injected
+        # (s/c) sum_{k=1..B} c^{kl} = s c^{l-1} (1 - c^{lB}) / (1 - c^l); the sum is >= 1
+        log_injected = log_s + (per_epoch - 1) * log_c + np.log(_geometric_ratio(per_epoch * log_c, blocks))
+        with np.errstate(over="ignore"):
+            removed = _times_exp(blocks * per_epoch * log_c, log_d) + _times_exp(log_injected, 0.0)
         return _window_cost(log_c, removed, blocks * per_epoch)
 
     return min(best, _integer_min(cost, 1, max_blocks))
+
+
+def _mu_squared(
+    log_c: float, step_mu: float, steps_per_epoch: int, uses: np.ndarray, after: np.ndarray, d: float | None
+) -> np.ndarray:
+    r""":math:`\mu_j^2` of positions used ``uses`` >= 1 times, the last use ``after`` steps before the
+    end (see :func:`cyclic_position_mus`); 0 < s < inf. Products of s^2 with :math:`\theta_c`, which
+    underflows where s^2 overflows, are formed in log space; an overflow gives inf (vacuous)."""
+    c = math.exp(log_c)
+    low = int(uses.min())  # N_j takes at most two values: E and E + 1
+    costs = np.array([_blocks_cost(log_c, step_mu, steps_per_epoch, n - 1, d) for n in range(low, int(uses.max()) + 1)])
+    log_theta_last = log_theta(c, after + 1.0)
+    with np.errstate(over="ignore"):
+        mu2 = _times_exp(2.0 * math.log(step_mu), log_theta_last) + costs[uses - low]
+    if d is not None:
+        mu2 = np.minimum(mu2, _times_exp(2.0 * math.log(c * d + step_mu), log_theta_last))
+        tail = after >= 1
+        if tail.any() and c * d > 0.0:
+            restart = _times_exp(2.0 * math.log(c * d), log_theta(c, after[tail].astype(float)))
+            mu2[tail] = np.minimum(mu2[tail], restart)
+    return mu2
 
 
 def cyclic_position_mus(
@@ -277,25 +318,14 @@ def cyclic_position_mus(
     if pos.size and (pos.min() < 0 or pos.max() >= steps_per_epoch):
         raise ValueError(f"positions must be in [0, {steps_per_epoch}).")
     uses, after = _position_layout(steps_per_epoch, steps, pos)
-    log_c = math.log(c)
-    d = None if diameter_ratio is None else float(diameter_ratio)
     out = np.zeros(pos.shape)
     used = uses > 0
     if not used.any() or step_mu == 0.0:
         return out
-    n_used, r_used = uses[used], after[used]
-    low = int(n_used.min())  # N_j takes at most two values: E and E + 1
-    costs = np.array(
-        [_blocks_cost(log_c, step_mu, steps_per_epoch, n - 1, d) for n in range(low, int(n_used.max()) + 1)]
-    )
-    theta_last = _theta(log_c, r_used + 1.0)
-    mu2 = step_mu**2 * theta_last + costs[n_used - low]
-    if d is not None:
-        c_val = math.exp(log_c)
-        mu2 = np.minimum(mu2, (c_val * d + step_mu) ** 2 * theta_last)
-        tail = r_used >= 1
-        if tail.any():
-            mu2[tail] = np.minimum(mu2[tail], (c_val * d) ** 2 * _theta(log_c, r_used[tail].astype(float)))
+    if math.isinf(step_mu):
+        out[used] = math.inf
+        return out
+    mu2 = _mu_squared(math.log(c), step_mu, steps_per_epoch, uses[used], after[used], _usable_ratio(diameter_ratio))
     out[used] = np.sqrt(mu2)
     return out
 
@@ -340,6 +370,24 @@ def batch_position_weights(dataset_size: int, batch_size: int) -> np.ndarray:
     return sizes / dataset_size
 
 
+#: Batch positions kept one by one in the shuffle-once mixture (per group of equal use counts); beyond,
+#: positions are grouped into blocks whose (r + 1) grows by at most _BLOCK_GROWTH.
+EXACT_POSITIONS = 4096
+_BLOCK_GROWTH = 1.0 + 1.0 / 64.0
+
+
+def _block_starts(first: int, last: int) -> np.ndarray:
+    """Starts of consecutive blocks covering the integers first..last: the first EXACT_POSITIONS one by
+    one, then blocks [r0, r1] with r1 + 1 <= (r0 + 1) * _BLOCK_GROWTH. O(EXACT_POSITIONS + log(last))."""
+    exact_end = min(last, first + EXACT_POSITIONS - 1)
+    starts = list(range(first, exact_end + 1))
+    r = exact_end + 1
+    while r <= last:
+        starts.append(r)
+        r = max(r + 1, math.floor((r + 1) * _BLOCK_GROWTH))
+    return np.array(starts, dtype=np.int64)
+
+
 def shuffle_once_profile(
     *,
     step_mu: float,
@@ -361,15 +409,63 @@ def shuffle_once_profile(
     weights, and the hockey-stick divergence is jointly convex (draft section 4;
     as Ye & Shokri 2022, arXiv 2203.05363, Thm 4.2, average positions in Renyi form).
 
+    Bounded memory for any number of batches l = ceil(n/b) (l can be 1e9).
+    Position j is used :math:`N_j` times, the last use :math:`r_j` steps before the
+    end: with T = E l + k (0 <= k < l), the positions j < k have :math:`N_j = E + 1`
+    and :math:`r_j = k - 1 - j` (r over 0..k-1), the others :math:`N_j = E` and
+    :math:`r_j = l + k - 1 - j` (r over k..l-1; the short last batch, j = l - 1, has
+    r = k, the first of its group). Within a group :math:`\mu_j` depends on
+    :math:`r_j` only and is non-increasing in it (every term of :math:`\mu_j^2` is a
+    constant or a non-increasing :math:`\theta_c(r_j)` or :math:`\theta_c(r_j+1)`, and
+    a minimum of non-increasing functions is non-increasing). Blocks of
+    consecutive r (:func:`_block_starts`) are therefore given their largest
+    :math:`\mu`, the one at their smallest r, with the block's total weight. This
+    can only raise the mixture profile: :math:`\delta_\mu(\varepsilon)` is
+    increasing in :math:`\mu` for every :math:`\varepsilon` (Dong, Roth & Su 2019,
+    arXiv 1905.02383: :math:`G_\mu` decreases in :math:`\mu`), so
+    :math:`\sum_{j\in B} w_j\delta_{\mu_j} \le (\sum_{j\in B} w_j)\,\delta_{\max_B\mu_j}`,
+    and likewise the Renyi mixture, :math:`e^{(\alpha-1)\alpha\mu^2/2}` being
+    increasing in :math:`\mu`. With l <= EXACT_POSITIONS no position is grouped.
+
     Returns:
-      (weights, mus): one component per batch position (O(l)).
+      (weights, mus): for l <= EXACT_POSITIONS one component per batch position j
+      (in order); otherwise one per block, O(EXACT_POSITIONS + log l) of them.
     """
-    weights = batch_position_weights(dataset_size, batch_size)
-    mus = cyclic_position_mus(
-        step_mu=step_mu,
-        contraction=contraction,
-        steps_per_epoch=weights.size,
-        steps=steps,
-        diameter_ratio=diameter_ratio,
-    )
-    return weights, mus
+    per_epoch = -(-dataset_size // batch_size)
+    if per_epoch <= EXACT_POSITIONS:
+        weights = batch_position_weights(dataset_size, batch_size)
+        mus = cyclic_position_mus(
+            step_mu=step_mu,
+            contraction=contraction,
+            steps_per_epoch=weights.size,
+            steps=steps,
+            diameter_ratio=diameter_ratio,
+        )
+        return weights, mus
+    c = _check(step_mu, contraction, diameter_ratio)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0. Found {steps}.")
+    full, rest = divmod(steps, per_epoch)
+    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
+    groups = [(full + 1, 0, rest - 1)] if rest > 0 else []
+    groups.append((full, rest, per_epoch - 1))
+    weights, uses, after = [], [], []
+    for n_uses, first, last in groups:
+        starts = _block_starts(first, last)
+        counts = np.diff(np.append(starts, last + 1)).astype(float)
+        examples = counts * batch_size
+        if n_uses == full:
+            examples[0] -= batch_size - short  # the short last batch is at r = rest, the first of this group
+        weights.append(examples / dataset_size)
+        uses.append(np.full(starts.size, n_uses, dtype=np.int64))
+        after.append(starts)
+    w, n_uses, r = np.concatenate(weights), np.concatenate(uses), np.concatenate(after)
+    mus = np.zeros(w.shape)
+    used = n_uses > 0
+    if used.any() and step_mu > 0.0:
+        if math.isinf(step_mu):
+            mus[used] = math.inf
+        else:
+            d = _usable_ratio(diameter_ratio)
+            mus[used] = np.sqrt(_mu_squared(math.log(c), step_mu, per_epoch, n_uses[used], r[used], d))
+    return w, mus

@@ -26,7 +26,7 @@ import math
 import numpy as np
 from scipy import special
 
-from lastiter_plugins.bounds._common import inverse, log_theta, theta
+from lastiter_plugins.bounds._common import inverse, inverse_square, log_theta, theta
 
 
 def max_learning_rate(strong_convexity: float, smoothness: float) -> float:
@@ -47,8 +47,15 @@ def contraction(learning_rate: float, strong_convexity: float) -> float:
 
 
 def _base_term(orders: np.ndarray, noise_multiplier: float) -> np.ndarray:
-    r"""2 alpha / z^2: one use of the differing example (sensitivity 2C/b)."""
-    return 2.0 * orders / noise_multiplier**2
+    r"""2 alpha / z^2: one use of the differing example (sensitivity 2C/b); ``inf`` where it overflows."""
+    with np.errstate(over="ignore"):
+        return orders * (2.0 * inverse_square(noise_multiplier))
+
+
+def _log_base_term(orders: np.ndarray, noise_multiplier: float) -> np.ndarray:
+    r"""log(2 alpha / z^2), finite for every z > 0 (products with it are formed in log space, so that a
+    factor that underflows never meets one that overflows)."""
+    return np.log(2.0 * orders) - 2.0 * math.log(noise_multiplier)
 
 
 def _epoch_growth(rho: float, epochs: int, steps_per_epoch: int) -> float:
@@ -121,14 +128,23 @@ def _log_epoch_factor(contraction: float, kappa2: float, steps_per_epoch: int) -
     return -float(np.logaddexp(0.0, log_x))
 
 
-def _first_term(base: np.ndarray, contraction: float, kappa2: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
-    r""":math:`(2\alpha/z^2)\,\tilde\theta(h)\,\tilde G(K)`; kappa = 1: :math:`e_0(\alpha,h)G(K)` (eq. 91)."""
+def _first_term(
+    orders: np.ndarray, noise_multiplier: float, contraction: float, kappa2: float, steps_per_epoch: int, epochs: int
+) -> np.ndarray:
+    r""":math:`(2\alpha/z^2)\,\tilde\theta(h)\,\tilde G(K)`; kappa = 1: :math:`e_0(\alpha,h)G(K)` (eq. 91).
+
+    Formed in log space: :math:`\tilde\theta(h)` may underflow where :math:`2\alpha/z^2` overflows.
+    """
     h = steps_per_epoch // 2
     if kappa2 == 1.0:
         growth = _epoch_growth(contraction, epochs, steps_per_epoch)
     else:
         growth = _growth_from_log_factor(_log_epoch_factor(contraction, kappa2, steps_per_epoch), epochs)
-    return base * float(np.exp(_log_theta_short(contraction, kappa2, h))) * growth
+    if growth == 0.0:  # K = 1: no earlier pass
+        return np.zeros_like(orders)
+    log_factor = float(_log_theta_short(contraction, kappa2, h)) + math.log(growth)
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
+        return np.exp(_log_base_term(orders, noise_multiplier) + log_factor)
 
 
 def cyclic_rdp(
@@ -177,10 +193,13 @@ def cyclic_rdp(
     orders = np.asarray(orders, dtype=float)
     base = _base_term(orders, noise_multiplier)
     kappa2 = _kappa_squared(contraction, last_batch_fraction)
-    return _first_term(base, contraction, kappa2, steps_per_epoch, epochs) + base
+    return _first_term(orders, noise_multiplier, contraction, kappa2, steps_per_epoch, epochs) + base
 
 
 _BLOCK_GROWTH = 1.0 + 1.0 / 64.0
+_CHECK_EVERY = 64  # exact steps of the random-batch recursion between two checks of its stopping rule
+_MAX_JUMPS = 4096  # jumps of the random-batch recursion after its exact steps
+_LOG_NORMAL = math.log(np.finfo(float).tiny)  # e^x is subnormal (imprecise) or 0 below
 
 
 def _log_expm1(x: np.ndarray) -> np.ndarray:
@@ -189,11 +208,25 @@ def _log_expm1(x: np.ndarray) -> np.ndarray:
         return x + np.log(-np.expm1(-x))
 
 
+def _log_expm1_product(scale: np.ndarray, log_th: np.ndarray) -> np.ndarray:
+    """log(expm1(c * t)) for every c in ``scale`` (rows; finite, > 0) and t = exp(log_th) (columns, <= 1).
+    Where t is a normal double the product is formed directly; where it underflows, in log space (so
+    that a large c times a tiny t is not lost)."""
+    th = np.exp(log_th)
+    product = scale[:, None] * th[None, :]
+    tiny = log_th < _LOG_NORMAL
+    if tiny.any():
+        with np.errstate(divide="ignore"):
+            product[:, tiny] = np.exp(np.log(scale)[:, None] + log_th[None, tiny])
+    return _log_expm1(product)
+
+
 def _log_position_excess(
     scale: np.ndarray, contraction: float, kappa2: float, steps_per_epoch: int, exact_positions: int
 ) -> np.ndarray:
     r"""Upper bound on :math:`\log\sum_{d=1}^{l} \mathrm{expm1}(c\,\tilde\theta(d))` for each c in ``scale``
-    (the sum of :math:`E_d - 1`; kept apart from the l ones to avoid cancellation at small orders).
+    (finite, >= 0; the sum of :math:`E_d - 1`; kept apart from the l ones to avoid cancellation at small
+    orders). The products :math:`c\,\tilde\theta(d)` are formed in log space.
 
     Exact for d <= ``exact_positions``; beyond, blocks [d0, d1] growing by a factor
     1 + 1/64, each bounded by
@@ -203,13 +236,14 @@ def _log_position_excess(
     :math:`\theta_\rho(x)` is convex in x so it lies below its chord. Memory
     O(len(scale) * exact_positions) and time O(log l), for any l.
     """
+    scale = np.asarray(scale, dtype=float)
     exact_end = min(steps_per_epoch, exact_positions)
-    th = np.exp(_log_theta_short(contraction, kappa2, np.arange(1, exact_end + 1)))
+    log_th = _log_theta_short(contraction, kappa2, np.arange(1, exact_end + 1))
     out = np.empty_like(scale)
     chunk = max(1, 4_000_000 // exact_end)
     for start in range(0, scale.size, chunk):
         sl = slice(start, start + chunk)
-        out[sl] = special.logsumexp(_log_expm1(scale[sl, None] * th[None, :]), axis=1)
+        out[sl] = special.logsumexp(_log_expm1_product(scale[sl], log_th), axis=1)
     if steps_per_epoch <= exact_end:
         return out
     starts = [exact_end + 1]
@@ -230,11 +264,11 @@ def _log_position_excess(
     ok = np.isfinite(log_th0) & np.isfinite(log_rest)  # theta underflowed to 0: the block adds nothing
     if not ok.any():
         return out
-    th0, log_rest = np.exp(log_th0[ok]), log_rest[ok]
-    chunk = max(1, 4_000_000 // th0.size)
+    log_th0, log_rest = log_th0[ok], log_rest[ok]
+    chunk = max(1, 4_000_000 // log_th0.size)
     for start in range(0, scale.size, chunk):
         sl = slice(start, start + chunk)
-        terms = _log_expm1(scale[sl, None] * th0[None, :]) + log_rest[None, :]
+        terms = _log_expm1_product(scale[sl], log_th0) + log_rest[None, :]
         out[sl] = np.logaddexp(out[sl], special.logsumexp(terms, axis=1))
     return out
 
@@ -278,20 +312,28 @@ def shuffle_rdp(
       RDP (nats) at each order, replace-one neighbours.
     """
     _check_fraction(last_batch_fraction)
-    orders = np.asarray(orders, dtype=float)
-    base = _base_term(orders, noise_multiplier)
+    orders = np.asarray(orders, dtype=float).reshape(-1)
     kappa2 = _kappa_squared(contraction, last_batch_fraction)
-    first = _first_term(base, contraction, kappa2, steps_per_epoch, epochs)
-    scale = (orders - 1.0) * base
+    first = _first_term(orders, noise_multiplier, contraction, kappa2, steps_per_epoch, epochs)
+    with np.errstate(over="ignore"):
+        scale = (orders - 1.0) * _base_term(orders, noise_multiplier)  # c = (alpha-1) 2 alpha/z^2
+    # c overflows: E_1 = e^c is inf and carries weight b/n > 0, so the bound is inf; c = 0: every E_d is 1
+    out = np.where(np.isinf(scale), np.inf, first)
+    live = np.isfinite(scale) & (scale > 0.0)
+    if not live.any():
+        return out
+    orders, scale = orders[live], scale[live]
     # (b/n) sum_d E_d - ((b-r)/n) E_l = 1 + (X - (1-f) expm1(c theta~(l))) / (l-1+f), X = sum_d expm1(c theta~(d))
     log_x = _log_position_excess(scale, contraction, kappa2, steps_per_epoch, exact_positions)
     f = last_batch_fraction
     if f < 1.0:
-        log_last = _log_expm1(scale * float(np.exp(_log_theta_short(contraction, kappa2, steps_per_epoch))))
+        log_th_last = _log_theta_short(contraction, kappa2, np.array([float(steps_per_epoch)]))
+        log_last = _log_expm1_product(scale, log_th_last)[:, 0]
         with np.errstate(divide="ignore"):
             log_x = log_x + np.log1p(-(1.0 - f) * np.exp(log_last - log_x))
     log_mix = np.logaddexp(0.0, log_x - math.log(steps_per_epoch - 1.0 + f))
-    return first + log_mix / (orders - 1.0)
+    out[live] = first[live] + log_mix / (orders - 1.0)
+    return out
 
 
 def random_batch_rdp(
@@ -303,6 +345,7 @@ def random_batch_rdp(
     contraction: float,
     tolerance: float = 1e-10,
     max_iterations: int = 100_000,
+    exact_steps: int = 32_768,
 ) -> np.ndarray:
     r"""ye-shokri-random (Ye & Shokri 2022, arXiv 2203.05363, Theorem 4.3, eq. 149): uniformly random batch
     of size b at every step, q = b/n,
@@ -316,40 +359,109 @@ def random_batch_rdp(
     because for each fixed batch sequence the bound is alpha * u with u free of
     alpha, and Lemma 4.1 with Jensen on x^(rho^2) finishes it.)
 
-    Run in log space, x_t = log S_t. Sound shortcut for large T: x_t is non-decreasing and the increment
-    d_t = x_{t+1} - x_t =
-    log(q e^c + (1-q) e^{(rho^2 - 1) x_t}) is non-increasing in t, so
-    x_T <= x_{t+1} + (T - t - 1) d_t for every t. The recursion is iterated until
-    the increments have settled (their remaining decrease, extrapolated over the
-    remaining steps, is below ``tolerance`` relative to x) or ``max_iterations``
-    steps, then extrapolated linearly: the result is never below the exact
-    recursion, only (negligibly) above it.
+    Run in log space, :math:`x_t = \log S_t`, :math:`x_{t+1} = f(x_t) = x_t + d(x_t)`,
+    :math:`d(x) = \log(q e^c + (1-q) e^{(\rho^2-1)x})`. f is increasing, d is
+    non-increasing, :math:`x_0 = 0` and :math:`d(0) \ge 0`, so :math:`x_t` is non-decreasing
+    and its increments non-increasing. Without iterating T times (T can be 1e12), with
+    sound bounds only:
+
+    * fixed point: if :math:`q e^c < 1` and :math:`\rho < 1`,
+      :math:`x^* = (\log(1-q) - \log(1-q e^c))/(1-\rho^2)` solves :math:`f(x^*) = x^*`,
+      and :math:`x_t \le x^*` for every t (induction: f is increasing and :math:`x_0 \le x^*`);
+    * jumps: :math:`x_{t+k} \le x_t + k\,d(x_t) = g_k(x_t)`, and :math:`g_k` is
+      non-decreasing for :math:`k \le 1/(1-\rho^2)` (:math:`|d'| \le 1-\rho^2`), so an upper
+      value :math:`u_t \ge x_t` propagates, :math:`u_{t+k} = g_k(u_t)`; a lower value
+      propagates as :math:`l_{t+k} \le y^*`, :math:`y^* - k\,d(y^*) = l_t` (the increments are
+      non-increasing, so :math:`x_{t+k} - k\,d(x_{t+k}) \ge x_t`), by one Newton step, which
+      stays below :math:`y^*` since :math:`y - k\,d(y)` is increasing and concave. The first
+      ``exact_steps`` steps are exact (u = l = x), later jumps span at most t/64 steps;
+    * extrapolation: :math:`x_T \le u_t + (T-t)\,d(l_t)` and
+      :math:`x_T \ge l_t + (T-t)\,d(U)` for any upper value U of :math:`x_T`.
+
+    The iteration stops for an order once the interval for :math:`x_T` is narrower
+    than ``tolerance`` relative to it (or :math:`x^*` is that close to the lower end), or
+    after ``max_iterations`` steps or 4096 jumps; it returns the upper end, capped by
+    :math:`x^*`: never below the exact recursion. O(exact_steps + 4096) time for any T.
     """
-    orders = np.asarray(orders, dtype=float)
+    orders = np.asarray(orders, dtype=float).reshape(-1)
     q = sampling_probability
-    c = (orders - 1.0) * _base_term(orders, noise_multiplier)
-    if q >= 1.0:
-        return steps * c / (orders - 1.0)
-    rho2 = contraction**2
-    log_in = math.log(q) + c
-    log_out = math.log1p(-q)
-    x = np.zeros_like(orders)
-    prev_inc = np.full_like(orders, np.inf)
-    t = 0
-    while t < steps:
-        x_next = np.logaddexp(log_in + x, log_out + rho2 * x)
-        inc = x_next - x
-        x = x_next
-        t += 1
-        remaining = steps - t
-        if remaining == 0:
-            break
-        settled = remaining * (prev_inc - inc) <= tolerance * np.maximum(x, 1e-300)
-        if settled.all() or t >= max_iterations:
-            x = x + remaining * inc
-            break
-        prev_inc = inc
-    return x / (orders - 1.0)
+    with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
+        c = (orders - 1.0) * _base_term(orders, noise_multiplier)
+        if q >= 1.0:
+            return steps * _base_term(orders, noise_multiplier)
+    # c = inf: S_1 = q e^c + ... is inf already (q > 0), and so is the bound
+    out = np.full(orders.shape, np.inf)
+    live = np.isfinite(c)
+    if not live.any():
+        return out
+    log_x = _random_batch_log_moment(
+        math.log(q) + c[live], math.log1p(-q), contraction**2, steps, tolerance, max_iterations, exact_steps
+    )
+    out[live] = log_x / (orders[live] - 1.0)
+    return out
+
+
+def _random_batch_log_moment(
+    log_in: np.ndarray,
+    log_out: float,
+    rho2: float,
+    steps: int,
+    tolerance: float,
+    max_iterations: int,
+    exact_steps: int,
+) -> np.ndarray:
+    """Upper bound on x_T of :func:`random_batch_rdp`'s recursion, per entry of ``log_in`` (log(q e^c))."""
+
+    def slope(x: np.ndarray, log_in_: np.ndarray) -> np.ndarray:
+        return np.logaddexp(log_in_, log_out + (rho2 - 1.0) * x)  # d(x), for x >= 0
+
+    def _newton_lower(low: np.ndarray, start: np.ndarray, log_in_: np.ndarray, k: int) -> np.ndarray:
+        # x_{t+k} >= y* where y* - k d(y*) = low (F(y) = y - k d(y) - low is increasing and concave); one
+        # Newton step from any start lands at or below y* (the tangent of a concave F lies above it)
+        d = slope(start, log_in_)
+        weight = np.exp(log_out + (rho2 - 1.0) * start - d)  # -d'(y) / (1 - rho^2)
+        step = (start - k * d - low) / (1.0 + k * (1.0 - rho2) * weight)
+        return np.maximum(low, np.where(np.isfinite(step), start - step, low))
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        fixed = np.where((log_in < 0.0) & (rho2 < 1.0), (log_out - np.log1p(-np.exp(log_in))) / (1.0 - rho2), np.inf)
+    longest_jump = math.inf if rho2 >= 1.0 else max(1.0, math.floor(1.0 / (1.0 - rho2)))
+    result = np.empty_like(log_in)
+    index = np.arange(log_in.size)  # entries still iterated
+    upper = np.zeros_like(log_in)
+    lower = np.zeros_like(log_in)
+    t, iterations, jumps = 0, 0, 0
+    while index.size:
+        li = log_in[index]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if t < exact_steps:  # exact steps, the stopping rule checked every _CHECK_EVERY of them
+                count = min(exact_steps - t, steps - t, _CHECK_EVERY, max_iterations - iterations)
+                for _ in range(count):
+                    upper = upper + slope(upper, li)
+                lower = upper.copy()
+            else:
+                count = int(min(steps - t, max(1, t // 64), longest_jump))
+                new_upper = upper + count * slope(upper, li)
+                lower = _newton_lower(lower, new_upper, li, count)
+                upper = new_upper
+                jumps += 1
+            t += count
+            iterations += count if t <= exact_steps else 1
+            remaining = steps - t
+            high = np.minimum(upper + remaining * np.maximum(slope(lower, li), 0.0), fixed[index])
+            low = lower + remaining * np.maximum(slope(high, li), 0.0)  # x_t <= x*: every increment is >= 0
+        done = (
+            (remaining == 0)
+            | (high - low <= tolerance * np.maximum(low, 1e-300))
+            | (np.isfinite(fixed[index]) & (fixed[index] - low <= tolerance * fixed[index]))
+            | (iterations >= max_iterations)
+            | (jumps >= _MAX_JUMPS)
+        )
+        if done.any():
+            result[index[done]] = np.maximum(high[done], 0.0)  # x_T >= x_0 = 0: a rounding below 0 is raised
+            keep = ~done
+            index, upper, lower = index[keep], upper[keep], lower[keep]
+    return result
 
 
 def convex_rdp(orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
@@ -357,7 +469,8 @@ def convex_rdp(orders: np.ndarray, *, noise_multiplier: float, steps_per_epoch: 
     M-smooth, fixed batches, eta < 2/M:
     :math:`\frac{2\alpha}{z^2}\left(\frac{K-1}{l} + 1\right)`."""
     orders = np.asarray(orders, dtype=float)
-    return _base_term(orders, noise_multiplier) * ((epochs - 1) / steps_per_epoch + 1.0)
+    with np.errstate(over="ignore"):
+        return _base_term(orders, noise_multiplier) * ((epochs - 1) / steps_per_epoch + 1.0)
 
 
 def full_batch_rdp(
@@ -368,4 +481,5 @@ def full_batch_rdp(
     orders = np.asarray(orders, dtype=float)
     a = 1.0 - learning_rate * strong_convexity / 2.0  # in (1/2, 1] under the theorem's conditions
     total = float(epochs) if a == 1.0 else a * -math.expm1(epochs * math.log(a)) / (1.0 - a)
-    return 4.0 * orders / noise_multiplier**2 * total
+    with np.errstate(over="ignore"):
+        return orders * (4.0 * inverse_square(noise_multiplier) * total)
