@@ -1,12 +1,19 @@
-"""Shared pytest configuration.
+"""Shared pytest configuration and parameter factories.
 
 Slow suites (full soundness fuzzing, long sweeps) are marked ``@pytest.mark.slow``
 and run only with ``pytest --runslow``.
+
+The factories build the keyword parameters of the public API (and the matching
+command-line flags) that several test files use, so that a pipeline is described
+once: ``pipeline(**overrides)``, ``strongly_convex(**overrides)``, ``cli_flags(params)``.
+Test files import them (``from conftest import pipeline``); each call returns a new dict.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -24,3 +31,46 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
+
+
+# ---------------------------------------------------------------- parameter factories
+
+_PIPELINE = {"dataset_size": 1000, "batch_size": 10, "noise_multiplier": 1.0, "steps": 500, "sampling": "cyclic"}
+
+_STRONGLY_CONVEX = {
+    "steps": 2000,
+    "learning_rate": 0.1,
+    "smoothness": 1.0,
+    "strong_convexity": 0.1,
+    "gradient_norms_within_clip": True,
+}
+
+
+def pipeline(**overrides: Any) -> dict[str, Any]:
+    """A small valid pipeline with no loss assumptions: n = 1000, b = 10, z = 1, T = 500, cyclic
+    (only composition and the curvature-free bound apply), with ``overrides`` applied."""
+    return {**_PIPELINE, **overrides}
+
+
+def strongly_convex(**overrides: Any) -> dict[str, Any]:
+    """:func:`pipeline` with T = 2000 and lam = 0.1-strongly convex, M = 1-smooth losses, eta = 0.1,
+    every per-example gradient within the clip: the Ye & Shokri and shifted-interpolation bounds apply
+    (with a scheme they cover), with ``overrides`` applied."""
+    return {**_PIPELINE, **_STRONGLY_CONVEX, **overrides}
+
+
+_NO_FLAG = ("clipped_loss_convex_smooth",)  # keyword-only: the command line has no flag for it
+
+
+def cli_flags(params: Mapping[str, Any]) -> list[str]:
+    """The ``lastiter`` flags describing the keyword parameters ``params`` (None values omitted,
+    True booleans as bare flags, False ones omitted)."""
+    argv: list[str] = []
+    for key, value in params.items():
+        if key in _NO_FLAG:
+            raise ValueError(f"{key} has no command-line flag.")
+        if value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv

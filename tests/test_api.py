@@ -7,21 +7,10 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import pipeline, strongly_convex
 
 import lastiter_plugins as lp
 from lastiter_plugins import registry
-
-BASE = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, steps=500, sampling="cyclic")
-STRONGLY_CONVEX = dict(
-    dataset_size=1000,
-    batch_size=10,
-    noise_multiplier=1.0,
-    steps=2000,
-    learning_rate=0.1,
-    smoothness=1.0,
-    strong_convexity=0.1,
-    gradient_norms_within_clip=True,
-)
 
 
 @pytest.mark.parametrize(
@@ -52,7 +41,7 @@ STRONGLY_CONVEX = dict(
 )
 def test_invalid_values_raise_value_error_naming_the_parameter(changes, fragment):
     with pytest.raises(ValueError, match=None) as info:
-        lp.rdp("composition", [2.0], **{**BASE, **changes})
+        lp.rdp("composition", [2.0], **pipeline(**changes))
     assert fragment in str(info.value)
     assert not isinstance(info.value, lp.NotApplicableError)
 
@@ -65,64 +54,64 @@ def test_invalid_values_raise_value_error_naming_the_parameter(changes, fragment
 )  # fmt: skip
 def test_invalid_orders(orders, fragment):
     with pytest.raises(ValueError) as info:
-        lp.rdp("composition", orders, **BASE)
+        lp.rdp("composition", orders, **pipeline())
     assert fragment in str(info.value)
 
 
 @pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 2.0, float("nan")])
 def test_invalid_delta(delta):
     with pytest.raises(ValueError, match="delta must be in \\(0, 1\\)"):
-        lp.epsilon("composition", delta, **BASE)
+        lp.epsilon("composition", delta, **pipeline())
 
 
 def test_unknown_bound():
     with pytest.raises(ValueError, match="bound must be one of"):
-        lp.rdp("nope", [2.0], **BASE)
+        lp.rdp("nope", [2.0], **pipeline())
 
 
 # (bound, params, fragment of the refusal): each precondition refuses, naming condition and theorem.
 REFUSALS = [
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, sampling="reshuffle"),
+    ("kong-ribero-cyclic", pipeline(learning_rate=0.1, smoothness=1.0, sampling="reshuffle"),
      "sampling must be one of cyclic, shuffle_once for kong-ribero-cyclic (Kong & Ribero 2024, arXiv 2407.05237, Theorem 2.3)"),
-    ("kong-ribero-cyclic", dict(BASE, smoothness=1.0), "learning_rate (the constant SGD step size) must be given"),
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1), "smoothness (M"),
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.6, smoothness=1.0),
+    ("kong-ribero-cyclic", pipeline(smoothness=1.0), "learning_rate (the constant SGD step size) must be given"),
+    ("kong-ribero-cyclic", pipeline(learning_rate=0.1), "smoothness (M"),
+    ("kong-ribero-cyclic", pipeline(learning_rate=0.6, smoothness=1.0),
      "learning_rate must be <= 1/(2(M+m)) (clipping may be active) = 0.5 for kong-ribero-cyclic "
      "(Kong & Ribero 2024, arXiv 2407.05237, Theorem 2.3). Found 0.6."),
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=1.1, smoothness=1.0, gradient_norms_within_clip=True),
+    ("kong-ribero-cyclic", pipeline(learning_rate=1.1, smoothness=1.0, gradient_norms_within_clip=True),
      "learning_rate must be <= 1/(M+m) (the update is a gradient step: clipping never active, or the scalar-GLM route) = 1 for kong-ribero-cyclic"),
-    ("kong-ribero-cyclic", dict(BASE, learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
+    ("kong-ribero-cyclic", pipeline(learning_rate=0.1, smoothness=1.0, relation="add_or_remove_one"),
      "relation must be replace_one for kong-ribero-cyclic"),
-    ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0), "diameter (D) must be declared"),
-    ("kong-ribero-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+    ("kong-ribero-bounded", pipeline(learning_rate=0.1, smoothness=1.0), "diameter (D) must be declared"),
+    ("kong-ribero-bounded", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch"),
-    ("kong-ribero-curvature-free", dict(BASE, sampling="poisson"), "Found poisson."),
-    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0), "Found cyclic."),
-    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="random_batch",
-                               weak_convexity=0.1), "the losses must be convex"),
-    ("altschuler-talwar", dict(BASE, learning_rate=2.5, smoothness=1.0, diameter=1.0, sampling="random_batch"),
+    ("kong-ribero-curvature-free", pipeline(sampling="poisson"), "Found poisson."),
+    ("altschuler-talwar", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0), "Found cyclic."),
+    ("altschuler-talwar", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="random_batch",
+                                   weak_convexity=0.1), "the losses must be convex"),
+    ("altschuler-talwar", pipeline(learning_rate=2.5, smoothness=1.0, diameter=1.0, sampling="random_batch"),
      "learning_rate must be <= 2/M"),
-    ("altschuler-talwar", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+    ("altschuler-talwar", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "learning_rate must be <= 2b/(nM) (poisson: a batch can hold all n examples) = 0.02 for altschuler-talwar"),
-    ("liang-bounded", dict(BASE, learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
+    ("liang-bounded", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "relation must be add_or_remove_one for liang-bounded"),
-    ("liang-unbounded", dict(BASE, sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip must be True"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),
-    ("ye-shokri-cyclic", dict(STRONGLY_CONVEX, sampling="cyclic", batch_size=1000), "ceil(dataset_size / batch_size) must be >= 2"),
-    ("ye-shokri-shuffle", dict(STRONGLY_CONVEX, sampling="cyclic"), "sampling must be one of shuffle_once"),
-    ("ye-shokri-random", dict(STRONGLY_CONVEX, sampling="poisson"), "sampling must be one of random_batch"),
-    ("ye-shokri-convex", dict(STRONGLY_CONVEX, sampling="cyclic", learning_rate=2.0, strong_convexity=0.0),
+    ("liang-unbounded", pipeline(sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
+    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip must be True"),
+    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
+    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),
+    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", batch_size=1000), "ceil(dataset_size / batch_size) must be >= 2"),
+    ("ye-shokri-shuffle", strongly_convex(sampling="cyclic"), "sampling must be one of shuffle_once"),
+    ("ye-shokri-random", strongly_convex(sampling="poisson"), "sampling must be one of random_batch"),
+    ("ye-shokri-convex", strongly_convex(sampling="cyclic", learning_rate=2.0, strong_convexity=0.0),
      "learning_rate must be < 2/M"),
-    ("ye-shokri-convex", dict(STRONGLY_CONVEX, sampling="cyclic", weak_convexity=0.2, strong_convexity=0.0),
+    ("ye-shokri-convex", strongly_convex(sampling="cyclic", weak_convexity=0.2, strong_convexity=0.0),
      "the losses must be convex"),
-    ("ye-shokri-full-batch", dict(STRONGLY_CONVEX, sampling="cyclic"), "batch_size must equal dataset_size"),
-    ("ye-shokri-full-batch", dict(STRONGLY_CONVEX, sampling="cyclic", batch_size=1000, learning_rate=1.0),
+    ("ye-shokri-full-batch", strongly_convex(sampling="cyclic"), "batch_size must equal dataset_size"),
+    ("ye-shokri-full-batch", strongly_convex(sampling="cyclic", batch_size=1000, learning_rate=1.0),
      "learning_rate must be < 1/M"),
-    ("composition", dict(BASE, relation="add_or_remove_one"), "relation must be replace_one for composition"),
-    ("composition", dict(BASE, sampling="poisson"), "relation must be add_or_remove_one for composition"),
-    ("best", dict(BASE, relation="add_or_remove_one"), "no proven bound applies to sampling=cyclic"),
+    ("composition", pipeline(relation="add_or_remove_one"), "relation must be replace_one for composition"),
+    ("composition", pipeline(sampling="poisson"), "relation must be add_or_remove_one for composition"),
+    ("best", pipeline(relation="add_or_remove_one"), "no proven bound applies to sampling=cyclic"),
 ]  # fmt: skip
 
 
@@ -144,7 +133,7 @@ def test_not_applicable_is_a_value_error():
 
 
 def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
-    table = lp.applicable_bounds(**{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
+    table = lp.applicable_bounds(**strongly_convex(sampling="shuffle_once"))
     assert set(table) == set(lp.BOUND_IDS)
     applies = {b for b, a in table.items() if a.applies}
     assert applies == {
@@ -164,12 +153,12 @@ def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
 
 
 def test_applicable_bounds_does_not_need_the_noise_multiplier():
-    params = {k: v for k, v in BASE.items() if k != "noise_multiplier"}
+    params = {k: v for k, v in pipeline().items() if k != "noise_multiplier"}
     assert lp.applicable_bounds(**params)["composition"].applies
 
 
 def test_best_is_the_per_order_minimum_of_the_applicable_bounds():
-    params = {**STRONGLY_CONVEX, "sampling": "shuffle_once"}
+    params = strongly_convex(sampling="shuffle_once")
     orders = np.array([1.5, 2.0, 8.0, 64.0])
     table = lp.applicable_bounds(**params)
     curves = [lp.rdp(b, orders, **params) for b, a in table.items() if a.applies and b != "best"]
@@ -178,8 +167,8 @@ def test_best_is_the_per_order_minimum_of_the_applicable_bounds():
 
 def test_best_never_mixes_relations():
     """Under add_or_remove_one with Poisson, best may only use add_or_remove_one bounds."""
-    params = dict(
-        BASE, sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0
+    params = pipeline(
+        sampling="poisson", relation="add_or_remove_one", learning_rate=0.01, smoothness=1.0, diameter=1.0
     )
     result = lp.epsilon("best", 1e-5, **params)
     assert registry.BOUNDS[result.winner].relation_for(lp.Sampling.POISSON) is lp.Relation.ADD_OR_REMOVE_ONE
@@ -190,8 +179,8 @@ def test_best_never_mixes_relations():
     assert result.winner in ("liang-bounded", "liang-unbounded", "composition")
 
 
-AT_PARAMS = dict(
-    BASE, sampling="random_batch", learning_rate=0.5, smoothness=1.0, diameter=0.5, gradient_norms_within_clip=True
+AT_PARAMS = pipeline(
+    sampling="random_batch", learning_rate=0.5, smoothness=1.0, diameter=0.5, gradient_norms_within_clip=True
 )
 
 
@@ -208,7 +197,7 @@ def test_unproven_bound_never_enters_best_and_is_computed_only_by_name():
 
 
 def test_epsilon_result_is_labelled():
-    result = lp.epsilon("best", 1e-5, **{**STRONGLY_CONVEX, "sampling": "shuffle_once"})
+    result = lp.epsilon("best", 1e-5, **strongly_convex(sampling="shuffle_once"))
     assert result.winner == "shifted-interpolation-shuffle"
     assert result.kind is lp.Kind.GDP and result.order is None
     assert result.protects == "the final model only"
@@ -218,7 +207,7 @@ def test_epsilon_result_is_labelled():
     d = result.to_dict()
     assert d["relation"] == "replace_one" and d["epsilon"] == result.epsilon
     assert d["proof"] == "proven" and d["kind"] == "gdp" and d["order"] is None
-    comp = lp.epsilon("composition", 1e-5, **BASE)
+    comp = lp.epsilon("composition", 1e-5, **pipeline())
     assert comp.protects == "every iterate"
     # an unproven bound is computed when asked for by name, and says so everywhere it is shown
     at = lp.epsilon("altschuler-talwar", 1e-5, **AT_PARAMS)
@@ -230,7 +219,7 @@ def test_epsilon_matches_dp_accounting_conversion():
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     orders = lp.DEFAULT_ORDERS
-    params = {**STRONGLY_CONVEX, "sampling": "cyclic"}
+    params = strongly_convex(sampling="cyclic")
     curve = lp.rdp("ye-shokri-cyclic", orders, **params)
     result = lp.epsilon("ye-shokri-cyclic", 1e-6, **params)
     # lossless: never above the grid optimum, and exactly dp-accounting's conversion at the order returned
@@ -241,7 +230,7 @@ def test_epsilon_matches_dp_accounting_conversion():
 
 def test_orders_are_copied_and_default_grid_is_read_only():
     orders = np.array([2.0, 4.0])
-    lp.rdp("composition", orders, **BASE)
+    lp.rdp("composition", orders, **pipeline())
     assert orders.tolist() == [2.0, 4.0]
     with pytest.raises(ValueError):
         lp.DEFAULT_ORDERS[0] = 5.0
@@ -251,14 +240,14 @@ def test_orders_are_copied_and_default_grid_is_read_only():
 
 def test_warns_when_optimum_is_at_the_grid_edge():
     with pytest.warns(lp.OrderGridWarning, match="edge of the order grid"):
-        lp.epsilon("composition", 1e-5, orders=[2.0, 3.0], **BASE)
+        lp.epsilon("composition", 1e-5, orders=[2.0, 3.0], **pipeline())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        lp.epsilon("composition", 1e-5, **BASE)
+        lp.epsilon("composition", 1e-5, **pipeline())
 
 
 def test_typed_config_objects_round_trip_and_are_frozen():
-    config, assumptions = lp.build(**{**STRONGLY_CONVEX, "sampling": "cyclic"})
+    config, assumptions = lp.build(**strongly_convex(sampling="cyclic"))
     assert config.steps_per_epoch == 100 and config.full_epochs == 20 and config.epochs_started == 20
     assert config.sampling is lp.Sampling.CYCLIC and config.relation is lp.Relation.REPLACE_ONE
     with pytest.raises(AttributeError):
@@ -266,7 +255,7 @@ def test_typed_config_objects_round_trip_and_are_frozen():
     with pytest.raises(ValueError):
         config.replace(steps=0)
     assert lp.compute_epsilon("ye-shokri-cyclic", config, assumptions, 1e-5).epsilon == pytest.approx(
-        lp.epsilon("ye-shokri-cyclic", 1e-5, **{**STRONGLY_CONVEX, "sampling": "cyclic"})[0]
+        lp.epsilon("ye-shokri-cyclic", 1e-5, **strongly_convex(sampling="cyclic"))[0]
     )
     assert lp.Relation.parse("ADD-OR-REMOVE-ONE") is lp.Relation.ADD_OR_REMOVE_ONE
 
@@ -278,7 +267,7 @@ def test_relation_accepts_dp_accounting_enum():
 
 
 def test_calibrate_noise_reaches_target_and_refuses_impossible_targets():
-    params = {**STRONGLY_CONVEX, "sampling": "shuffle_once"}
+    params = strongly_convex(sampling="shuffle_once")
     params.pop("noise_multiplier")
     z = lp.calibrate_noise("best", 2.0, 1e-5, **params)
     assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params)[0] <= 2.0
@@ -295,7 +284,7 @@ def test_no_finite_epsilon_is_ever_returned_for_a_violated_precondition():
     """Every (bound, sampling) pair that is not covered raises; none returns a number."""
     for bound in lp.BOUNDS:
         for sampling in lp.Sampling:
-            params = dict(BASE, sampling=sampling.value, learning_rate=0.1, smoothness=1.0, diameter=1.0)
+            params = pipeline(sampling=sampling.value, learning_rate=0.1, smoothness=1.0, diameter=1.0)
             app = lp.applicable_bounds(**params)[bound]
             if app.applies:
                 assert math.isfinite(lp.epsilon(bound, 1e-5, **params)[0])

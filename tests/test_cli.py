@@ -8,16 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli_flags, strongly_convex
 
 import lastiter_plugins as lp
 from lastiter_plugins.cli import main
 
-PARAMS = [
-    "--dataset-size", "1000", "--batch-size", "10", "--noise-multiplier", "1.0", "--learning-rate", "0.1",
-    "--steps", "2000", "--smoothness", "1.0", "--strong-convexity", "0.1", "--gradient-norms-within-clip", "--sampling", "shuffle_once",
-]  # fmt: skip
-KWARGS = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, learning_rate=0.1, steps=2000, smoothness=1.0,
-              strong_convexity=0.1, gradient_norms_within_clip=True, sampling="shuffle_once")  # fmt: skip
+KWARGS = strongly_convex(sampling="shuffle_once")
+PARAMS = cli_flags(KWARGS)
 
 
 def run(capsys, *argv):

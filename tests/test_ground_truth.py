@@ -114,12 +114,33 @@ def test_g2_means_match_a_direct_simulation_of_the_linear_dynamics():
     np.testing.assert_allclose(worst.lower, ORDERS * (2 * shifts.max()) ** 2 / (2 * variance), rtol=1e-11)
 
 
-def test_g2_tight_case_ye_shokri_convex_at_full_batch():
-    """b = n, lam -> 0 would make ye-shokri-convex exact; at full batch G1 is exactly tight."""
+def test_g1_tight_case_ye_shokri_convex_at_full_batch():
+    """G1 (linear losses) at full batch: ye-shokri-convex is attained, bound == exact divergence."""
     params = g1_params(dataset_size=4, batch_size=4, noise_multiplier=1.1, steps=9, sampling="cyclic")
     exact = g1_divergence(ORDERS, params)
     bound = lp.rdp("ye-shokri-convex", ORDERS, **params)
     np.testing.assert_allclose(bound, exact.lower, rtol=1e-9)  # equality: the bound is attained
+
+
+@pytest.mark.parametrize(
+    ("n", "lam", "learning_rate", "z", "steps"),
+    [(4, 0.5, 1.0, 1.1, 9), (7, 0.1, 2.0, 0.7, 25), (3, 1.0, 0.3, 2.5, 1), (5, 0.02, 10.0, 1.0, 40)],
+    ids=["rho-0.5", "rho-0.8", "one-step", "rho-0.8-long"],
+)
+def test_g2_tight_case_shifted_interpolation_full_batch(n, lam, learning_rate, z, steps):
+    """G2 (strongly convex quadratics) at full batch, b = n: the last iterates are N(+-m, V) and the
+    shifted-interpolation bound is exactly their divergence, alpha (2m)^2 / (2V) (Bok, Su & Altschuler's
+    NoisyGD bound is tight for strongly convex full-batch descent)."""
+    params = g2_params(strong_convexity=lam, dataset_size=n, batch_size=n, noise_multiplier=z,
+                       learning_rate=learning_rate, steps=steps, sampling="cyclic")  # fmt: skip
+    exact = g2_divergence(ORDERS, params)
+    np.testing.assert_allclose(exact.lower, exact.upper, rtol=1e-11)  # two Gaussians: a closed form
+    bound = lp.rdp("shifted-interpolation-full-batch", ORDERS, **params)
+    assert np.all(bound >= exact.lower * (1 - 1e-12)), (bound, exact.lower)
+    np.testing.assert_allclose(bound, exact.lower, rtol=1e-9)  # equality: the bound is attained
+    # ... and the Renyi bound of the same run is not: ye-shokri-full-batch is sound, strictly above
+    if learning_rate * lam < 1.0:  # its eta < 1/M condition (M = lam)
+        assert np.all(lp.rdp("ye-shokri-full-batch", ORDERS, **params) > exact.upper)
 
 
 # ------------------------------------------------------------------ randomized soundness

@@ -1,14 +1,17 @@
 """Robustness of the public API and the CLI under invalid input (hypothesis).
 
 Contract: every invalid input raises ValueError (NotApplicableError and
-CalibrationError are subclasses) or, on the command line, exits with status 2
-and ONE line on stderr; never another exception type, a NaN, a negative
-epsilon, or a finite epsilon for a violated precondition.
+CalibrationError are subclasses) naming the parameter or, on the command line,
+exits with status 2 and ONE line on stderr; never another exception type, a NaN,
+a negative epsilon, or a finite epsilon for a violated precondition. A value that
+is valid after all (None for an optional parameter, -0.0 for a lower bound of 0,
+a boolean for a flag) gives exactly what the API gives for the same pipeline
+spelled canonically. Extreme but valid values: tests/test_numerics.py.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib.util
 import math
 import subprocess
@@ -17,6 +20,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import cli_flags, pipeline, strongly_convex
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +29,8 @@ import lastiter_plugins as lp
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 BOUNDS = list(lp.BOUND_IDS)
 SAMPLINGS = [s.value for s in lp.Sampling]
-VALID = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, learning_rate=0.1, steps=300, smoothness=1.0,
-             strong_convexity=0.1, gradient_norms_within_clip=True, diameter=1.0, sampling="shuffle_once")  # fmt: skip
+VALID = strongly_convex(steps=300, diameter=1.0, sampling="shuffle_once")
+ORDERS = [2.0, 8.0]
 
 BAD_NUMBERS = st.one_of(
     st.floats(max_value=0.0, allow_nan=False),
@@ -36,53 +40,100 @@ BAD_NUMBERS = st.one_of(
 )
 
 
-def _outcome_is_valid(call):
-    """Run ``call``; it must raise a ValueError or return sane numbers."""
+# What each parameter accepts (an oracle written from the README, independent of config.py):
+# "count" an integer >= 1; "positive" a finite number > 0; "nonnegative" a finite number >= 0;
+# "flag" True or False; "choice" one of the listed names. OPTIONAL parameters may be None
+# (not declared / the default); REQUIRED ones may not.
+KINDS = {
+    "dataset_size": "count",
+    "batch_size": "count",
+    "steps": "count",
+    "noise_multiplier": "positive",
+    "learning_rate": "positive",
+    "clip_norm": "positive",
+    "diameter": "positive",
+    "smoothness": "nonnegative",
+    "weak_convexity": "nonnegative",
+    "strong_convexity": "nonnegative",
+    "gradient_norms_within_clip": "flag",
+    "sampling": "choice",
+    "relation": "choice",
+}
+OPTIONAL = {"learning_rate", "clip_norm", "diameter", "smoothness", "relation"}
+
+
+def _accepted(key, value):
+    """(accepted, canonical value): whether ``key=value`` is a valid value on its own, by KINDS."""
+    if value is None:
+        return key in OPTIONAL, None
+    kind = KINDS[key]
+    if kind == "flag":
+        return isinstance(value, bool), value
+    if kind == "choice":
+        return False, None  # BAD_NUMBERS never holds a sampling scheme or relation name
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False, None
+    if kind == "count":
+        return value >= 1 and int(value) == value, int(value)
+    if kind == "positive":
+        return value > 0, float(value)
+    return value >= 0, float(value) + 0.0  # -0.0 + 0.0 == 0.0
+
+
+def _canonical(params):
+    """The same pipeline with None meaning "not given" (the README's default)."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _quiet(call):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            value = call()
-        except ValueError:
-            return None
-    values = np.atleast_1d(np.asarray(value.epsilon if isinstance(value, lp.EpsilonResult) else value, dtype=float))
-    assert not np.isnan(values).any(), value
-    assert (values >= 0).all(), value
-    return value
+        warnings.simplefilter("ignore", lp.OrderGridWarning)
+        return call()
+
+
+def _outcome(call, params):
+    """("value", v), ("not applicable", message) or ("invalid", message) of ``call(params)``."""
+    try:
+        return "value", _quiet(lambda: call(params))
+    except lp.NotApplicableError as exc:
+        return "not applicable", str(exc)
+    except ValueError as exc:
+        return "invalid", str(exc)
+
+
+CALLS = {
+    "rdp": lambda bound, p: lp.rdp(bound, ORDERS, **p).tolist(),
+    "epsilon": lambda bound, p: [lp.epsilon(bound, 1e-5, **p).epsilon],
+    "applicable_bounds": lambda bound, p: {b: e.applies for b, e in lp.applicable_bounds(**p).items()},
+}
 
 
 # ------------------------------------------------------------------ API: invalid values
 
 
-@SETTINGS
-@given(
-    key=st.sampled_from(
-        [
-            "dataset_size",
-            "batch_size",
-            "noise_multiplier",
-            "learning_rate",
-            "steps",
-            "clip_norm",
-            "smoothness",
-            "weak_convexity",
-            "strong_convexity",
-            "diameter",
-            "gradient_norms_within_clip",
-            "sampling",
-            "relation",
-        ]
-    ),
-    value=BAD_NUMBERS,
-    bound=st.sampled_from(BOUNDS),
-)
-def test_invalid_parameter_values_raise_value_error(key, value, bound):
+@pytest.mark.parametrize("key", sorted(KINDS))
+@settings(max_examples=25, deadline=None)
+@given(value=BAD_NUMBERS, bound=st.sampled_from(BOUNDS))
+def test_invalid_parameter_values_raise_value_error_naming_the_parameter(key, value, bound):
+    """A value that is invalid (by KINDS, or with the rest of VALID: smoothness below strong_convexity)
+    raises a plain ValueError naming the parameter from rdp, epsilon and applicable_bounds; a valid one
+    gives exactly the canonical pipeline's outcome: the same refusal, or the same numbers, >= 0 and finite."""
     params = {**VALID, key: value}
-    _outcome_is_valid(lambda: lp.rdp(bound, [2.0, 8.0], **params))
-    _outcome_is_valid(lambda: lp.epsilon(bound, 1e-5, **params))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with contextlib.suppress(ValueError):
-            lp.applicable_bounds(**params)
+    accepted, canonical_value = _accepted(key, value)
+    if key == "smoothness" and accepted and canonical_value is not None:
+        accepted = canonical_value >= VALID["strong_convexity"]  # strong_convexity must be <= smoothness
+    canonical = _canonical({**VALID, key: canonical_value})
+    for name, call in CALLS.items():
+        kind, got = _outcome(functools.partial(call, bound), params)
+        if not accepted:
+            assert kind == "invalid", (name, key, value, kind, got)
+            assert key in got, (name, key, value, got)
+            continue
+        expected = _outcome(functools.partial(call, bound), canonical)
+        assert expected[0] != "invalid", (name, canonical, expected)
+        assert (kind, got) == expected, (name, key, value)
+        if kind == "value" and name != "applicable_bounds":
+            assert all(math.isfinite(v) and v >= 0 for v in got), (name, key, value, got)
 
 
 @SETTINGS
@@ -170,8 +221,10 @@ def test_a_bound_that_does_not_apply_never_returns_a_number(params, bound):
         else:
             values = lp.rdp(bound, [1.5, 2.0, 8.0, 64.0], **params)
             assert not np.isnan(values).any() and (values >= 0).all(), values
-            eps, order = lp.epsilon(bound, 1e-5, **params)
-            assert not math.isnan(eps) and eps >= 0 and order > 1
+            result = lp.epsilon(bound, 1e-5, **params)
+            assert not math.isnan(result.epsilon) and result.epsilon >= 0, result
+            # a privacy profile converts exactly (no order); an RDP curve at an order > 1
+            assert result.order is None if result.kind is lp.Kind.GDP else result.order > 1, result
 
 
 def _violations(p):
@@ -239,8 +292,7 @@ def test_calibration_of_an_inapplicable_bound_is_refused():
 HAS_CLI = importlib.util.find_spec("lastiter_plugins.cli") is not None
 needs_cli = pytest.mark.skipif(not HAS_CLI, reason="lastiter_plugins.cli not written yet")
 
-CLI_VALID = ["--dataset-size", "1000", "--batch-size", "10", "--noise-multiplier", "1.0", "--learning-rate", "0.1",
-             "--steps", "300", "--smoothness", "1.0", "--sampling", "shuffle_once"]  # fmt: skip
+CLI_VALID = cli_flags(pipeline(steps=300, learning_rate=0.1, smoothness=1.0, sampling="shuffle_once"))
 CLI_FLAGS = ["--dataset-size", "--batch-size", "--noise-multiplier", "--learning-rate", "--steps", "--smoothness",
              "--clip-norm", "--weak-convexity", "--strong-convexity", "--diameter", "--sampling", "--relation"]  # fmt: skip
 BAD_TEXT = st.one_of(
