@@ -1,10 +1,16 @@
-"""G3 (projected 1-D random walk) correctness, its certified grid error, and a
-fast subset of the soundness fuzzing (the full run is marked slow).
+"""G3 (projected 1-D random walk) correctness, its certified grid error, the
+certified privacy profiles (hockey-stick divergences) of G1/G2/G3, a fast subset
+of the soundness fuzzing (the full run is marked slow), and the layering of the
+verification package (public API and math modules only).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +18,16 @@ from scipy import integrate, special
 
 import lastiter_plugins as lp
 from lastiter_plugins.verification import fuzz
-from lastiter_plugins.verification.exact import g1_divergence, g1_params, g3_divergence, g3_error_terms, g3_params
+from lastiter_plugins.verification.exact import (
+    Instance,
+    g1_divergence,
+    g1_params,
+    g2_params,
+    g3_divergence,
+    g3_error_terms,
+    g3_params,
+    gaussian_mixture_hockey_stick,
+)
 
 ORDERS = np.array([2.0, 4.0, 8.0])
 SMALL = {"max_nodes": 400, "fine_cells": 4000, "tolerance": 1e-3}
@@ -53,6 +68,17 @@ def _renyi(alpha, laws_p, laws_q, half):
         lambda y: p(y) ** alpha * q(y) ** (1 - alpha), -half, half, epsabs=0, epsrel=1e-12, limit=200
     )
     return math.log(inner + pl**alpha * ql ** (1 - alpha) + pr**alpha * qr ** (1 - alpha)) / (alpha - 1)
+
+
+HS_EPS = np.array([0.0, 0.3, 1.0])
+
+
+def _hockey(eps, laws_p, laws_q, half):
+    """sup_A P(A) - e^eps Q(A) by quadrature: the density part plus the two atoms."""
+    (p, pl, pr), (q, ql, qr) = laws_p, laws_q
+    scale = math.exp(eps)
+    inner, _ = integrate.quad(lambda y: max(p(y) - scale * q(y), 0.0), -half, half, epsabs=1e-13, limit=400)
+    return inner + max(pl - scale * ql, 0.0) + max(pr - scale * qr, 0.0)
 
 
 def _mix(laws, weights):
@@ -103,6 +129,13 @@ def test_two_steps_match_an_independent_computation(n, b, sampling, x0):
         truth = max(_renyi(alpha, p_law, q_law, half), _renyi(alpha, q_law, p_law, half))
         assert exact.lower[i] <= truth <= exact.upper[i], (alpha, exact.lower[i], truth, exact.upper[i])
     assert grid.relative_error < 1e-3
+    # the certified privacy profile of the same laws contains the quadrature's hockey-stick divergence
+    with_profile, _ = g3_divergence(ORDERS, params, x0=x0, position=position, hockey_stick=True, **SMALL)
+    lower, upper = with_profile.hockey_stick.delta(HS_EPS)
+    for i, eps in enumerate(HS_EPS):
+        truth = max(_hockey(eps, p_law, q_law, half), _hockey(eps, q_law, p_law, half))
+        assert lower[i] <= truth <= upper[i], (eps, lower[i], truth, upper[i])
+        assert upper[i] - lower[i] <= 0.05 * truth + 1e-9  # coarse test grid: still catches a 5% optimistic profile
 
 
 def test_one_step_without_reachable_boundary_is_the_gaussian_closed_form():
@@ -159,13 +192,23 @@ def test_grid_error_is_far_below_the_soundness_margins():
     print("\n".join(f"{b}: certified width {w:.2e}, smallest margin {m:.3g}" for b, w, m in rows))
 
 
+def test_fuzz_targets_every_bound_of_the_table():
+    assert set(fuzz.TARGETS) == set(lp.BOUNDS)
+
+
 def test_fuzz_subset_fast():
-    """A fixed-seed subset of the soundness fuzzing: every bound checked >= 4 times."""
+    """A fixed-seed subset of the soundness fuzzing: every bound checked >= 4 times,
+    every f-DP bound's profile against the exact hockey-stick divergence too."""
     report = fuzz.fuzz(checks_per_bound=4, seed=7, orders=np.array([2.0, 4.0, 16.0]))
     print("\n" + report.summary())
     assert not report.violations, report.summary()
     assert set(report.checks) >= set(fuzz.TARGETS)
     assert all(report.checks[b] >= 4 for b in fuzz.TARGETS)
+    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind is lp.Kind.GDP]
+    assert gdp and all(report.bounds[b].hockey_stick_checks >= 4 for b in gdp)
+    record = report.to_dict()
+    unproven = {bid for bid, spec in lp.BOUNDS.items() if not spec.proof.proven}
+    assert set(record["unproven"]) == unproven and not unproven & set(record["proven"])
 
 
 @pytest.mark.slow
@@ -175,6 +218,8 @@ def test_fuzz_full():
     print("\n" + report.summary())
     assert not report.violations, report.summary()
     assert all(report.checks[b] >= 1000 for b in fuzz.TARGETS)
+    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind is lp.Kind.GDP]
+    assert all(report.bounds[b].hockey_stick_checks >= 1000 for b in gdp)
 
 
 def test_tightness_report_renders_and_flags_nothing_on_a_small_grid(tmp_path):
@@ -194,3 +239,102 @@ def test_tightness_report_renders_and_flags_nothing_on_a_small_grid(tmp_path):
     assert "| 5 | ye-shokri-convex |" in text and "Soundness violations in this grid: 0." in text
     tightness.plot(rows, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ privacy profiles (hockey-stick divergence)
+
+
+def _gaussian_delta(mu, eps):
+    """Closed form of mu-GDP (Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 2.13), where it does not cancel."""
+    return special.ndtr(-eps / mu + mu / 2) - math.exp(eps) * special.ndtr(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize(("mu", "eps"), [(0.3, 0.1), (1.0, 1.0), (2.0, 3.0), (5.0, 10.0), (0.5, 2.0)])
+def test_gaussian_hockey_stick_contains_the_closed_form(mu, eps):
+    profile = gaussian_mixture_hockey_stick([1.0], [mu / 2], [1.0], [-mu / 2], 1.0)
+    (lower,), (upper,) = profile.delta([eps])
+    exact = _gaussian_delta(mu, eps)
+    assert lower <= exact <= upper
+    assert lower >= exact * (1 - 1e-4)  # a profile 1e-4 below the truth would be caught
+    assert upper <= exact * 1.02
+    eps_low, eps_up = profile.epsilon(exact)
+    assert eps_low <= eps <= eps_up and eps_up - eps_low < 0.01 * eps + 1e-6
+
+
+def test_mixture_hockey_stick_contains_an_independent_integral():
+    w, p_means, q_means, std = np.array([0.2, 0.5, 0.3]), np.array([0.0, 0.4, 1.5]), np.array([0.1, -0.6, -1.0]), 0.7
+    profile = gaussian_mixture_hockey_stick(w, p_means, w, q_means, std**2)
+
+    def density(x, means):
+        return float(np.sum(w * np.exp(-0.5 * ((x - means) / std) ** 2)) / (std * math.sqrt(2 * math.pi)))
+
+    for eps in (0.0, 0.5, 2.0):
+        lower, upper = profile.delta([eps])
+        truth = 0.0
+        for a, b in ((p_means, q_means), (q_means, p_means)):
+            value, _ = integrate.quad(
+                lambda x, a=a, b=b, e=eps: max(density(x, a) - math.exp(e) * density(x, b), 0.0),
+                -15, 15, epsabs=1e-14, limit=500, points=[-1.0, 0.0, 1.0],
+            )  # fmt: skip
+            truth = max(truth, value)
+        assert lower[0] <= truth <= upper[0], (eps, lower, truth, upper)
+
+
+def test_a_slightly_optimistic_profile_is_caught():
+    """shifted-interpolation-full-batch is exact on G1 with b = n; a profile 0.1% below it must fail the check."""
+    instance = Instance("G1", g1_params(dataset_size=4, batch_size=4, noise_multiplier=1.3, steps=9, sampling="cyclic"))
+    checks = {c.bound: c for c in fuzz.check_instance(instance)}
+    honest = checks["shifted-interpolation-full-batch"]
+    assert not honest.failed and honest.delta_ratios.min() < 1 + 1e-4  # attained
+    deflated = dataclasses.replace(honest, bound_delta=honest.bound_delta * (1 - 1e-3))
+    assert deflated.failed and deflated.delta_violations.size
+
+
+def test_g2_cyclic_profile_of_the_worst_position_is_below_the_bound():
+    params = g2_params(strong_convexity=0.3, dataset_size=12, batch_size=4, noise_multiplier=1.0, learning_rate=2.0,
+                       steps=7, sampling="cyclic")  # fmt: skip
+    exact = Instance("G2", params).exact(np.array([2.0]), hockey_stick=True)
+    config, assumptions = lp.build(**params)
+    profile = lp.BOUNDS["shifted-interpolation-cyclic"].profile(config, assumptions)
+    for eps in (0.0, 0.5, 2.0):
+        lower, _ = exact.hockey_stick.delta([eps])
+        assert profile.delta(eps) >= lower[0]
+
+
+def test_fuzz_command_writes_a_record_per_bound(tmp_path):
+    out = tmp_path / "fuzz.json"
+    code = fuzz.main(["--checks-per-bound", "3", "--seed", "3", "--bound", "shifted-interpolation-shuffle",
+                      "--bound", "altschuler-talwar", "--json", str(out)])  # fmt: skip
+    record = json.loads(out.read_text())
+    assert code == 0 and record["seed"] == 3
+    assert record["proven"]["shifted-interpolation-shuffle"]["hockey_stick_checks"] >= 3
+    assert record["unproven"]["altschuler-talwar"]["checks"] >= 3
+    assert record["violations_of_proven_bounds"] == []
+
+
+# ------------------------------------------------------------------ layering
+
+_ALLOWED = ("lastiter_plugins.bounds", "lastiter_plugins.profiles", "lastiter_plugins.verification")
+
+
+def test_verification_imports_only_the_public_api_and_the_math_modules():
+    """lastiter_plugins.verification uses `import lastiter_plugins as lp` (the public API), the math
+    modules (bounds, profiles) and itself: no adapters, no registry, evaluation, compare or api
+    internals, and no host library (host comparisons live in benchmarks/)."""
+    folder = Path(lp.__file__).parent / "verification"
+    bad = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] if node.module != "lastiter_plugins" else []
+                if node.module == "lastiter_plugins":  # from lastiter_plugins import X: X must be public
+                    bad += [f"{path.name}: {a.name}" for a in node.names if a.name not in lp.__all__]
+            for name in names:
+                if name.startswith("lastiter_plugins") and name != "lastiter_plugins" and not name.startswith(_ALLOWED):
+                    bad.append(f"{path.name}: {name}")
+                if name.split(".")[0] in ("opacus", "tensorflow", "tensorflow_privacy", "torch", "dp_accounting"):
+                    bad.append(f"{path.name}: {name}")
+    assert not bad, bad

@@ -1,5 +1,5 @@
-r"""Exact Renyi divergences of the last iterate on instances with computable laws
-(BOUNDS.md section 6).
+r"""Exact Renyi divergences (and privacy profiles) of the last iterate on instances
+with computable laws: the ground truths G1, G2, G3 of docs/verification.md.
 
 Every bound of the library claims ``rdp(alpha) >= D_alpha(X_T || X'_T)`` for
 ALL instances meeting its assumptions. The three families below have laws we can
@@ -23,7 +23,7 @@ G2, strongly convex quadratics ``f_i(x) = lam/2 |x|^2 + <g_i, x>`` (M = lam, sam
   ``rho_t = 1 - eta lam |B_t| / b``. Mean shift ``(2 eta C / b) sum_{uses t}
   prod_{s>t} rho_s``, variance ``sigma_p^2 sum_t prod_{s>t} rho_s^2``.
 
-G3, the projected 1-D random walk (Altschuler & Talwar, seed 001, section 4):
+G3, the projected 1-D random walk (Altschuler & Talwar, arXiv 2205.13710, section 4):
   ``K = [-D/2, D/2]``, all losses 0 except the differing example, which is
   ``f(x) = C x`` in one dataset and ``-C x`` (replace-one) or absent
   (add-or-remove) in the other. The laws are propagated on a grid (Gaussian
@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-from lastiter_plugins.api import build
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+import lastiter_plugins as lp
+from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 
 _UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -77,12 +77,15 @@ class ExactDivergence:
       lower: rigorous lower bounds (what soundness tests compare bounds against).
       upper: rigorous upper bounds (``inf`` where not certified).
       detail: how it was computed (grid sizes, error terms).
+      hockey_stick: when asked for, the certified privacy profile of the same pair
+        of laws (:class:`HockeyStick`).
     """
 
     orders: np.ndarray
     lower: np.ndarray
     upper: np.ndarray
     detail: str = ""
+    hockey_stick: HockeyStick | None = None
 
     @property
     def estimate(self) -> np.ndarray:
@@ -269,13 +272,47 @@ def gaussian_mixture_renyi(
     return lower, upper
 
 
-def _mixture_divergence(
-    orders, p_weights, p_means, q_weights, q_means, variance, *, missing_mass=0.0, detail="", **kw
-) -> ExactDivergence:
-    lower, upper = gaussian_mixture_renyi(
-        orders, p_weights, p_means, q_weights, q_means, variance, missing_mass=missing_mass, **kw
-    )
-    return ExactDivergence(np.asarray(orders, float), lower, upper, detail)
+@dataclasses.dataclass(frozen=True)
+class GaussianLaws:
+    r"""The two last-iterate laws of a G1/G2 instance along the direction u:
+    :math:`P = \sum_j w_j \mathcal N(\mu_j, V)`, :math:`Q = \sum_k v_k \mathcal N(\nu_k, V)`.
+
+    ``missing_mass``: total weight of the components dropped from both (truncated
+    binomials); divergences and profiles computed from these laws then have a
+    rigorous lower end only.
+    """
+
+    p_weights: np.ndarray
+    p_means: np.ndarray
+    q_weights: np.ndarray
+    q_means: np.ndarray
+    variance: float
+    missing_mass: float = 0.0
+    detail: str = ""
+
+    def divergence(self, orders, **kw) -> ExactDivergence:
+        lower, upper = gaussian_mixture_renyi(
+            orders,
+            self.p_weights,
+            self.p_means,
+            self.q_weights,
+            self.q_means,
+            self.variance,
+            missing_mass=self.missing_mass,
+            **kw,
+        )
+        return ExactDivergence(np.asarray(orders, float), lower, upper, self.detail)
+
+    def hockey_stick(self, **kw) -> HockeyStick:
+        return gaussian_mixture_hockey_stick(
+            self.p_weights,
+            self.p_means,
+            self.q_weights,
+            self.q_means,
+            self.variance,
+            missing_mass=self.missing_mass,
+            **kw,
+        )
 
 
 def _binomial_weights(steps: int, q: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -289,7 +326,7 @@ def _binomial_weights(steps: int, q: float) -> tuple[np.ndarray, np.ndarray, flo
 
 
 def _params(params: Mapping[str, Any]) -> tuple[TrainingConfig, LossAssumptions]:
-    return build(**dict(params))
+    return lp.build(**dict(params))
 
 
 def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
@@ -297,6 +334,37 @@ def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
     sizes = np.full(cfg.steps_per_epoch, cfg.batch_size, dtype=float)
     sizes[-1] = cfg.dataset_size - (cfg.steps_per_epoch - 1) * cfg.batch_size
     return sizes
+
+
+def g1_laws(params: Mapping[str, Any], *, position: int | None = None) -> GaussianLaws:
+    r"""G1 (linear losses): the two laws of the last iterate (see :func:`g1_divergence`)."""
+    cfg, _ = _params(params)
+    lr = cfg.learning_rate if cfg.learning_rate is not None else 1.0
+    a = lr * cfg.clip_norm / cfg.batch_size
+    variance = cfg.steps * (lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size) ** 2
+    per_epoch, e, r = cfg.steps_per_epoch, cfg.full_epochs, cfg.steps % cfg.steps_per_epoch
+    missing = 0.0
+    if cfg.sampling is Sampling.CYCLIC:
+        j = 0 if position is None else int(position)
+        if not 0 <= j < per_epoch:
+            raise ValueError(f"position must be in [0, {per_epoch}). Found {position}.")
+        counts, weights = np.array([e + (1 if j < r else 0)], float), np.array([1.0])
+    elif cfg.sampling in (Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
+        p_more = r * cfg.batch_size / cfg.dataset_size
+        counts, weights = np.array([e, e + 1], float), np.array([1.0 - p_more, p_more])
+        keep = weights > 0
+        counts, weights = counts[keep], weights[keep]
+    else:
+        counts, weights, missing = _binomial_weights(cfg.steps, cfg.sampling_probability)
+    detail = f"G1 {cfg.sampling.value} {cfg.relation.value}: N in [{counts.min():g}, {counts.max():g}]"
+    if cfg.relation is Relation.REPLACE_ONE:
+        return GaussianLaws(weights, a * counts, weights, -a * counts, variance, missing, detail)
+    if cfg.sampling is not Sampling.POISSON:
+        raise ValueError(
+            "relation must be replace_one for G1 with sampling != poisson (removing an example changes the "
+            f"batches). Found {cfg.relation.value} with {cfg.sampling.value}."
+        )
+    return GaussianLaws(weights, a * counts, np.array([1.0]), np.array([0.0]), variance, missing, detail)
 
 
 def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = None, **kw) -> ExactDivergence:
@@ -317,46 +385,7 @@ def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = N
     POISSON: N ~ Binomial(T, b/n). Add-or-remove (POISSON only): one law is the
     mixture with shift ``a N``, the other ``N(0, V)``.
     """
-    cfg, _ = _params(params)
-    orders = np.asarray(orders, dtype=float)
-    lr = cfg.learning_rate if cfg.learning_rate is not None else 1.0
-    a = lr * cfg.clip_norm / cfg.batch_size
-    variance = cfg.steps * (lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size) ** 2
-    per_epoch, e, r = cfg.steps_per_epoch, cfg.full_epochs, cfg.steps % cfg.steps_per_epoch
-    missing = 0.0
-    if cfg.sampling is Sampling.CYCLIC:
-        j = 0 if position is None else int(position)
-        if not 0 <= j < per_epoch:
-            raise ValueError(f"position must be in [0, {per_epoch}). Found {position}.")
-        counts, weights = np.array([e + (1 if j < r else 0)], float), np.array([1.0])
-    elif cfg.sampling in (Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
-        p_more = r * cfg.batch_size / cfg.dataset_size
-        counts, weights = np.array([e, e + 1], float), np.array([1.0 - p_more, p_more])
-        keep = weights > 0
-        counts, weights = counts[keep], weights[keep]
-    else:
-        counts, weights, missing = _binomial_weights(cfg.steps, cfg.sampling_probability)
-    detail = f"G1 {cfg.sampling.value} {cfg.relation.value}: N in [{counts.min():g}, {counts.max():g}]"
-    if cfg.relation is Relation.REPLACE_ONE:
-        return _mixture_divergence(
-            orders, weights, a * counts, weights, -a * counts, variance, missing_mass=missing, detail=detail, **kw
-        )
-    if cfg.sampling is not Sampling.POISSON:
-        raise ValueError(
-            "relation must be replace_one for G1 with sampling != poisson (removing an example changes the "
-            f"batches). Found {cfg.relation.value} with {cfg.sampling.value}."
-        )
-    return _mixture_divergence(
-        orders,
-        weights,
-        a * counts,
-        np.array([1.0]),
-        np.array([0.0]),
-        variance,
-        missing_mass=missing,
-        detail=detail,
-        **kw,
-    )
+    return g1_laws(params, position=position).divergence(orders, **kw)
 
 
 def _g2_contractions(cfg: TrainingConfig, lam: float) -> np.ndarray:
@@ -382,19 +411,9 @@ def g2_position_shifts(params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
     return shifts, sigma_p**2 * float(np.sum(prods**2))
 
 
-def g2_divergence(
-    orders, params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12, **kw
-) -> ExactDivergence:
-    r"""G2 (strongly convex quadratics, lam = ``strong_convexity``, M = lam): exact divergence.
-
-    CYCLIC: ``alpha (2 m_j)^2 / (2 V)`` at batch index ``position`` (default:
-    the worst j). SHUFFLE_ONCE: the uniform mixture over the position of the
-    differing example (batch j with probability ``|B_j| / n``), by certified
-    quadrature. RANDOM_BATCH: exact enumeration of the ``2^T`` inclusion
-    patterns (only for ``T <= max_enumerated_steps``). Replace-one only.
-    """
+def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12) -> GaussianLaws:
+    r"""G2 (strongly convex quadratics): the two laws of the last iterate (see :func:`g2_divergence`)."""
     cfg, assumptions = _params(params)
-    orders = np.asarray(orders, dtype=float)
     if cfg.relation is not Relation.REPLACE_ONE:
         raise ValueError(f"relation must be replace_one for G2. Found {cfg.relation.value}.")
     if cfg.learning_rate is None or assumptions.strong_convexity <= 0:
@@ -404,13 +423,10 @@ def g2_divergence(
         if cfg.sampling is Sampling.CYCLIC:
             j = int(np.argmax(np.abs(shifts))) if position is None else int(position)
             m = shifts[j]
-            return _mixture_divergence(
-                orders, [1.0], [m], [1.0], [-m], variance, detail=f"G2 cyclic, position {j}", **kw
-            )
+            one = np.array([1.0])
+            return GaussianLaws(one, np.array([m]), one, np.array([-m]), variance, detail=f"G2 cyclic, position {j}")
         weights = _batch_sizes(cfg) / cfg.dataset_size
-        return _mixture_divergence(
-            orders, weights, shifts, weights, -shifts, variance, detail="G2 shuffle_once mixture", **kw
-        )
+        return GaussianLaws(weights, shifts, weights, -shifts, variance, detail="G2 shuffle_once mixture")
     if cfg.sampling is Sampling.RANDOM_BATCH:
         if cfg.steps > max_enumerated_steps:
             raise ValueError(
@@ -427,17 +443,184 @@ def g2_divergence(
         weights = np.exp(k * math.log(q) + (cfg.steps - k) * math.log1p(-q)) if q < 1 else (k == cfg.steps) * 1.0
         means = a * patterns @ prods
         keep = weights > 0
-        return _mixture_divergence(
-            orders,
-            weights[keep],
-            means[keep],
-            weights[keep],
-            -means[keep],
-            variance,
-            detail=f"G2 random_batch, {keep.sum()} inclusion patterns",
-            **kw,
-        )
+        detail = f"G2 random_batch, {keep.sum()} inclusion patterns"
+        return GaussianLaws(weights[keep], means[keep], weights[keep], -means[keep], variance, detail=detail)
     raise ValueError(f"sampling must be cyclic, shuffle_once or random_batch for G2. Found {cfg.sampling.value}.")
+
+
+def g2_divergence(
+    orders, params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12, **kw
+) -> ExactDivergence:
+    r"""G2 (strongly convex quadratics, lam = ``strong_convexity``, M = lam): exact divergence.
+
+    CYCLIC: ``alpha (2 m_j)^2 / (2 V)`` at batch index ``position`` (default:
+    the worst j). SHUFFLE_ONCE: the uniform mixture over the position of the
+    differing example (batch j with probability ``|B_j| / n``), by certified
+    quadrature. RANDOM_BATCH: exact enumeration of the ``2^T`` inclusion
+    patterns (only for ``T <= max_enumerated_steps``). Replace-one only.
+    """
+    laws = g2_laws(params, position=position, max_enumerated_steps=max_enumerated_steps)
+    return laws.divergence(orders, **kw)
+
+
+# ------------------------------------------------------------------ hockey-stick divergence (privacy profile)
+
+
+@dataclasses.dataclass(frozen=True)
+class HockeyStick:
+    r"""Certified bounds on the exact privacy profile of a pair of laws,
+    :math:`\delta(\varepsilon) = \max(H_\varepsilon(P\|Q), H_\varepsilon(Q\|P))`,
+    :math:`H_\varepsilon(P\|Q) = \sup_A P(A) - e^\varepsilon Q(A) = \int (p - e^\varepsilon q)_+`,
+    from cell masses that do not depend on epsilon (so any number of epsilons is cheap).
+
+    ``directions``: per direction (P||Q, and Q||P), the logs of a lower and an upper
+    bound on each cell's mass under the numerator law, the same under the
+    denominator law, and a bound on :math:`\sup_c \log(p/q)` (``inf``: none). Everything
+    is kept in log space, so that no cell mass underflows to 0 (a zero Q-mass would
+    make the lower end optimistic at large epsilon).
+
+    * lower end: :math:`\sum_c (P_c - e^\varepsilon Q_c)_+`, the value at the best union of
+      cells (a set A), with P at its lower and Q at its upper bound (data processing);
+    * upper end: :math:`\int_c (p - e^\varepsilon q)_+ \le \min(P_c, Q_c(\sup_c p/q - e^\varepsilon)_+)`,
+      summed over the cells (the cells cover the line; a cell without a ratio bound
+      contributes its P-mass).
+    """
+
+    directions: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    certified_upper: bool = True
+    missing_mass: float = 0.0
+    detail: str = ""
+
+    def _one(self, eps: float, k: int) -> tuple[float, float]:
+        lp_low, lp_up, _, lq_up, log_ratio_up = self.directions[k]
+        n = lp_low.size
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            # P_c - e^eps Q_c = P_c (1 - e^(eps + log Q_c - log P_c)) where positive
+            gap = eps + lq_up - lp_low
+            positive = gap < 0
+            terms = np.exp(lp_low[positive]) * -np.expm1(gap[positive])
+            lower = float(np.sum(terms)) * (1.0 - 4.0 * _UNIT_ROUNDOFF * math.log2(max(n, 2)))
+            if self.missing_mass > 0:  # the dropped components add at most e^eps * missing to e^eps Q(A)
+                lower -= math.exp(min(eps + math.log(self.missing_mass), 700.0))
+            # Q_c (R_c - e^eps)_+ = exp(log Q_c + L_c + log(1 - e^(eps - L_c))) for L_c > eps
+            over = np.minimum(eps - log_ratio_up, 0.0)
+            log_excess = np.where(log_ratio_up > eps, lq_up + log_ratio_up + np.log(-np.expm1(over)), -np.inf)
+            per_cell = np.where(np.isfinite(log_ratio_up), np.minimum(lp_up, log_excess), lp_up)
+            upper = float(np.sum(np.exp(per_cell))) * (1.0 + 4.0 * _UNIT_ROUNDOFF * math.log2(max(n, 2)))
+        upper += n * 5e-324  # cells whose bound underflowed to 0
+        upper += self.missing_mass  # (p + p_m - e^eps (q + q_m))_+ <= (p - e^eps q)_+ + p_m
+        return max(lower, 0.0), min(upper, 1.0)
+
+    def delta(self, eps) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) bounds on delta(eps) at each epsilon (upper is inf where not certified)."""
+        eps = np.atleast_1d(np.asarray(eps, dtype=float))
+        lower, upper = np.zeros(eps.shape), np.zeros(eps.shape)
+        for i, e in enumerate(eps):
+            for k in range(len(self.directions)):
+                lo, up = self._one(float(e), k)
+                lower[i], upper[i] = max(lower[i], lo), max(upper[i], up)
+        if not self.certified_upper:
+            upper[:] = np.inf
+        return lower, upper
+
+    def epsilon(self, delta: float) -> tuple[float, float]:
+        r"""Certified interval for the exact :math:`\varepsilon(\delta) = \inf\{\varepsilon \ge 0:
+        \delta(\varepsilon) \le \delta\}`: both profile bounds decrease in epsilon, so the
+        epsilon where the lower (upper) bound crosses delta is below (above) the truth.
+        Bisection to 1e-9 relative."""
+
+        def crossing(side: int) -> float:
+            def above(e: float) -> bool:
+                return self.delta(e)[side][0] > delta
+
+            if not above(0.0):
+                return 0.0
+            hi = 1.0
+            while above(hi):
+                hi *= 2.0
+                if hi > 1e7:
+                    return math.inf
+            lo = 0.0
+            while hi - lo > 1e-9 * hi:
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if above(mid) else (lo, mid)
+            return lo if side == 0 else hi
+
+        upper = crossing(1) if self.certified_upper else math.inf
+        return crossing(0), upper
+
+
+def gaussian_mixture_hockey_stick(
+    p_weights,
+    p_means,
+    q_weights,
+    q_means,
+    variance: float,
+    *,
+    missing_mass: float = 0.0,
+    cells: int = 20_000,
+    reach: float = 40.0,
+    both_directions: bool = True,
+) -> HockeyStick:
+    r"""Certified privacy profile of :math:`P = \sum_j w_j \mathcal N(\mu_j, V)` vs
+    :math:`Q = \sum_k v_k \mathcal N(\nu_k, V)` in 1-D (see :class:`HockeyStick`).
+
+    The window reaches ``reach`` standard deviations beyond the extreme means (the
+    mass outside it, below :math:`\Phi(-40) < 10^{-340}`, forms two cells of its own);
+    inside, ``cells`` equal cells with exact normal-CDF masses in log space (stable
+    differences; relative error at most :math:`r = 10^{-12} + 8u\,z_{\max}\sigma/h`, u the
+    unit roundoff, :math:`z_{\max}` the window's width in standard deviations). The
+    supremum of :math:`f = \log(p/q)` on a cell is at most the larger edge value plus
+    :math:`K h^2/8`, :math:`|f''| \le K = (\max\mu - \min\mu)^2/(4V^2)` (as in
+    :func:`gaussian_mixture_renyi`). ``missing_mass`` (weight dropped from both
+    mixtures): the lower end subtracts :math:`e^\varepsilon` times it, the upper end adds it.
+    """
+    pw, pm = np.asarray(p_weights, float), np.asarray(p_means, float)
+    qw, qm = np.asarray(q_weights, float), np.asarray(q_means, float)
+    std = math.sqrt(variance)
+    all_means = np.concatenate((pm, qm))
+    lo_mean, hi_mean = float(all_means.min()), float(all_means.max())
+    x_left, x_right = lo_mean - reach * std, hi_mean + reach * std
+    edges = np.linspace(x_left, x_right, cells + 1)
+    h = (x_right - x_left) / cells
+    log_rel = math.log1p(1e-12 + 8.0 * _UNIT_ROUNDOFF * (x_right - x_left) / h)
+    log_p = _mixture_log_cells(pw, pm, edges, std)
+    log_q = _mixture_log_cells(qw, qm, edges, std)
+    f_edges = _mixture_log_density(pw, pm, edges, std) - _mixture_log_density(qw, qm, edges, std)
+    curvature = (hi_mean - lo_mean) ** 2 / (4.0 * variance**2)
+    slack = curvature * h**2 / 8.0  # f <= the larger edge value + K h^2 / 8 on a cell (|f''| <= K)
+    sup_pq = np.maximum(f_edges[:-1], f_edges[1:]) + slack
+    sup_qp = -np.minimum(f_edges[:-1], f_edges[1:]) + slack
+    no_bound = np.array([np.inf])  # the two tail cells: no ratio bound (they contribute their mass)
+    log_ratio_pq = np.concatenate((no_bound, sup_pq + 1e-9 * (1.0 + np.abs(sup_pq)), no_bound))
+    log_ratio_qp = np.concatenate((no_bound, sup_qp + 1e-9 * (1.0 + np.abs(sup_qp)), no_bound))
+    directions = [(log_p - log_rel, log_p + log_rel, log_q - log_rel, log_q + log_rel, log_ratio_pq)]
+    if both_directions:
+        directions.append((log_q - log_rel, log_q + log_rel, log_p - log_rel, log_p + log_rel, log_ratio_qp))
+    detail = f"{cells} cells of {h / std:.2g} std, window +-{reach:g} std beyond the means"
+    return HockeyStick(tuple(directions), missing_mass=missing_mass, detail=detail)
+
+
+def hockey_stick_of_cells(
+    p_cells: np.ndarray, q_cells: np.ndarray, *, relative_error: float, log_ratio_variation: np.ndarray
+) -> HockeyStick:
+    r"""Certified privacy profile from computed cell masses of two laws (G3): every
+    computed mass is within ``relative_error`` e of the true one (so
+    :math:`P_c \in [\tilde P_c(1-e), \tilde P_c/(1-e)]`), and ``log_ratio_variation[c]``
+    bounds the variation of :math:`\log(p/q)` over cell c (0 for an atom), so that
+    :math:`\sup_c p/q \le e^{v_c} P_c/Q_c` (:math:`P_c/Q_c` is a q-average of p/q)."""
+    e = float(relative_error)
+    if not 0.0 <= e < 0.5:
+        raise ValueError(f"relative_error must be in [0, 0.5). Found {relative_error}.")
+    v = np.asarray(log_ratio_variation, dtype=float)
+    shrink, grow = math.log1p(-e), -math.log1p(-e)
+    with np.errstate(divide="ignore"):
+        lp, lq = np.log(np.asarray(p_cells, float)), np.log(np.asarray(q_cells, float))
+    directions = []
+    for la, lb in ((lp, lq), (lq, lp)):
+        log_ratio_up = np.where(np.isfinite(lb), v + (la + grow) - (lb + shrink), np.inf)
+        directions.append((la + shrink, la + grow, lb + shrink, lb + grow, log_ratio_up))
+    return HockeyStick(tuple(directions))
 
 
 # ------------------------------------------------------------------ G3: projected random walk
@@ -596,8 +779,9 @@ def g3_divergence(
     max_nodes: int = 2500,
     fine_cells: int = 20_000,
     max_positions: int = 16,
+    hockey_stick: bool = False,
 ) -> tuple[ExactDivergence, G3Grid]:
-    r"""G3 (projected 1-D random walk, seed 001 section 4): certified divergence.
+    r"""G3 (projected 1-D random walk, arXiv 2205.13710 section 4): certified divergence.
 
     Args:
       orders: Renyi orders.
@@ -613,6 +797,8 @@ def g3_divergence(
         nodes, at most ``max_nodes``; the achieved error is returned).
       fine_cells: cells of the final quantisation (upper-end allowance
         ``L h_f / s^2``).
+      hockey_stick: also return the certified privacy profile of the pair
+        (``ExactDivergence.hockey_stick``; CYCLIC: the worst position at each epsilon).
 
     Per step the differing example is in the batch deterministically (CYCLIC,
     SHUFFLE_ONCE, RESHUFFLE: mixtures over its position, the permutation being
@@ -707,8 +893,7 @@ def g3_divergence(
             r = (steps - 1) % per_epoch
             positions = sorted({0, 1, r, (r - 1) % per_epoch, per_epoch - 1})
             certified_upper = False
-        values = [divergence(fixed_position_law(d_p, j), fixed_position_law(d_q, j)) for j in positions]
-        computed = np.max(values, axis=0)
+        pairs = [(fixed_position_law(d_p, j), fixed_position_law(d_q, j)) for j in positions]
         detail += f", worst of positions {positions}"
     elif cfg.sampling is Sampling.SHUFFLE_ONCE:
         if per_epoch > max_positions:
@@ -717,16 +902,17 @@ def g3_divergence(
             )
         p_cells = sum(w * fixed_position_law(d_p, j) for j, w in enumerate(weights))
         q_cells = sum(w * fixed_position_law(d_q, j) for j, w in enumerate(weights))
-        computed = divergence(p_cells, q_cells)
+        pairs = [(p_cells, q_cells)]
     elif cfg.sampling is Sampling.RESHUFFLE:
         if per_epoch > max_positions:
             raise ValueError(
                 f"steps per epoch must be <= max_positions = {max_positions} for G3 reshuffle. Found {per_epoch}."
             )
-        computed = divergence(reshuffle_law(d_p, weights), reshuffle_law(d_q, weights))
+        pairs = [(reshuffle_law(d_p, weights), reshuffle_law(d_q, weights))]
     else:
         q = cfg.sampling_probability
-        computed = divergence(sampled_law(d_p, q), sampled_law(d_q, q))
+        pairs = [(sampled_law(d_p, q), sampled_law(d_q, q))]
+    computed = np.max([divergence(p_cells, q_cells) for p_cells, q_cells in pairs], axis=0)
     if grid.relative_error >= 0.5:
         raise ValueError(f"G3 grid error {grid.relative_error:.3g} too large; reduce steps or D/s.")
     ell = -math.log1p(-grid.relative_error)
@@ -734,7 +920,17 @@ def g3_divergence(
     lower = np.maximum(computed - err, 0.0)
     upper = computed + err + grid.quantisation if certified_upper else np.full_like(computed, np.inf)
     detail += f", nodes={nodes}, fine cells={fine_cells}, rel. mass error={grid.relative_error:.2e}"
-    return ExactDivergence(orders, lower, upper, detail), grid
+    profile = None
+    if hockey_stick:
+        # atoms are cells of their own (no variation); on a fine cell log(p/q) varies by <= L h_f / s^2
+        variation = np.full(fine_cells + 2, grid.quantisation)
+        variation[0] = variation[-1] = 0.0
+        e = grid.relative_error + 64 * _UNIT_ROUNDOFF * fine_cells
+        parts = [hockey_stick_of_cells(pc, qc, relative_error=e, log_ratio_variation=variation) for pc, qc in pairs]
+        profile = HockeyStick(
+            tuple(d for part in parts for d in part.directions), certified_upper=certified_upper, detail=detail
+        )
+    return ExactDivergence(orders, lower, upper, detail, profile), grid
 
 
 # ------------------------------------------------------------------ instances
@@ -749,14 +945,22 @@ class Instance:
     params: Mapping[str, Any]
     x0: float = 0.0
 
-    def exact(self, orders, **kw) -> ExactDivergence:
+    def laws(self) -> GaussianLaws:
+        """The two Gaussian-mixture laws of a G1 or G2 instance (worst position for CYCLIC)."""
         if self.family == "G1":
-            return g1_divergence(orders, self.params, **kw)
+            return g1_laws(self.params)
         if self.family == "G2":
-            return g2_divergence(orders, self.params, **kw)
+            return g2_laws(self.params)
+        raise ValueError(f"family must be G1 or G2 for Gaussian laws. Found {self.family!r}.")
+
+    def exact(self, orders, *, hockey_stick: bool = False, **kw) -> ExactDivergence:
+        """Certified Renyi divergence at ``orders`` (``kw``: the family's quadrature options)
+        and, with ``hockey_stick``, the certified privacy profile of the same pair of laws."""
         if self.family == "G3":
-            return g3_divergence(orders, self.params, x0=self.x0, **kw)[0]
-        raise ValueError(f"family must be G1, G2 or G3. Found {self.family!r}.")
+            return g3_divergence(orders, self.params, x0=self.x0, hockey_stick=hockey_stick, **kw)[0]
+        laws = self.laws()
+        exact = laws.divergence(orders, **kw)
+        return dataclasses.replace(exact, hockey_stick=laws.hockey_stick()) if hockey_stick else exact
 
     def describe(self) -> str:
         keys = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

@@ -1,0 +1,149 @@
+"""benchmarks/results.md from benchmarks/results.json (see _common.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+_GOAL_GDP_MS = 5.0
+
+
+def _num(x: Any, fmt: str = ".3g") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+
+def _header(section: dict) -> list[str]:
+    return [
+        f"Regenerate: `{section['command']}` ({section['machine']}; {section['date']}; {section['seconds']:.0f} s).",
+        "",
+    ]
+
+
+def _core_speed(section: dict, results: dict) -> list[str]:
+    rows = section["rows"]
+    out = ["## Speed at T = 10^6 steps (every bound, `best`, Opacus' RDP accountant)", "", *_header(section)]
+    out += [
+        f"Median of {section['repeats']} calls of `lp.epsilon(bound, 1e-5, ...)` on the default order grid; "
+        "cold = the library's caches cleared before each call (a first call), warm = repeated calls. Opacus' "
+        "`RDPAccountant.get_epsilon` (Poisson, q = b/n = 0.01, z = 1, same T) is timed in the same run right "
+        "before each pipeline; `x Opacus` = cold time / Opacus time. Pipelines: n = 60000, b = 600, z = 1, "
+        "eta = 0.5, M = 1, lam = 0.05, D = 1, gradient norms within the clip norm (full batch: b = n; Poisson: "
+        "add-or-remove, eta = 0.005). The unproven bound is computed by name only and never enters `best`. "
+        "Full batch: Opacus' accountant has q = 1 there (no subsampling, a closed form), so its ratio says little.",
+        "",
+        "| pipeline | bound | kind | cold (ms) | warm (ms) | x Opacus | epsilon |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        eps = _num(r.get("epsilon"), ".4g")
+        if r["bound"] == "best" and r.get("winner"):
+            eps += f" via {r['winner']}"
+        proof = "" if r.get("proof") in ("proven", "-") else " (unproven)"
+        out.append(
+            f"| {r['pipeline']} | {r['bound']}{proof} | {r['kind']} | {_num(r['cold_ms'])} | {_num(r['warm_ms'])} "
+            f"| {_num(r['x_opacus'])} | {eps} |"
+        )
+    gdp = [r for r in rows if r["kind"] == "gdp"]
+    best = [r for r in rows if r["bound"] == "best" and r["pipeline"] in ("cyclic", "shuffle_once")]
+    out += ["", "Targets:", ""]
+    fresh = {
+        r["accountant"]: r.get("median_s")
+        for r in results.get("sections", {}).get("epsilon", {}).get("rows", [])
+        if r["steps"] == section.get("steps")
+    }
+    for r in gdp:
+        verdict = "met" if r["cold_ms"] < _GOAL_GDP_MS else "**not met**"
+        first = fresh.get(r["bound"])
+        note = (
+            f" (first call in a fresh process, configuration of the next section: {first * 1e3:.3g} ms)"
+            if first
+            else ""
+        )
+        out.append(
+            f"* {r['bound']} ({r['pipeline']}) < {_GOAL_GDP_MS:g} ms: {_num(r['cold_ms'])} ms cold, {verdict}{note}."
+        )
+    for r in best:
+        verdict = "met" if r["x_opacus"] <= 1.0 else "**not met**"
+        out.append(
+            f"* best ({r['pipeline']}) no slower than Opacus' RDP accountant: x{_num(r['x_opacus'])}, {verdict}."
+        )
+    return [*out, ""]
+
+
+def _epsilon(section: dict, results: dict) -> list[str]:
+    out = ["## Time of one epsilon, T from 10^3 to 10^7", "", *_header(section)]
+    out += [
+        "Medians over repeats (column `rep`), each repeat in a freshly forked process (libraries imported, caches "
+        "cold), killed after 180 s. q = 0.01, z = 1, delta = 1e-5; the bounds' configurations are CONFIGS in "
+        "`benchmarks/bench_epsilon.py`. `x Opacus RDP` = time / Opacus' RDPAccountant's time at the same T.",
+        "",
+        "| accountant | T | median time (s) | x Opacus RDP | rep | epsilon |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = section["rows"]
+    ref = {r["steps"]: r.get("median_s") for r in rows if r["accountant"] == "Opacus RDPAccountant"}
+    for r in rows:
+        t = r.get("median_s")
+        ratio = _num(t / ref[r["steps"]]) if t is not None and ref.get(r["steps"]) else "-"
+        eps = _num(r.get("epsilon"), ".4g") if r.get("epsilon") is not None else r.get("error", "-")
+        out.append(f"| {r['accountant']} | {r['steps']:.0e} | {_num(t)} | {ratio} | {r['repeats']} | {eps} |")
+    return [*out, ""]
+
+
+def _calibration(section: dict, results: dict) -> list[str]:
+    out = ["## Noise calibration (target epsilon 1, delta 1e-5, T = 10^4)", "", *_header(section)]
+    out += ["| bound | median time (s) | rep | noise multiplier |", "|---|---|---|---|"]
+    for r in section["rows"]:
+        z = _num(r.get("epsilon"), ".5g") if r.get("epsilon") is not None else r.get("error", "-")
+        out.append(f"| {r['bound']} | {_num(r.get('median_s'))} | {r['repeats']} | {z} |")
+    return [*out, ""]
+
+
+def _overhead(section: dict, results: dict) -> list[str]:
+    out = ["## Per-step overhead in an Opacus training loop", "", *_header(section)]
+    measured = [r for r in section["rows"] if "ratio" in r]
+    if measured:
+        out += [
+            "| model | batch | step, Opacus RDP (ms) | step, last-iterate (ms) | ratio of step times | "
+            "hook, Opacus RDP (us) | hook, last-iterate (us) | ratio from hook times |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in measured:
+            out.append(
+                f"| {r['model']} | {r['batch_size']} | {r['median_step_s_opacus_rdp'] * 1e3:.3f} | "
+                f"{r['median_step_s_last_iterate'] * 1e3:.3f} | **{r['ratio']:.3f}** | "
+                f"{r['median_hook_s_opacus_rdp'] * 1e6:.1f} | {r['median_hook_s_last_iterate'] * 1e6:.1f} | "
+                f"**{r['hook_ratio_estimate']:.4f}** |"
+            )
+        out += [
+            "",
+            "Both loops use the same shuffle-once loader (`poisson_sampling=False`), model and optimizer; only the "
+            "accountant differs. The hook columns time the accountant's own work inside `optimizer.step()` (the "
+            "`step_hook` Opacus calls); `ratio from hook times` = (Opacus-RDP step - its hook + our hook) / "
+            "Opacus-RDP step, which is insensitive to the load of a shared machine. Goal: ratio <= 1.01. "
+            f"{measured[0]['steps_per_run']} steps x {measured[0]['repeats']} runs per accountant, alternating.",
+        ]
+    for r in section["rows"]:
+        if "error" in r:
+            out.append(f"Not measured: {r['error']}.")
+    return [*out, ""]
+
+
+_SECTIONS = (("core_speed", _core_speed), ("epsilon", _epsilon), ("calibration", _calibration),
+             ("opacus_overhead", _overhead))  # fmt: skip
+
+
+def render(results: dict) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Each section is regenerated by the one command it names (it rewrites its part of `results.json`, kept "
+        "beside this file, and this page); times depend on the machine and its load, ratios measured in the same "
+        "run much less. The RDP -> (epsilon, delta) conversion benchmark is `python benchmarks/bench_conversion.py` "
+        "(it prints its table).",
+        "",
+    ]
+    for name, fn in _SECTIONS:
+        if name in results.get("sections", {}):
+            lines += fn(results["sections"][name], results)
+    return "\n".join(lines).rstrip("\n") + "\n"
