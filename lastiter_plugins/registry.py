@@ -304,19 +304,22 @@ def _kong_ribero_curvature_free(cfg, a, orders):
     )
 
 
+def _domain_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
+    """The inputs every bounded-domain bound with sampled batches takes, named as its math module names them."""
+    return {
+        "sampling_probability": cfg.sampling_probability,
+        "noise_multiplier": cfg.noise_multiplier,
+        "diameter": a.diameter,
+        "batch_size": cfg.batch_size,
+        "learning_rate": cfg.learning_rate,
+        "clip_norm": cfg.clip_norm,
+    }
+
+
 def _altschuler_talwar(cfg, a, orders):
     # The strongly convex variant (eq. 5.3) needs the step to contract by c < 1.
-    contraction = _strong_contraction(cfg, a)
     return altschuler_talwar.rdp(
-        orders,
-        sampling_probability=cfg.sampling_probability,
-        noise_multiplier=cfg.noise_multiplier,
-        steps=cfg.steps,
-        diameter=a.diameter,
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        clip_norm=cfg.clip_norm,
-        contraction=contraction,
+        orders, steps=cfg.steps, contraction=_strong_contraction(cfg, a), **_domain_inputs(cfg, a)
     )
 
 
@@ -330,15 +333,7 @@ def _strong_contraction(cfg: TrainingConfig, a: LossAssumptions) -> float | None
 
 def _bounded_domain_random(cfg, a, orders):
     return bounded_domain.random_batch_rdp(
-        orders,
-        sampling_probability=cfg.sampling_probability,
-        noise_multiplier=cfg.noise_multiplier,
-        steps=cfg.steps,
-        diameter=a.diameter,
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        clip_norm=cfg.clip_norm,
-        contraction=_strong_contraction(cfg, a),
+        orders, steps=cfg.steps, contraction=_strong_contraction(cfg, a), **_domain_inputs(cfg, a)
     )
 
 
@@ -390,12 +385,7 @@ def _profile_rdp(profile: ProfileFunction) -> RdpFunction:
 def _liang_bounded(cfg, a, orders):
     return liang.bounded_rdp(
         orders,
-        sampling_probability=cfg.sampling_probability,
-        noise_multiplier=cfg.noise_multiplier,
-        diameter=a.diameter,
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        clip_norm=cfg.clip_norm,
+        **_domain_inputs(cfg, a),
         # the larger neighbouring dataset has n + 1 examples, all of which a Poisson batch can hold
         expansion=liang.step_expansion(cfg.learning_rate, a.smoothness, cfg.dataset_size + 1, cfg.batch_size),
     )
