@@ -52,7 +52,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.pld import privacy_loss_mechanism as _pld_mechanism
 
-from lastiter_plugins import api, evaluation, plot
+from lastiter_plugins import api, evaluation, plot, registry
 from lastiter_plugins.bounds import composition
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_delta, validate_orders
@@ -225,14 +225,22 @@ def _registry_rows(
     """One row per bound of the table, read from the evaluation path. Each bound is
     shown under the relation it is proven for with this sampling; the best-valid
     lines keep the relations apart."""
-    evaluations, notes = _catching(
-        functools.partial(
-            evaluation.evaluate_all, cfg, a, delta, orders, unproven=tuple(unproven), under_own_relation=True
-        )
-    )
+    asked = set(unproven)
     rows = []
-    for e in evaluations.values():
-        row_notes = tuple(n for n in notes if e.bound in n)
+    for spec in registry.BOUNDS.values():
+        # one bound at a time, so that its warnings (e.g. an optimal order at the grid's edge) go to its row
+        e, row_notes = _catching(
+            functools.partial(
+                evaluation.evaluate_bound,
+                spec,
+                cfg,
+                a,
+                delta,
+                orders,
+                compute_unproven=spec.id in asked,
+                under_own_relation=True,
+            )
+        )
         if e.applies and not e.proof.proven and e.result is None:
             row_notes += (f"unproven: computed only when asked for by name (--unproven {e.bound}).",)
         rows.append(
