@@ -38,7 +38,6 @@ import copy
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import dp_accounting
@@ -53,8 +52,8 @@ from lastiter_plugins.adapters.dp_accounting import (
     LastIterateDpSgdEvent,
     NeighboringRelation,
     _check_count,
-    _check_self_composed,
     _check_standard,
+    _EventPlanning,
     _is_int,
     _is_real,
     _parse_relation,
@@ -128,7 +127,7 @@ class _Plan:
         return self
 
 
-class LastIteratePldAccountant(dp_accounting.PrivacyAccountant):
+class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     r"""PLD accountant for pipelines mixing last-iterate DP-SGD runs certified
     mu-GDP (:class:`LastIterateDpSgdEvent`) with dp-accounting's standard events.
 
@@ -184,30 +183,8 @@ class LastIteratePldAccountant(dp_accounting.PrivacyAccountant):
 
     # ------------------------------------------------------------ planning
 
-    def _plan(self, event: Any, count: int) -> _Plan:
-        """The host compositions composing ``event`` ``count`` times needs; changes nothing."""
-        if not isinstance(event, dp_event.DpEvent):
-            raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
-        return _PLANNERS.get(type(event), LastIteratePldAccountant._plan_standard)(self, event, count)
-
-    def _plan_no_op(self, event: Any, count: int) -> _Plan:
+    def _empty_plan(self) -> _Plan:
         return _Plan()
-
-    def _plan_self_composed(self, event: Any, count: int) -> _Plan:
-        message = _check_self_composed(event)
-        if message is not None:
-            raise _Refusal(event, message)
-        return self._plan(event.event, count * int(event.count))
-
-    def _plan_composed(self, event: Any, count: int) -> _Plan:
-        if not isinstance(event.events, list | tuple):
-            raise _Refusal(event, f"ComposedDpEvent.events must be a list of DpEvents. Found {event.events!r}.")
-        plan = _Plan()
-        for sub in event.events:
-            if not isinstance(sub, dp_event.DpEvent):
-                raise _Refusal(event, f"ComposedDpEvent.events must contain DpEvents only. Found {sub!r}.")
-            plan += self._plan(sub, count)
-        return plan
 
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
         try:
@@ -354,7 +331,7 @@ class LastIteratePldAccountant(dp_accounting.PrivacyAccountant):
         )
 
 
-_PLANNERS: dict[type, Callable[[LastIteratePldAccountant, Any, int], _Plan]] = {
+LastIteratePldAccountant._planners = {
     dp_event.NoOpDpEvent: LastIteratePldAccountant._plan_no_op,
     dp_event.SelfComposedDpEvent: LastIteratePldAccountant._plan_self_composed,
     dp_event.ComposedDpEvent: LastIteratePldAccountant._plan_composed,

@@ -17,11 +17,11 @@ from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters import _opacus_internals as internals
+from lastiter_plugins.adapters._opacus_fast_step import FastStep, compile_fast_step
 from lastiter_plugins.adapters._opacus_loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
 from lastiter_plugins.adapters._opacus_observe import (
     ExampleCounter,
     Observed,
-    SteadyOptimizer,
     check_dp_optimizer,
     check_sgd,
     core_batch,
@@ -80,15 +80,25 @@ class LastIterateAccountant(IAccountant):
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
+        self._fast: FastStep | None = None  # the usual step's checks, compiled by the last full check
         super().__init__()
-        self.history: list[tuple[float, float, int]] = []
+        self.history = []
         self._observed: Observed | None = None
         self._binding: _Binding | None = None
         self._resumed = False
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
-        self._steady: SteadyOptimizer | None = None  # the optimizer as of the last fully checked step
         self._void: str | None = None
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """Opacus' format: ``[(noise_multiplier, sample_rate, num_steps)]``."""
+        return self._history
+
+    @history.setter
+    def history(self, value: list[tuple[float, float, int]]) -> None:
+        self._history = value
+        self._fast = None  # it extends the list it was compiled with
 
     # -- IAccountant
     @classmethod
@@ -131,7 +141,7 @@ class LastIterateAccountant(IAccountant):
         self._binding = _Binding(
             facts, plan, LoaderWatch(data_loader, facts), None if module is None else weakref.ref(module)
         )
-        self._steady = None
+        self._fast = None
         if self._checks is not None:
             self._checks.remove()
             self._checks = None
@@ -176,25 +186,20 @@ class LastIterateAccountant(IAccountant):
 
     # -- one step
     def _account_step(self, optim: Any) -> None:
-        """Verify the step about to be taken (the hook runs after Opacus clipped and noised
-        it, before the parameters change), then record it. A refusal voids the accountant."""
+        """Verify the step about to be taken (the hook runs after Opacus clipped and noised it,
+        before the parameters change), then record it. A refusal voids the accountant.
+
+        The usual step is verified and recorded by the compiled checks of the last full check
+        (:mod:`._opacus_fast_step`); anything they do not accept gets the full check."""
+        fast = self._fast
+        if fast is not None and fast(optim):
+            return
         if self._void is not None:
             raise LastIteratePipelineChangedError(self._void_message())
         try:
-            steady, binding = self._steady, self._binding
-            if steady is not None and binding is not None and steady.holds(optim):
-                # the usual step: the optimizer holds the objects of the last full check, so observe() would
-                # return self._observed and it trains the same parameters (and _resumed is False: loading a
-                # checkpoint clears _steady, and a full check clears _resumed before taking it)
-                history = self.history
-                self._checks.verify(optim, binding.facts, binding.watch, self._counter, _steps_in(history), full=False)
-                self._checks.pending = True  # the post-step hook records the parameters this step leaves
-                observed = self._observed
-                _merge_step(history, observed.noise_multiplier, observed.sample_rate)  # = self.step: not overridden
-            else:
-                self._verify(optim)
+            self._verify(optim)
         except LastIterateConfigurationError as exc:
-            self._steady = None
+            self._fast = None
             self._void = str(exc)
             if isinstance(exc, LastIteratePipelineChangedError):
                 raise
@@ -225,15 +230,19 @@ class LastIterateAccountant(IAccountant):
             module = binding.module() if binding.module is not None else None
             self._checks = StepChecks(optim, module, reg)
         checks = self._checks
-        checks.verify(optim, binding.facts, binding.watch, self._counter, steps, full=True)
+        checks.verify(optim, binding.facts, binding.watch, self._counter, steps)
         self._verify_constant(observed, steps)
         self._observed = observed
         self._resumed = False
-        checks.pending = True
+        checks.mark_pending()
         self.step(noise_multiplier=observed.noise_multiplier, sample_rate=observed.sample_rate)
-        steady = SteadyOptimizer.take(optim)
-        # the fast path of _account_step calls _merge_step itself: it is taken only while step is this class's
-        self._steady = None if steady is None or type(self).step is not LastIterateAccountant.step else steady
+        # the compiled checks record a step as this class's step does: not for a subclass overriding it
+        self._fast = None
+        if type(self).step is LastIterateAccountant.step:
+            self._fast = compile_fast_step(
+                optim, checks, binding.facts, binding.watch, self._counter, self.history,
+                observed.noise_multiplier, observed.sample_rate,
+            )  # fmt: skip
 
     def _verify_constant(self, observed: Observed, steps: int) -> None:
         if self._resumed and self._observed is not None:
@@ -362,7 +371,7 @@ class LastIterateAccountant(IAccountant):
                 try:
                     self._checks.verify_parameters(self.steps)
                 except LastIteratePipelineChangedError as exc:
-                    self._void = str(exc)
+                    self._void, self._fast = str(exc), None
                     raise LastIteratePipelineChangedError(self._void_message()) from None
             return self._config(self._observed, noise, self.steps)
         observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
@@ -444,7 +453,7 @@ class LastIterateAccountant(IAccountant):
         self.history = history  # what IAccountant.load_state_dict sets, after the checks above
         self._observed = observed
         self._resumed = bool(history)
-        self._steady = None
+        self._fast = None
         self._void = None
         if self._checks is not None:
             self._checks.forget_parameters()  # the checkpoint's weights are loaded next, outside any step

@@ -12,6 +12,10 @@ and why:
   ``BatchMemoryManager`` (Opacus offers no way to ask an optimizer who splits its batches);
 * ``Tensor._version`` (torch): bumped by every in-place write to a parameter, it
   shows writes made outside the DP optimizer's step;
+* ``Optimizer._optimizer_step_pre_hooks`` / ``_optimizer_step_post_hooks`` and the
+  global hooks of ``torch.optim.optimizer`` (torch): a step pre-hook, or a post-hook
+  running before the adapter's own, could write to the parameters between the
+  accountant's check and its record of their versions, unseen;
 * ``PrivacyEngine.dataset`` (set by ``make_private``): whether an engine has already
   handed its accountant's hook to an optimizer.
 
@@ -34,12 +38,14 @@ tested with (:data:`TESTED_OPACUS`).
 from __future__ import annotations
 
 import gc
+import operator
 import sys
 import weakref
 from typing import Any
 
 import opacus
 import opacus.accountants
+import torch.optim.optimizer as torch_optimizer
 from opacus.privacy_engine import PrivacyEngine
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 
@@ -143,27 +149,70 @@ def engine_locals(method: str, depth: int = 12) -> dict[str, Any] | None:
         del frame
 
 
+#: ``skip_flag(optim)``: whether ``optim`` skipped its last step (set by a skipped step, cleared after
+#: the real one's hook). A C-level getter (no Python frame): the per-step fast path calls it.
+skip_flag = operator.attrgetter("_is_last_step_skipped")
+
+#: ``version(tensor)``: its version counter (each in-place write bumps it); C-level, as ``skip_flag``.
+version = operator.attrgetter("_version")
+
+
 def last_step_skipped(optim: Any) -> bool:
-    """Whether ``optim`` skipped its last step (set by a skipped step, cleared after the real one's hook)."""
+    """``skip_flag``, False for an optimizer without the flag."""
     return bool(getattr(optim, "_is_last_step_skipped", False))
 
 
 def versions(params: Any) -> tuple[int, ...]:
-    """Version counters of ``params`` (each in-place write bumps its tensor's counter)."""
-    return tuple([p._version for p in params])
+    """Version counters of ``params``."""
+    return tuple(map(version, params))
 
 
 def same_versions(params: Any, expected: tuple[int, ...]) -> bool:
-    """``versions(params) == expected``, without building the tuple (called at every step:
-    a plain loop is the cheapest with the cold caches of a training step)."""
-    if len(params) != len(expected):
-        return False
-    i = 0
-    for p in params:
-        if p._version != expected[i]:
-            return False
-        i += 1  # noqa: SIM113 (a counter: enumerate costs more here)
-    return True
+    """``versions(params) == expected``."""
+    return tuple(map(version, params)) == expected
+
+
+#: ``own_step_pre_hooks(optimizer)``: the dict of step pre-hooks registered on ``optimizer`` itself.
+own_step_pre_hooks = operator.attrgetter("_optimizer_step_pre_hooks")
+
+#: ``own_step_post_hooks(optimizer)``: the (ordered) dict of step post-hooks registered on ``optimizer`` itself.
+own_step_post_hooks = operator.attrgetter("_optimizer_step_post_hooks")
+
+#: The step pre-hooks registered for every optimizer (``register_optimizer_step_pre_hook``).
+GLOBAL_STEP_PRE_HOOKS = torch_optimizer._global_optimizer_pre_hooks
+
+
+def step_pre_hooks(optimizer: Any) -> int:
+    """How many step pre-hooks run when ``optimizer.step()`` is called (global ones, then its own:
+    ``torch.optim.Optimizer.profile_hook_step``), between Opacus' step hook and the update."""
+    return len(GLOBAL_STEP_PRE_HOOKS) + len(getattr(optimizer, "_optimizer_step_pre_hooks", {}))
+
+
+def foreign_step(optimizer: Any) -> Any:
+    """An instance attribute ``step`` of ``optimizer`` that is not torch's LR-scheduler wrapper of
+    the class's own ``step`` (``torch.optim.lr_scheduler``: it only marks the call), else None. Such
+    an override runs between Opacus' step hook and the update, like a step pre-hook."""
+    override = vars(optimizer).get("step")
+    if override is None:
+        return None
+    own = getattr(type(optimizer).step, "__wrapped__", type(optimizer).step)  # (torch wraps step in profile_hook_step)
+    if getattr(override, "_wrapped_by_lr_sched", False) and getattr(override, "__wrapped__", None) in (
+        type(optimizer).step,
+        own,
+    ):
+        return None
+    return override
+
+
+def run_first(optimizer: Any, handle: Any) -> None:
+    """Move the step post-hook of ``handle`` in front of the others registered on ``optimizer``:
+    it runs right after the update (the global post-hooks run after all of these)."""
+    optimizer._optimizer_step_post_hooks.move_to_end(handle.id, last=False)
+
+
+def first_step_post_hook(optimizer: Any) -> Any:
+    """The post-hook that runs first after ``optimizer``'s update (None without any)."""
+    return next(iter(getattr(optimizer, "_optimizer_step_post_hooks", {}).values()), None)
 
 
 class SplitterFinder:

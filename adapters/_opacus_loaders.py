@@ -8,12 +8,20 @@ import numbers
 import secrets
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    TensorDataset,
+)
 from torch.utils.data.distributed import DistributedSampler
 
 import lastiter_plugins as lp
@@ -280,6 +288,21 @@ def _signature(loader: DataLoader) -> tuple:
     return dataset, len(dataset), bs, None, None, None, None, None
 
 
+class FastLoaderPins(NamedTuple):
+    """See :meth:`LoaderWatch.fast_pins`."""
+
+    loader: Any  # weak reference
+    dataset: Any
+    tensors: tuple | None  # a TensorDataset's tensors (its length: the first one's)
+    dataset_size: int
+    batch_sampler: BatchSampler
+    sampler: Any
+    sampler_kind: type
+    batch_size: Any
+    drop_last: Any
+    permutation: tuple | None  # a ShuffleOnceSampler's (None: a SequentialSampler over the dataset)
+
+
 class LoaderWatch:
     """The loader bound at ``make_private``, re-read at every step: the same dataset of the
     same size, the same batch sampler and sampler with the same parameters."""
@@ -325,6 +348,31 @@ class LoaderWatch:
             return now.num_samples == sampler_len and now.sample_rate == state
         return _signature(loader) == self._signature
 
+    def fast_pins(self) -> FastLoaderPins | None:
+        """What :mod:`._opacus_fast_step` compares, at every step, for the common loaders: a
+        ``BatchSampler`` over a ``SequentialSampler`` of the dataset itself or over a
+        ``ShuffleOnceSampler``; None for the others (``unchanged`` is then called).
+
+        While the loader holds these very objects and ``len(dataset)`` is n (for a
+        ``TensorDataset``, whose ``__len__`` is its first tensor's length: that length),
+        ``_signature(loader)`` is the recorded one (the classes' methods taken as fixed).
+        """
+        dataset, n, bs, batch_size, drop_last, sampler, _sampler_len, state = self._signature
+        batch_kind, sampler_kind = self._types
+        if batch_kind is not BatchSampler:
+            return None
+        if sampler_kind is ShuffleOnceSampler and type(state) is tuple:
+            permutation = state
+        elif sampler_kind is SequentialSampler and sampler.data_source is dataset:
+            permutation = None
+        else:
+            return None
+        tensors = getattr(dataset, "tensors", None) if type(dataset) is TensorDataset else None
+        if tensors is not None and not (type(tensors) is tuple and tensors and torch.is_tensor(tensors[0])):
+            tensors = None
+        return FastLoaderPins(self._loader, dataset, tensors, n, bs, sampler, sampler_kind, batch_size, drop_last,
+                              permutation)  # fmt: skip
+
     def changed(self) -> str | None:
         """None while the loader is unchanged, else what changed (for the error message)."""
         loader = self._loader()
@@ -334,6 +382,13 @@ class LoaderWatch:
                 "Iterate the loader make_private returned"
             )
         now = _signature(loader)
+        kinds = (type(loader.batch_sampler), type(now[5]))
+        if kinds != self._types:
+            return (
+                "the data loader's batch sampler or sampler changed class after make_private ("
+                f"{self._types[0].__name__}, {self._types[1].__name__} -> {kinds[0].__name__}, {kinds[1].__name__}): "
+                "its sampling scheme is no longer the one verified. Build a new loader, engine and accountant"
+            )
         if now == self._signature:
             return None
         diffs = [

@@ -158,106 +158,6 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
     )
 
 
-# exact types whose objects are immutable: while an attribute or param-group entry still
-# refers to the same object of one of these types, its value has not changed
-_IMMUTABLE_TYPES = frozenset((int, float, bool, str, type(None)))
-_SGD = torch.optim.SGD
-
-
-class SteadyOptimizer:
-    """The objects :func:`observe` (and the trainable-parameter check) read from an optimizer
-    they accepted, to recognise it cheaply at the next step.
-
-    While ``optim`` still holds the very same objects (each of an immutable type), the same
-    parameters in the same param groups with the same ``requires_grad``, :func:`observe`
-    would return the same :class:`Observed` and :func:`trainable` the same list, so neither
-    needs to run again. Comparisons are by identity: a false "changed" only costs a full check.
-    (Written as plain comparisons and loops: at one call per training step the code runs with
-    cold caches, where ``map``/``all``/``operator`` helpers cost more than the bytecode they save.)
-    """
-
-    __slots__ = ("_attrs", "_clip", "_expected", "_groups", "_kind", "_noise", "_reduction", "_world", "base", "optim")
-
-    def __init__(self, optim: Any) -> None:
-        self.optim = optim
-        self._kind = type(optim)
-        self.base = optim.original_optimizer
-        self._clip = optim.max_grad_norm
-        self._noise = optim.noise_multiplier
-        self._reduction = optim.loss_reduction
-        self._expected = optim.expected_batch_size if self._reduction == "mean" else None
-        self._world = getattr(optim, "world_size", 1) if self._kind is DistributedDPOptimizer else None
-        self._attrs = len(vars(optim))  # an instance attribute added later (an override of a step method)
-        # per param group: what check_sgd reads, the params list, its members and their requires_grad
-        self._groups = [
-            (
-                *(group[key] for key in ("lr", "momentum", "weight_decay", "nesterov", "maximize")),
-                group["params"],
-                list(group["params"]),
-                [p.requires_grad for p in group["params"]],
-            )
-            for group in self.base.param_groups
-        ]
-
-    @classmethod
-    def take(cls, optim: Any) -> SteadyOptimizer | None:
-        """Record ``optim``; None when a value read is not an immutable plain value (a tensor
-        learning rate can change in place) or is NaN, so that every step is checked in full.
-        Call only right after :func:`observe` and the trainable-parameter check accepted it."""
-        try:
-            steady = cls(optim)
-        except (AttributeError, KeyError, TypeError):
-            return None
-        values = [steady._clip, steady._noise, steady._reduction, steady._expected, steady._world]
-        values += [v for group in steady._groups for v in group[:5]]
-        if not all(type(v) in _IMMUTABLE_TYPES and v == v for v in values):
-            return None
-        return steady
-
-    def holds(self, optim: Any) -> bool:
-        """Whether ``optim`` is the recorded optimizer and still holds the very recorded objects."""
-        if optim is not self.optim or type(optim) is not self._kind:
-            return False
-        try:
-            base = self.base
-            if (
-                optim.max_grad_norm is not self._clip
-                or optim.noise_multiplier is not self._noise
-                or optim.loss_reduction is not self._reduction
-                or optim.original_optimizer is not base
-                or len(optim.__dict__) != self._attrs
-                or type(base) is not _SGD
-                or (self._expected is not None and optim.expected_batch_size is not self._expected)
-                or (self._world is not None and optim.world_size is not self._world)
-            ):
-                return False
-            current, groups = base.param_groups, self._groups
-            if len(current) != len(groups):
-                return False
-            i = 0
-            for group in current:
-                lr, momentum, decay, nesterov, maximize, params, members, flags = groups[i]
-                if (
-                    group["lr"] is not lr
-                    or group["momentum"] is not momentum
-                    or group["weight_decay"] is not decay
-                    or group["nesterov"] is not nesterov
-                    or group["maximize"] is not maximize
-                    or group["params"] is not params
-                    or len(params) != len(members)
-                ):
-                    return False
-                j = 0
-                for p in params:  # none replaced in the list, frozen or unfrozen
-                    if p is not members[j] or p.requires_grad is not flags[j]:
-                        return False
-                    j += 1  # noqa: SIM113 (a counter: enumerate costs more here, see the class docstring)
-                i += 1  # noqa: SIM113
-            return True
-        except (AttributeError, KeyError, TypeError):  # the full check raises what it raises
-            return False
-
-
 def trainable(optim: Any) -> list[torch.Tensor]:
     """The parameters the DP optimizer clips, noises and updates (those with requires_grad)."""
     return [p for group in optim.original_optimizer.param_groups for p in group["params"] if p.requires_grad]
@@ -285,8 +185,11 @@ class ExampleCounter:
 
     A forward pre-hook that only reads the arguments. The batch size of a call is the
     largest size along the batch dimension among its tensors; a call without such a
-    tensor makes the count unknown.
+    tensor makes the count unknown. (It runs at every forward call: slots, and the usual
+    ``model(x)`` first.)
     """
+
+    __slots__ = ("_dim", "_handle", "_module", "count", "unknown")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.count = 0
@@ -296,21 +199,19 @@ class ExampleCounter:
         self._handle = module.register_forward_pre_hook(self._seen, with_kwargs=True)
 
     def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        if not (module.training and _grad_enabled()):
-            return None  # Opacus records no per-sample gradients for this call
-        if not kwargs and len(args) == 1 and isinstance(args[0], _Tensor):  # the usual model(x)
-            batch, dim = args[0], self._dim
-            if batch.ndim > dim:
-                self.count += batch.shape[dim]
+        if module.training and _grad_enabled():  # else Opacus records no per-sample gradients for this call
+            if not kwargs and len(args) == 1 and isinstance(args[0], _Tensor):  # the usual model(x)
+                batch, dim = args[0], self._dim
+                if batch.ndim > dim:
+                    self.count += batch.shape[dim]
+                else:
+                    self.unknown = True
             else:
-                self.unknown = True
-            return None
-        sizes = list(_batch_sizes((args, kwargs), self._dim))
-        if sizes:
-            self.count += max(sizes)
-        else:
-            self.unknown = True
-        return None
+                sizes = list(_batch_sizes((args, kwargs), self._dim))
+                if sizes:
+                    self.count += max(sizes)
+                else:
+                    self.unknown = True
 
     def reset(self) -> None:
         self.count = 0
@@ -326,3 +227,7 @@ class ExampleCounter:
     def __getstate__(self) -> dict[str, Any]:
         # pickling or copying the model (torch.save(model)) carries a detached counter
         return {"count": 0, "unknown": False, "_dim": self._dim, "_module": None, "_handle": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)

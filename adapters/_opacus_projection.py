@@ -14,12 +14,9 @@ from opacus.optimizers import DPOptimizer
 
 from lastiter_plugins.adapters._opacus_internals import versions
 
-#: Orders the writes to parameters seen by the adapter's step post-hooks (the latest one holds the versions).
-_STAMPS = itertools.count(1)
-
-
-def next_stamp() -> int:
-    return next(_STAMPS)
+#: Orders the writes to parameters seen by the adapter's step post-hooks (the latest one holds the
+#: versions): ``next(STAMPS)``.
+STAMPS = itertools.count(1)
 
 
 class Projection:
@@ -50,7 +47,7 @@ class Projection:
             self.center = [
                 c.detach().clone().to(device=p.device, dtype=p.dtype) for c, p in zip(center, self.params, strict=False)
             ]
-        # next_stamp() of the last apply, with the parameters' versions before and after it
+        # next(STAMPS) of the last apply, with the parameters' versions before and after it
         self.stamp = 0
         self.before: tuple[int, ...] = ()
         self.versions: tuple[int, ...] = ()
@@ -92,7 +89,7 @@ class Projection:
                     f"leaves them at distance {norm:.9g}. Use float32 or float64 parameters."
                 )
         finally:
-            self.stamp, self.before, self.versions = next_stamp(), before, versions(self.params)
+            self.stamp, self.before, self.versions = next(STAMPS), before, versions(self.params)
 
     def covers(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether it projects exactly the trainable parameters of ``optimizer``."""

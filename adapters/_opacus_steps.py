@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from lastiter_plugins.adapters import _opacus_internals as internals
+from lastiter_plugins.adapters._opacus_fast_step import compile_version_record
 from lastiter_plugins.adapters._opacus_loaders import LoaderFacts, LoaderWatch
 from lastiter_plugins.adapters._opacus_observe import ExampleCounter, trainable
-from lastiter_plugins.adapters._opacus_projection import PROJECTIONS, next_stamp
+from lastiter_plugins.adapters._opacus_projection import PROJECTIONS
 from lastiter_plugins.adapters._opacus_registration import LastIteratePipelineChangedError, Registration
 
 _Changed = LastIteratePipelineChangedError
@@ -24,10 +25,14 @@ _ONE_EACH = (
 class StepChecks:
     """Per-step checks for one DP optimizer, its private module and its parameters.
 
-    Registers a step post-hook on the wrapped torch optimizer that records the version
-    counters of the parameters after each accounted step (and after the projection), so
-    that the next step (and ``get_epsilon``) sees any write made outside it.
+    Registers a step post-hook on the wrapped torch optimizer, run first after the update,
+    that records the version counters of the parameters after each accounted step, so that
+    the next step (and ``get_epsilon``) sees any write made outside it (by user code, another
+    optimizer or a later post-hook; the projection's own writes are told apart by ``STAMPS``).
     """
+
+    __slots__ = ("_diameter", "_handle", "_hook", "_optim", "base", "others", "params", "record", "reg",
+                 "splitter")  # fmt: skip
 
     def __init__(self, optim: Any, module: torch.nn.Module | None, reg: Registration) -> None:
         self._optim = weakref.ref(optim)
@@ -36,17 +41,30 @@ class StepChecks:
         self.params = trainable(optim)
         ids = {id(p) for p in self.params}
         self.others = [] if module is None else [p for p in module.parameters() if id(p) not in ids]
-        self.after: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
-        self.pending = False
+        # [pending, after, hook id]: pending is set by an accounted step, and the post-hook then records
+        # after = (next(STAMPS), versions of params, versions of others). A list the hook holds (read at every step)
+        self.record: list = [False, None, None]  # (and the post-hook's handle id)
         self._diameter = reg.assumptions.diameter  # (frozen)
         self.splitter = internals.SplitterFinder()
-        self._handle = self.base.register_step_post_hook(_after_step(weakref.ref(self)))
+        self._hook = compile_version_record(self.record, tuple(self.params), tuple(self.others))
+        self._handle = self.base.register_step_post_hook(self._hook)
+        internals.run_first(self.base, self._handle)
+        self.record[2] = self._handle.id
 
     def remove(self) -> None:
         self._handle.remove()
 
+    @property
+    def after(self) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+        """(next(STAMPS), versions of params, versions of others) after the last accounted step."""
+        return self.record[1]
+
+    def mark_pending(self) -> None:
+        """The step being accounted: the post-hook records the versions it leaves."""
+        self.record[0] = True
+
     def forget_parameters(self) -> None:
-        self.after = None
+        self.record[1] = None
 
     # -- the checks
     def verify(
@@ -56,27 +74,26 @@ class StepChecks:
         watch: LoaderWatch,
         counter: ExampleCounter | None,
         steps: int,
-        *,
-        full: bool,
     ) -> None:
-        """Check one step. ``full=False`` only when the caller has established
-        (:meth:`SteadyOptimizer.holds`) that ``optim`` is the very optimizer of the last full
-        check of these checks, training the very parameters it trained then (same param
-        groups, same tensors, same ``requires_grad``): then both facts, which that full check
-        compared, hold without comparing them again."""
-        if full:
-            if self._optim() is not optim:
-                raise _Changed(
-                    "the optimizer stepping this accountant must stay the DP optimizer it was bound to. "
-                    "Found another optimizer. Use one PrivacyEngine per model and optimizer."
-                )
-            current = trainable(optim)
-            if len(current) != len(self.params) or any(a is not b for a, b in zip(current, self.params, strict=True)):
-                raise _Changed(
-                    f"the parameters the DP optimizer trains must stay the same for the whole run (step {steps + 1}). "
-                    f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} (a parameter was "
-                    "added, removed, frozen or unfrozen). Decide what to train before make_private."
-                )
+        """Check one step (the hook runs after Opacus clipped and noised it, before the update)."""
+        if self._optim() is not optim:
+            raise _Changed(
+                "the optimizer stepping this accountant must stay the DP optimizer it was bound to. "
+                "Found another optimizer. Use one PrivacyEngine per model and optimizer."
+            )
+        current = trainable(optim)
+        if len(current) != len(self.params) or any(a is not b for a, b in zip(current, self.params, strict=True)):
+            raise _Changed(
+                f"the parameters the DP optimizer trains must stay the same for the whole run (step {steps + 1}). "
+                f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} (a parameter was "
+                "added, removed, frozen or unfrozen). Decide what to train before make_private."
+            )
+        if optim.original_optimizer is not self.base:
+            raise _Changed(
+                f"the optimizer the DP optimizer wraps must stay the one of the first step (step {steps + 1}). Found "
+                f"another {type(optim.original_optimizer).__name__}. Use one PrivacyEngine per model and optimizer."
+            )
+        self._verify_step_hooks(steps)
         if not watch.unchanged():
             change = watch.changed()
             if change is not None:
@@ -130,6 +147,32 @@ class StepChecks:
             )
         self.verify_parameters(steps)
 
+    def _verify_step_hooks(self, steps: int) -> None:
+        """Nothing runs between this check and the record of the parameters after the update but the update."""
+        pre_hooks = internals.step_pre_hooks(self.base)
+        if pre_hooks:
+            raise _Changed(
+                f"the optimizer must run no step pre-hook: {pre_hooks} found on "
+                f"{type(self.base).__name__} (register_step_pre_hook, or torch.optim.optimizer."
+                f"register_optimizer_step_pre_hook), before step {steps + 1}. A pre-hook runs after the "
+                "accountant checked the step and before the update, where a write to the parameters or the "
+                "gradients would go unseen. Remove it; do its work before optimizer.step()."
+            )
+        override = internals.foreign_step(self.base)
+        if override is not None:
+            raise _Changed(
+                f"the optimizer's step must be its class's own (or torch's LR-scheduler wrapper of it). Found "
+                f"{getattr(override, '__qualname__', type(override).__name__)!r} set on the "
+                f"{type(self.base).__name__} object, before step {steps + 1}: it runs after the accountant checked "
+                "the step and before the update, where a write to the parameters would go unseen. Remove it."
+            )
+        if internals.first_step_post_hook(self.base) is not self._hook:
+            raise _Changed(
+                "the accountant's step post-hook must run first after the update, to record the parameters the "
+                f"update leaves. Found another post-hook moved in front of it (step {steps + 1}). Do not reorder "
+                "the optimizer's hooks."
+            )
+
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""
         problem = (
@@ -166,6 +209,8 @@ class StepChecks:
         """Nothing but the accounted steps (and the projection right after them) wrote to the
         model's parameters since the last step; with a declared diameter, they lie in the ball."""
         after = self.after
+        if isinstance(after, str):  # the post-hook found itself not first: the step's record is not to be trusted
+            raise _Changed(after)
         # (PROJECTIONS.data: the dict under the WeakKeyDictionary; empty means no projection at all,
         # and bool(PROJECTIONS) would call Python code at every step)
         projection = PROJECTIONS.get(self.base) if PROJECTIONS.data else None
@@ -210,16 +255,3 @@ class StepChecks:
                 f"step. Found them at distance {distance:.6g} from its centre after step {steps}: something moved "
                 "them after the projection. Do not edit the parameters between steps."
             )
-
-
-def _after_step(ref: Any) -> Any:
-    versions = internals.versions
-
-    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        checks = ref()
-        if checks is not None and checks.pending:
-            checks.pending = False
-            others = checks.others
-            checks.after = (next_stamp(), versions(checks.params), versions(others) if others else ())
-
-    return hook

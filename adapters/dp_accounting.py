@@ -62,7 +62,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attr
 import dp_accounting
@@ -486,7 +486,47 @@ def _check_count(count: Any) -> int:
     return int(count)
 
 
-class LastIterateAccountant(dp_accounting.PrivacyAccountant):
+class _EventPlanning:
+    """How both accountants walk a DpEvent tree: each event type is planned by the method
+    ``_planners`` (the subclass's dispatch table) maps it to, any other type by
+    ``_plan_standard``; no-op, self-composed and composed events the same way for both.
+    A plan is the state change composing the event would make; planning changes nothing
+    and raises ``_Refusal`` naming the offending sub-event."""
+
+    _planners: ClassVar[dict[type, Callable[[Any, Any, int], Any]]] = {}
+
+    def _empty_plan(self) -> Any:
+        raise NotImplementedError
+
+    def _plan_standard(self, event: Any, count: int) -> Any:
+        raise NotImplementedError
+
+    def _plan(self, event: Any, count: int) -> Any:
+        if not isinstance(event, dp_event.DpEvent):
+            raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
+        return self._planners.get(type(event), type(self)._plan_standard)(self, event, count)
+
+    def _plan_no_op(self, event: Any, count: int) -> Any:
+        return self._empty_plan()
+
+    def _plan_self_composed(self, event: Any, count: int) -> Any:
+        message = _check_self_composed(event)
+        if message is not None:
+            raise _Refusal(event, message)
+        return self._plan(event.event, count * int(event.count))
+
+    def _plan_composed(self, event: Any, count: int) -> Any:
+        if not isinstance(event.events, list | tuple):
+            raise _Refusal(event, f"ComposedDpEvent.events must be a list of DpEvents. Found {event.events!r}.")
+        plan = self._empty_plan()
+        for sub in event.events:
+            if not isinstance(sub, dp_event.DpEvent):
+                raise _Refusal(event, f"ComposedDpEvent.events must contain DpEvents only. Found {sub!r}.")
+            plan += self._plan(sub, count)
+        return plan
+
+
+class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     r"""RDP accountant for pipelines mixing last-iterate DP-SGD runs
     (:class:`LastIterateDpSgdEvent`) with dp-accounting's standard events.
 
@@ -537,36 +577,11 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
     def _scale(self, curve: np.ndarray, count: int) -> np.ndarray:
         return curve * count if count else np.zeros_like(self._orders)  # never 0 * inf
 
-    def _plan(self, event: Any, count: int) -> _Plan:
-        """The state change composing ``event`` ``count`` times would make.
-
-        Changes nothing; raises _Refusal naming the offending sub-event."""
-        if not isinstance(event, dp_event.DpEvent):
-            raise _Refusal(None, f"expected a DpEvent. Found {event!r} ({type(event).__name__}).")
-        composer = _COMPOSERS.get(type(event), LastIterateAccountant._plan_standard)
-        return composer(self, event, count)
-
-    def _plan_no_op(self, event: Any, count: int) -> _Plan:
+    def _empty_plan(self) -> _Plan:
         return _Plan(np.zeros_like(self._orders))
 
     def _plan_non_private(self, event: Any, count: int) -> _Plan:
         return _Plan(self._scale(np.full_like(self._orders, np.inf), count), non_private=count > 0)
-
-    def _plan_self_composed(self, event: Any, count: int) -> _Plan:
-        message = _check_self_composed(event)
-        if message is not None:
-            raise _Refusal(event, message)
-        return self._plan(event.event, count * int(event.count))
-
-    def _plan_composed(self, event: Any, count: int) -> _Plan:
-        if not isinstance(event.events, list | tuple):
-            raise _Refusal(event, f"ComposedDpEvent.events must be a list of DpEvents. Found {event.events!r}.")
-        plan = _Plan(np.zeros_like(self._orders))
-        for sub in event.events:
-            if not isinstance(sub, dp_event.DpEvent):
-                raise _Refusal(event, f"ComposedDpEvent.events must contain DpEvents only. Found {sub!r}.")
-            plan += self._plan(sub, count)
-        return plan
 
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
         try:
@@ -728,7 +743,7 @@ class LastIterateAccountant(dp_accounting.PrivacyAccountant):
 
 # Dispatch table: how each event type is composed; any other type is a standard
 # event, delegated to dp-accounting's RdpAccountant.
-_COMPOSERS: dict[type, Callable[[LastIterateAccountant, Any, int], _Plan]] = {
+LastIterateAccountant._planners = {
     dp_event.NoOpDpEvent: LastIterateAccountant._plan_no_op,
     dp_event.NonPrivateDpEvent: LastIterateAccountant._plan_non_private,
     dp_event.SelfComposedDpEvent: LastIterateAccountant._plan_self_composed,

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         loss="logistic",
         feature_norm=FEATURE_NORM,
     )
-    engine = PrivacyEngine(accountant=name)
+    engine = PrivacyEngine()
+    lastiter_opacus.attach(engine, name)  # on Opacus 1.6 also: PrivacyEngine(accountant=name)
     model = nn.Sequential(lastiter_opacus.FeatureNormClip(FEATURE_NORM), nn.Linear(dim, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, weight_decay=args.weight_decay)
     loader = DataLoader(

@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         loss="softmax",
         feature_norm=FEATURE_NORM,
     )
-    engine = PrivacyEngine(accountant=name)
+    engine = PrivacyEngine()
+    lastiter_opacus.attach(engine, name)  # on Opacus 1.6 also: PrivacyEngine(accountant=name)
     model = nn.Sequential(lastiter_opacus.FeatureNormClip(FEATURE_NORM), nn.Linear(dim, CLASSES)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, weight_decay=args.weight_decay)
     loader = DataLoader(
