@@ -103,10 +103,8 @@ def compile_fast_step(
         single_group=len(pinned[0][7]) if single else None,
         params=len(params) if plain and len(params) <= UNROLL else None,
         others=bool(others),
-        loader=None
-        if pins is None
-        else ("tensors" if pins.tensors is not None else "len")
-        + ("+permutation" if pins.permutation is not None else "+sequential"),
+        loader=None if pins is None else "tensors" if pins.tensors is not None else "len",
+        permutation=pins is not None and pins.permutation is not None,
         plain=plain,
         fixed=facts.batch_size is not None,
         counter=counter is not None,
@@ -188,7 +186,9 @@ class _Shape(NamedTuple):
     single_group: int | None  # the number of tensors of the one param group (unrolled), or None: a loop
     params: int | None  # the number of trainable tensors whose versions are compared unrolled, or None: a loop
     others: bool  # module parameters the optimizer does not train (their versions are compared too)
-    loader: str | None  # "tensors"/"len" + "+permutation"/"+sequential", or None: LoaderWatch.unchanged()
+    loader: str | None  # the dataset's length read as "tensors" (a TensorDataset's) or "len"; None: the loader
+    # is not inlined (LoaderWatch.unchanged())
+    permutation: bool  # an inlined ShuffleOnceSampler (else a SequentialSampler over the dataset)
     plain: bool  # no projection: the versions are compared here (else StepChecks.verify_parameters)
     fixed: bool  # a fixed batch plan (else Poisson: at most n examples)
     counter: bool  # the examples entering the module are counted
@@ -278,11 +278,11 @@ def _source(shape: _Shape) -> str:
         add("            or loader.batch_sampler is not _batch_sampler")
         add("            or _batch_sampler.sampler is not _sampler or type(_sampler) is not _sampler_kind")
         add("            or _batch_sampler.batch_size is not _batch_size or _batch_sampler.drop_last is not _drop_last")
-        if shape.loader.startswith("tensors"):  # TensorDataset.__len__ is its first tensor's length
+        if shape.loader == "tensors":  # TensorDataset.__len__ is its first tensor's length
             add("            or _dataset.tensors is not _tensors or _tensors[0].shape[0] != _size")
         else:
             add("            or len(_dataset) != _size")
-        if shape.loader.endswith("permutation"):  # ShuffleOnceSampler: a tuple, its length fixed
+        if shape.permutation:  # ShuffleOnceSampler: a tuple, its length fixed
             add("            or _sampler._permutation is not _permutation")
         else:  # SequentialSampler: its length is the dataset's
             add("            or _sampler.data_source is not _dataset")

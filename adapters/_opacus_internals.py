@@ -212,7 +212,7 @@ def run_first(optimizer: Any, handle: Any) -> None:
 
 def first_step_post_hook(optimizer: Any) -> Any:
     """The post-hook that runs first after ``optimizer``'s update (None without any)."""
-    return next(iter(getattr(optimizer, "_optimizer_step_post_hooks", {}).values()), None)
+    return next(iter(own_step_post_hooks(optimizer).values()), None)
 
 
 class SplitterFinder:

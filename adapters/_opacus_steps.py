@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from lastiter_plugins.adapters import _opacus_internals as internals
-from lastiter_plugins.adapters._opacus_fast_step import compile_version_record
+from lastiter_plugins.adapters._opacus_fast_step import NOT_FIRST, compile_version_record
 from lastiter_plugins.adapters._opacus_loaders import LoaderFacts, LoaderWatch
 from lastiter_plugins.adapters._opacus_observe import ExampleCounter, trainable
 from lastiter_plugins.adapters._opacus_projection import PROJECTIONS
@@ -167,11 +167,7 @@ class StepChecks:
                 "the step and before the update, where a write to the parameters would go unseen. Remove it."
             )
         if internals.first_step_post_hook(self.base) is not self._hook:
-            raise _Changed(
-                "the accountant's step post-hook must run first after the update, to record the parameters the "
-                f"update leaves. Found another post-hook moved in front of it (step {steps + 1}). Do not reorder "
-                "the optimizer's hooks."
-            )
+            raise _Changed(f"{NOT_FIRST} (Before step {steps + 1}.)")
 
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""
