@@ -1,12 +1,16 @@
 r"""The ``lastiter`` command line: a thin layer over the keyword API.
 
-    lastiter rdp --bound ID --orders 2,4,8 <params> [--json]
-    lastiter epsilon --bound ID --delta 1e-5 <params> [--json]
-    lastiter bounds <params> [--delta 1e-5] [--json]
-    lastiter calibrate --bound ID --target-epsilon 1 --delta 1e-5 <params> [--json]
-    lastiter compare [...]            (see ``lastiter compare --help``)
+    lastiter rdp --bound ID --orders 2,4,8 <pipeline> [--json]
+    lastiter epsilon --bound ID --delta 1e-5 <pipeline> [--json]
+    lastiter bounds <pipeline> [--delta 1e-5] [--json]
+    lastiter calibrate --bound ID --target-epsilon 1 --delta 1e-5 <pipeline> [--json]
+    lastiter compare [<pipeline>] [...]  (see ``lastiter compare --help``)
+    lastiter --version
 
-User errors exit with status 2 and one line on stderr. JSON output never
+<pipeline> is ``--config FILE`` (a TOML scenario, as in examples/scenarios/),
+one flag per keyword-API parameter (``--dataset-size``, ...,
+``--clipped-loss-convex-smooth``), or both: flags given as well override the
+file. User errors exit with status 2 and one line on stderr. JSON output never
 contains NaN or Infinity (non-finite numbers are written as null).
 """
 
@@ -20,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lastiter_plugins import api, compare, registry
+import lastiter_plugins
+from lastiter_plugins import api, compare, plot, registry
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import Relation, Sampling
 from lastiter_plugins.conversion import validate_delta
@@ -57,42 +62,85 @@ def _orders(text: str) -> list[float]:
         ) from None
 
 
-def add_training_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
-    """The training-configuration and loss-assumption flags (mirroring the keyword API)."""
-    g = parser.add_argument_group("training run")
-    g.add_argument("--dataset-size", type=int, required=required, help="n, number of examples")
-    g.add_argument("--batch-size", type=int, required=required, help="b, (expected) batch size")
-    g.add_argument("--noise-multiplier", type=float, help="z: noise std on the clipped-gradient sum is z*C")
-    g.add_argument("--clip-norm", type=float, default=1.0, help="C, per-example clipping norm (default 1)")
-    g.add_argument("--learning-rate", type=float, help="eta, constant plain-SGD step size")
-    steps = g.add_mutually_exclusive_group(required=required)
-    steps.add_argument("--steps", type=int, help="T, optimizer steps")
-    steps.add_argument("--epochs", type=int, help="E passes = E*ceil(n/b) steps")
-    g.add_argument(
-        "--sampling", choices=[s.value for s in Sampling], required=required, help="what the data pipeline does"
+def _unproven_id(text: str) -> str:
+    """An ``--unproven`` value: the id of a bound whose proof status is unproven."""
+    unproven = [bid for bid, spec in registry.BOUNDS.items() if not spec.proof.proven]
+    if text not in unproven:
+        raise argparse.ArgumentTypeError(f"must name an unproven bound ({', '.join(unproven)}). Found {text!r}.")
+    return text
+
+
+#: One command-line flag per keyword-API parameter: (group, argparse keywords). No defaults here:
+#: a flag not given leaves the value to the --config file, else to the API's default (named in the help).
+_TRAINING, _ASSUMPTIONS = "training run", "declared loss assumptions"
+PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dataset_size": (_TRAINING, {"type": int, "metavar": "N", "help": "n, number of examples"}),
+    "batch_size": (_TRAINING, {"type": int, "metavar": "B", "help": "b, the (expected) batch size"}),
+    "noise_multiplier": (
+        _TRAINING,
+        {"type": float, "metavar": "Z", "help": "z: the noise std on the clipped-gradient sum is z*C"},
+    ),
+    "learning_rate": (_TRAINING, {"type": float, "metavar": "ETA", "help": "eta, constant plain-SGD step size"}),
+    "clip_norm": (_TRAINING, {"type": float, "metavar": "C", "help": "C, per-example clipping norm (default 1)"}),
+    "sampling": (
+        _TRAINING,
+        {"choices": [s.value for s in Sampling], "help": "what the data pipeline does (docs/sampling.md)"},
+    ),
+    "relation": (
+        _TRAINING,
+        {"choices": [r.value for r in Relation], "help": "neighbouring relation (default replace_one)"},
+    ),
+    "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),
+    "epochs": (_TRAINING, {"type": int, "metavar": "E", "help": "E passes = E*ceil(n/b) steps (or --steps)"}),
+    "smoothness": (
+        _ASSUMPTIONS,
+        {"type": float, "metavar": "M", "help": "M, smoothness (upper curvature) of every per-example loss"},
+    ),
+    "weak_convexity": (_ASSUMPTIONS, {"type": float, "metavar": "m", "help": "m >= 0 (default 0 = convex)"}),
+    "strong_convexity": (_ASSUMPTIONS, {"type": float, "metavar": "LAM", "help": "lam >= 0 (default 0)"}),
+    "diameter": (
+        _ASSUMPTIONS,
+        {"type": float, "metavar": "D", "help": "D of the set the iterates are projected onto (default: none)"},
+    ),
+    "gradient_norms_within_clip": (
+        _ASSUMPTIONS,
+        {
+            "action": argparse.BooleanOptionalAction,
+            "help": "assert that every per-example gradient norm is <= C on the whole domain (clipping never "
+            "active); default no",
+        },
+    ),
+    "clipped_loss_convex_smooth": (
+        _ASSUMPTIONS,
+        {
+            "action": argparse.BooleanOptionalAction,
+            "help": "assert that the clipped per-example update is the gradient step of convex losses with the "
+            "declared constants (linear models with a scalar loss: the GLM route, "
+            "lastiter_plugins.glm.certify_linear_model); default no",
+        },
+    ),
+}
+
+
+def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and one flag per keyword-API parameter (see :data:`PARAMETER_FLAGS`)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML scenario (keys: the keyword-API parameters, delta, name, description; see "
+        "examples/scenarios/); flags given as well override it",
     )
-    g.add_argument(
-        "--relation",
-        choices=[r.value for r in Relation],
-        default=Relation.REPLACE_ONE.value,
-        help="neighbouring relation (default replace_one)",
-    )
-    a = parser.add_argument_group("declared loss assumptions")
-    a.add_argument("--smoothness", type=float, help="M, smoothness (upper curvature) of every per-example loss")
-    a.add_argument("--weak-convexity", type=float, default=0.0, help="m >= 0 (0 = convex)")
-    a.add_argument("--strong-convexity", type=float, default=0.0, help="lam >= 0")
-    a.add_argument("--diameter", type=float, help="D of the set the iterates are projected onto (default: none)")
-    a.add_argument(
-        "--gradient-norms-within-clip",
-        action="store_true",
-        default=False,
-        help="assert that every per-example gradient norm is <= C on the whole domain (clipping never active)",
-    )
-    a.add_argument("--no-clipping", action=_Renamed, nargs=0, help=argparse.SUPPRESS)
+    groups = {name: parser.add_argument_group(name) for name in (_TRAINING, _ASSUMPTIONS)}
+    steps_or_epochs = groups[_TRAINING].add_mutually_exclusive_group()
+    for key in api.PARAMETERS:
+        group, options = PARAMETER_FLAGS[key]
+        target = steps_or_epochs if key in ("steps", "epochs") else groups[group]
+        target.add_argument("--" + key.replace("_", "-"), dest=key, default=None, **options)
+    groups[_ASSUMPTIONS].add_argument("--no-clipping", action=_Renamed, nargs=0, help=argparse.SUPPRESS)
 
 
 def params_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword-API parameters carried by parsed arguments."""
+    """The keyword-API parameters given as flags (those not given are absent)."""
     out = {}
     for key in api.PARAMETERS:
         value = getattr(args, key, None)
@@ -101,8 +149,90 @@ def params_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _flag(key: str) -> str:
+    return "--steps or --epochs" if key == "steps" else "--" + key.replace("_", "-")
+
+
+def _missing(params: dict[str, Any], required: Sequence[str]) -> list[str]:
+    """The flags of the ``required`` keys (``steps``: steps or epochs) that ``params`` lacks."""
+    missing = [key for key in required if key != "steps" and key not in params]
+    if "steps" in required and "steps" not in params and "epochs" not in params:
+        missing.append("steps")
+    return [_flag(key) for key in sorted(missing, key=list(required).index)]
+
+
+_PIPELINE_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "steps", "sampling")
+
+
+def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[str, dict[str, Any], float | None]:
+    """(name, keyword-API params, delta) from ``--config`` and the flags; flags override the file.
+
+    ``delta`` is ``--delta``, else the file's ``delta``, else None. Without ``--config`` the flags must
+    describe the whole pipeline (a missing one is named, as argparse names a missing argument).
+    """
+    given = params_from_args(args)
+    delta = None
+    if args.config:
+        scenario = compare.load_scenario(args.config)
+        name, params, file_delta = compare.split_scenario(scenario)
+        if "delta" in scenario:
+            delta = file_delta
+        if name == "custom scenario":
+            name = Path(args.config).stem
+        if "steps" in given or "epochs" in given:  # the flags' steps/epochs replace the file's
+            params.pop("steps", None)
+            params.pop("epochs", None)
+        params.update(given)
+    else:
+        required = [key for key in _PIPELINE_KEYS if needs_noise or key != "noise_multiplier"]
+        missing = _missing(given, required)
+        if missing:
+            raise UsageError(
+                f"the following arguments are required: {', '.join(missing)} (or --config FILE, a TOML scenario "
+                "that sets them; see examples/scenarios/)"
+            )
+        name, params = "custom scenario", given
+    if getattr(args, "delta", None) is not None:
+        delta = validate_delta(args.delta)
+    return name, params, delta
+
+
+def _required_delta(delta: float | None) -> float:
+    if delta is None:
+        raise UsageError("--delta is required: give it, or set delta in the --config file.")
+    return delta
+
+
 def _bound_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bound", required=True, choices=registry.BOUND_IDS, metavar="ID", help="bound id or best")
+    parser.add_argument(
+        "--bound",
+        required=True,
+        choices=registry.BOUND_IDS,
+        metavar="ID",
+        help=f"a bound id, composition (the standard baseline) or best; one of: {', '.join(registry.BOUND_IDS)}",
+    )
+
+
+def _orders_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    help_ = "Renyi orders > 1, comma-separated, e.g. 2,4,8"
+    if not required:
+        help_ += " (default: the library's grid 1.01 .. 1e4, with its lossless conversion)"
+    parser.add_argument("--orders", type=_orders, required=required, metavar="A1,A2,...", help=help_)
+
+
+def _json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (strict: no NaN or Infinity) instead of text")
+
+
+def _unproven_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--unproven",
+        action="append",
+        default=[],
+        type=_unproven_id,
+        metavar="ID",
+        help="also compute this unproven bound (marked, never in best); repeatable",
+    )
 
 
 def _fmt(x: float) -> str:
@@ -110,13 +240,13 @@ def _fmt(x: float) -> str:
 
 
 def _cmd_rdp(args) -> str:
-    params = params_from_args(args)
+    _, params, _ = _pipeline(args)
     config, assumptions = api.build(**params)
     values = api.compute_rdp(args.bound, config, assumptions, args.orders)
     relation, protects, proof = config.relation, registry.Protects.FINAL_MODEL, registry.PROVEN
     if args.bound != registry.BEST:
         spec = registry.BOUNDS[args.bound]
-        relation = spec.relation_for(Sampling.parse(params["sampling"]))
+        relation = spec.relation_for(config.sampling)
         protects, proof = spec.protects, spec.proof
     if args.json:
         return dump_json(
@@ -136,17 +266,18 @@ def _cmd_rdp(args) -> str:
 
 
 def _cmd_epsilon(args) -> str:
-    result = api.epsilon(args.bound, args.delta, args.orders, **params_from_args(args))
+    _, params, delta = _pipeline(args)
+    result = api.epsilon(args.bound, _required_delta(delta), args.orders, **params)
     return dump_json(result.to_dict()) if args.json else str(result)
 
 
 def _cmd_bounds(args) -> str:
-    params = params_from_args(args)
+    _, params, delta = _pipeline(args, needs_noise=False)
+    with_numbers = delta is not None and "noise_multiplier" in params
     params.setdefault("noise_multiplier", 1.0)  # no precondition depends on it
     config, assumptions = api.build(**params)
-    with_numbers = args.delta is not None and "noise_multiplier" in params_from_args(args)
     evaluations = api.evaluate_all(
-        config, assumptions, args.delta if with_numbers else None, args.orders, unproven=args.unproven
+        config, assumptions, delta if with_numbers else None, args.orders, unproven=args.unproven
     )
     rows = []
     for bid, e in evaluations.items():
@@ -166,7 +297,7 @@ def _cmd_bounds(args) -> str:
         )
     if with_numbers:
         try:
-            best = api.compute_epsilon(registry.BEST, config, assumptions, args.delta, args.orders)
+            best = api.compute_epsilon(registry.BEST, config, assumptions, delta, args.orders)
         except api.NotApplicableError as exc:
             rows.append({"bound": registry.BEST, "applies": False, "reason": str(exc), "epsilon": None})
         else:
@@ -176,7 +307,7 @@ def _cmd_bounds(args) -> str:
                 | {"winner": best.winner, "reference": best.reference, "reason": None}
             )
     if args.json:
-        return dump_json({"delta": args.delta, "bounds": rows})
+        return dump_json({"delta": delta, "bounds": rows})
     lines = [f"{'bound':28} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
     for row in rows:
         eps = "" if row.get("epsilon") is None else _fmt(row["epsilon"])
@@ -198,125 +329,115 @@ def _cmd_bounds(args) -> str:
 
 
 def _cmd_calibrate(args) -> str:
-    params = params_from_args(args)
-    z = calibrate_noise(args.bound, args.target_epsilon, args.delta, orders=args.orders, **params)
+    _, params, delta = _pipeline(args, needs_noise=False)
+    delta = _required_delta(delta)
+    params.pop("noise_multiplier", None)  # the unknown
+    z = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, **params)
+    achieved = api.epsilon(args.bound, delta, args.orders, noise_multiplier=z, **params)  # as calibration computed it
     if args.json:
-        return dump_json({"bound": args.bound, "noise_multiplier": z, "target_epsilon": args.target_epsilon})
-    target = f"epsilon <= {args.target_epsilon:g} at delta = {args.delta:g}"
-    return f"noise_multiplier = {z:.6g} reaches {target} ({args.bound})"
+        return dump_json({"noise_multiplier": z, "target_epsilon": args.target_epsilon} | achieved.to_dict())
+    return (
+        f"noise_multiplier = {z:.6g} reaches epsilon = {achieved.epsilon:.6g} <= {args.target_epsilon:g} at delta = "
+        f"{delta:g} ({achieved.relation.value} neighbours), for {achieved.protects.value}, via {achieved.winner}\n"
+        f"achieved: {achieved}"
+    )
 
 
 def _compare_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``compare`` subcommand's arguments."""
+    """The ``compare`` subcommand's own arguments (the pipeline's are added by :func:`add_pipeline_arguments`)."""
     parser.description = (
         "Every accountant side by side for one pipeline. With no parameters, a built-in scenario; "
         "--config FILE reads a TOML scenario (keys: the keyword-API parameters and delta); "
         "flags given on the command line override the file."
     )
-    parser.add_argument("--config", metavar="FILE", help="TOML scenario, e.g. examples/scenarios/*.toml")
     parser.add_argument("--format", choices=compare.FORMATS, default="table", help="output format (default table)")
     parser.add_argument(
         "--delta", type=float, help=f"target delta (default: the scenario's, else {compare.DEFAULT_DELTA:g})"
     )
-    parser.add_argument("--plot", metavar="PATH", help="also write a PNG of epsilon against epochs")
     parser.add_argument(
-        "--unproven",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="also compute this unproven bound (marked, never in best); repeatable",
+        "--plot", metavar="PATH", help="also write a PNG of epsilon against epochs (.png is added to a bare name)"
     )
-    add_training_arguments(parser, required=False)
-    # No defaults here, so that only the flags actually given override a scenario.
-    parser.set_defaults(
-        clip_norm=None, relation=None, weak_convexity=None, strong_convexity=None, gradient_norms_within_clip=None
-    )
+    _unproven_argument(parser)
 
 
 def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
-    """(name, params, delta): the built-in scenario, a --config file, and/or the flags."""
+    """(name, params, delta) for compare: the built-in scenario, a --config file, and/or the flags."""
     given = params_from_args(args)
-    if args.config:
-        scenario = compare.load_scenario(args.config)
-        name, params, delta = compare.split_scenario(scenario)
-        if name == "custom scenario":
-            name = Path(args.config).stem
-        if "steps" in given or "epochs" in given:  # the flags' steps/epochs replace the file's
-            params.pop("steps", None)
-            params.pop("epochs", None)
-        params.update(given)
-    elif given:
+    if not args.config and not given:
+        name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+        if args.delta is not None:
+            delta = validate_delta(args.delta)
+        return name, params, delta
+    if not args.config:
         # Flags never fill in from the built-in scenario: its loss assumptions
         # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
-        missing = [key for key in compare.REQUIRED_KEYS if key not in given]
-        if "steps" not in given and "epochs" not in given:
-            missing.append("steps")
+        missing = _missing(given, (*compare.REQUIRED_KEYS, "steps"))
         if missing:
-            flag = "--steps or --epochs" if missing[0] == "steps" else "--" + missing[0].replace("_", "-")
             raise ValueError(
-                f"{flag} is required when compare is given flags without --config (flags describe your whole "
+                f"{missing[0]} is required when compare is given flags without --config (flags describe your whole "
                 "pipeline; they do not modify the built-in scenario). Give it, or put the scenario in a TOML "
                 "file and pass --config FILE (see examples/scenarios/)."
             )
-        name, params, delta = "custom scenario", given, compare.DEFAULT_DELTA
-    else:
-        name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
-    if args.delta is not None:
-        delta = validate_delta(args.delta)
-    return name, params, delta
+    name, params, delta = _pipeline(args)
+    return name, params, compare.DEFAULT_DELTA if delta is None else delta
 
 
 def _cmd_compare(args: argparse.Namespace) -> str:
     """The ``lastiter compare`` command: the table in the chosen format (and the plot)."""
     name, params, delta = _scenario_from_args(args)
+    plot_path = plot.check_can_plot(args.plot) if args.plot else None  # before the (slow) sweep
     comparison = compare.compare(delta, name=name, unproven=args.unproven, **params)
     output = compare.format_comparison(comparison, args.format)
-    if args.plot:
-        path = compare.write_plot(params, delta, args.plot, title=name, unproven=args.unproven)
+    if plot_path is not None:
+        written = compare.write_plot(params, delta, plot_path, title=name, unproven=args.unproven)
         if args.format == "table":
-            output += f"\n\nPlot written to {path}"
+            output += f"\n\nPlot written to {written}"
     return output
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lastiter", description="Last-iterate Renyi-DP accountants for DP-SGD.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {lastiter_plugins.__version__}", help="print the version"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("rdp", help="RDP epsilon (nats) at given orders")
     _bound_argument(p)
-    p.add_argument("--orders", type=_orders, required=True, help="comma-separated, e.g. 2,4,8")
-    add_training_arguments(p)
-    p.add_argument("--json", action="store_true")
+    _orders_argument(p, required=True)
+    _json_argument(p)
     p.set_defaults(run=_cmd_rdp)
 
     p = sub.add_parser("epsilon", help="(epsilon, delta) of one bound, or of best")
     _bound_argument(p)
-    p.add_argument("--delta", type=float, required=True)
-    p.add_argument("--orders", type=_orders, help="default: the library's grid 1.01 .. 1e4")
-    add_training_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
+    _orders_argument(p)
+    _json_argument(p)
     p.set_defaults(run=_cmd_epsilon)
 
     p = sub.add_parser("bounds", help="every bound: applies or why not, relation, proof status, epsilon")
-    p.add_argument("--delta", type=float, help="also compute epsilon at this delta (needs --noise-multiplier)")
-    p.add_argument("--orders", type=_orders)
-    p.add_argument("--unproven", action="append", default=[], metavar="ID", help="also compute this unproven bound")
-    add_training_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--delta", type=float, help="also compute epsilon at this delta (default: the --config file's; needs z)"
+    )
+    _orders_argument(p)
+    _unproven_argument(p)
+    _json_argument(p)
     p.set_defaults(run=_cmd_bounds)
 
     p = sub.add_parser("calibrate", help="smallest noise multiplier reaching a target epsilon")
     _bound_argument(p)
-    p.add_argument("--target-epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
-    p.add_argument("--orders", type=_orders)
-    add_training_arguments(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--target-epsilon", type=float, required=True, help="the epsilon to reach, > 0")
+    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
+    _orders_argument(p)
+    _json_argument(p)
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("compare", help="side-by-side comparison of every accountant")
     _compare_arguments(p)
     p.set_defaults(run=_cmd_compare)
+
+    for command in sub.choices.values():
+        add_pipeline_arguments(command)
     return parser
 
 

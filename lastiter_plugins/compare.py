@@ -970,7 +970,7 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
     """The content of a TOML scenario file (keys: keyword-API params, delta, name, description).
 
     Raises:
-      ValueError: the file is missing, unreadable or not valid TOML.
+      ValueError: the file is missing, unreadable, not UTF-8 or not valid TOML.
     """
     try:
         import tomllib
@@ -985,6 +985,11 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except OSError as exc:
         raise ValueError(f"config must be a readable TOML file. Found {str(path)!r}: {exc.strerror}.") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"config must be a UTF-8 TOML file. Found {str(path)!r}: byte {exc.object[exc.start]:#04x} at position "
+            f"{exc.start} is not UTF-8."
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"config must be valid TOML. Found {str(path)!r}: {exc}.") from None
 

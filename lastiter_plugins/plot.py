@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -89,16 +90,33 @@ def _matplotlib():
 
 
 def check_can_plot(path: str | Path) -> Path:
-    """Fail early (before a slow sweep): matplotlib importable and the folder of ``path`` exists.
+    """Fail early (before a slow sweep): matplotlib importable, a format it writes, a file we can write.
+
+    Returns:
+      The path the figure will be written to: ``path``, with ``.png`` appended when it has no
+      suffix (as matplotlib's ``savefig`` does).
 
     Raises:
       PlotDependencyError: matplotlib is missing (an ImportError and a ValueError).
-      ValueError: the folder of ``path`` does not exist.
+      ValueError: the suffix is not a format matplotlib writes, the folder of ``path`` does not
+        exist, ``path`` is a folder, or it cannot be written.
     """
-    _matplotlib()
+    _, FigureCanvasAgg = _matplotlib()
     path = Path(path)
+    if not path.suffix:
+        path = path.with_name(path.name.rstrip(".") + ".png")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise ValueError(
+            f"plot path must end in .png (or another format matplotlib writes: {', '.join(sorted(formats))}). "
+            f"Found {str(path)!r}."
+        )
     if not path.parent.is_dir():
         raise ValueError(f"plot path must be in an existing folder. Found {str(path)!r}.")
+    if path.is_dir():
+        raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}, a folder.")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}: permission denied.")
     return path
 
 
@@ -122,7 +140,7 @@ def draw_epsilon_vs_epochs(
       title: figure title (default: the sampling scheme).
 
     Returns:
-      The path written.
+      The path written (``path``, with ``.png`` appended when it has no suffix).
     """
     Figure, FigureCanvasAgg = _matplotlib()
     path = check_can_plot(path)

@@ -59,16 +59,11 @@ def strongly_convex(**overrides: Any) -> dict[str, Any]:
     return {**_PIPELINE, **_STRONGLY_CONVEX, **overrides}
 
 
-_NO_FLAG = ("clipped_loss_convex_smooth",)  # keyword-only: the command line has no flag for it
-
-
 def cli_flags(params: Mapping[str, Any]) -> list[str]:
     """The ``lastiter`` flags describing the keyword parameters ``params`` (None values omitted,
     True booleans as bare flags, False ones omitted)."""
     argv: list[str] = []
     for key, value in params.items():
-        if key in _NO_FLAG:
-            raise ValueError(f"{key} has no command-line flag.")
         if value is None or value is False:
             continue
         flag = "--" + key.replace("_", "-")

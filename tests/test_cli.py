@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
 import math
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import cli_flags, strongly_convex
 
 import lastiter_plugins as lp
-from lastiter_plugins.cli import main
+from lastiter_plugins import compare
+from lastiter_plugins.cli import build_parser, main
 
 KWARGS = strongly_convex(sampling="shuffle_once")
 PARAMS = cli_flags(KWARGS)
@@ -147,3 +152,194 @@ def test_unproven_bound_is_marked_in_the_bounds_table(capsys):
     code, out, _ = run(capsys, "bounds", "--delta", "1e-5", *argv, "--json", "--unproven", "altschuler-talwar")
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert rows["altschuler-talwar"]["epsilon"] is not None
+
+
+# ---------------------------------------------------------------- parity with the API (the installed console script)
+
+LASTITER = Path(sys.executable).with_name("lastiter")  # installed by `pip install -e .` next to the interpreter
+SCENARIO_DIR = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
+GLM_SCENARIO = SCENARIO_DIR / "random-batch-projected-glm.toml"
+
+
+def lastiter(*argv: str) -> subprocess.CompletedProcess:
+    """Run the installed ``lastiter`` console script."""
+    assert LASTITER.is_file(), f"the console script is not installed next to {sys.executable}"
+    return subprocess.run([str(LASTITER), *map(str, argv)], capture_output=True, text=True, check=False)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, fragment: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lastiter: error: "), proc.stderr
+    assert fragment in lines[0], lines[0]
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_version_is_the_package_version():
+    proc = lastiter("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"lastiter {lp.__version__}"
+    assert lp.__version__ == importlib.metadata.version("lastiter-plugins")
+
+
+@pytest.mark.parametrize("command", ["rdp", "epsilon", "bounds", "calibrate", "compare"])
+def test_every_subcommand_takes_config_and_every_api_parameter(command):
+    parser = _subcommands()[command]
+    dests = {action.dest for action in parser._actions}
+    assert {"config", *lp.PARAMETERS} <= dests, sorted({"config", *lp.PARAMETERS} - dests)
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    for key in lp.PARAMETERS:
+        assert "--" + key.replace("_", "-") in flags, key
+    for key in ("gradient_norms_within_clip", "clipped_loss_convex_smooth"):  # a file's true can be overridden
+        assert "--no-" + key.replace("_", "-") in flags, key
+
+
+def test_every_option_has_help_text():
+    hidden = {"--no-clipping"}  # the renamed flag: refused with the new name, not advertised
+    parsers = {"lastiter": build_parser(), **_subcommands()}
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or set(action.option_strings) & hidden:
+                continue
+            assert action.help and action.help != argparse.SUPPRESS, (name, action.option_strings or action.dest)
+    proc = lastiter("epsilon", "--help")
+    assert proc.returncode == 0 and "--clipped-loss-convex-smooth" in proc.stdout and "--config" in proc.stdout
+
+
+def test_epsilon_from_a_config_equals_compare_on_the_same_file():
+    proc = lastiter("epsilon", "--bound", "best", "--config", GLM_SCENARIO, "--json")
+    assert proc.returncode == 0, proc.stderr
+    eps = json.loads(proc.stdout)
+    proc = lastiter("compare", "--config", GLM_SCENARIO, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    best = json.loads(proc.stdout)["best"][0]
+    assert eps["epsilon"] == pytest.approx(best["epsilon"], rel=1e-12) and eps["winner"] == best["winner"]
+    assert eps["delta"] == 1e-5  # the file's delta
+
+
+def test_flags_override_the_config_file():
+    _, params, _ = compare.split_scenario(compare.load_scenario(GLM_SCENARIO))
+    proc = lastiter("epsilon", "--bound", "composition", "--config", GLM_SCENARIO, "--epochs", "10",
+                    "--delta", "1e-6", "--noise-multiplier", "3", "--json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    expected = lp.epsilon("composition", 1e-6, **(params | {"epochs": 10, "noise_multiplier": 3.0}))
+    assert json.loads(proc.stdout)["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
+    # a boolean the file sets to true is switched off by the flag: ye-shokri-random then refuses
+    proc = lastiter("epsilon", "--bound", "ye-shokri-random", "--config", GLM_SCENARIO)
+    assert proc.returncode == 0, proc.stderr
+    proc = lastiter(
+        "epsilon", "--bound", "ye-shokri-random", "--config", GLM_SCENARIO, "--no-gradient-norms-within-clip"
+    )
+    assert_one_line_error(proc, "gradient_norms_within_clip must be True")
+
+
+def test_clipped_loss_convex_smooth_flag_is_the_api_parameter():
+    kwargs = strongly_convex(sampling="shuffle_once", gradient_norms_within_clip=False)
+    argv = ["epsilon", "--bound", "best", "--delta", "1e-5", *cli_flags(kwargs), "--json"]
+    with_flag = lastiter(*argv, "--clipped-loss-convex-smooth")
+    without = lastiter(*argv)
+    assert with_flag.returncode == 0 and without.returncode == 0, with_flag.stderr + without.stderr
+    expected = lp.epsilon("best", 1e-5, **kwargs, clipped_loss_convex_smooth=True)
+    data = json.loads(with_flag.stdout)
+    assert data["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12) and data["winner"] == expected.winner
+    assert json.loads(without.stdout)["winner"] != expected.winner
+    assert json.loads(without.stdout)["epsilon"] > 2 * expected.epsilon
+
+
+def test_calibrate_reports_winner_relation_delta_protects_and_achieved_epsilon():
+    kwargs = strongly_convex(sampling="shuffle_once")
+    del kwargs["noise_multiplier"]
+    argv = ["calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *cli_flags(kwargs)]
+    proc = lastiter(*argv, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    achieved = lp.epsilon("best", 1e-5, **kwargs, noise_multiplier=data["noise_multiplier"])
+    assert data["target_epsilon"] == 3 and data["delta"] == 1e-5 and data["bound"] == "best"
+    assert data["epsilon"] == pytest.approx(achieved.epsilon, rel=1e-12) and data["epsilon"] <= 3
+    assert data["winner"] == achieved.winner == "shifted-interpolation-shuffle"
+    assert data["relation"] == "replace_one" and data["protects"] == "the final model only"
+    assert data["proof"] == "proven"
+    proc = lastiter(*argv)
+    assert proc.returncode == 0, proc.stderr
+    for text in (f"{data['noise_multiplier']:.6g}", f"epsilon = {achieved.epsilon:.6g} <= 3", "1e-05", "replace_one",
+                 "shifted-interpolation-shuffle", "the final model only"):  # fmt: skip
+        assert text in proc.stdout, text
+
+
+def test_subcommands_need_the_pipeline_from_flags_or_a_config(tmp_path):
+    proc = lastiter("epsilon", "--bound", "best", "--config", GLM_SCENARIO, "--delta", "1e-5")
+    assert proc.returncode == 0, proc.stderr
+    partial = tmp_path / "no-delta.toml"
+    partial.write_text(
+        "dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nsteps = 50\nsampling = 'cyclic'\n"
+    )
+    assert_one_line_error(lastiter("epsilon", "--bound", "best", "--config", partial), "--delta is required")
+    proc = lastiter("bounds", "--config", partial, "--json")  # bounds needs no delta
+    assert proc.returncode == 0, proc.stderr
+    assert_one_line_error(lastiter("calibrate", "--bound", "best", "--delta", "1e-5", "--config", partial),
+                          "--target-epsilon")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["compare", "--unproven", "nope"], "--unproven: must name an unproven bound (altschuler-talwar). Found 'nope'."),
+        (["bounds", *PARAMS, "--unproven", "composition"], "--unproven: must name an unproven bound"),
+        (["epsilon", "--bound", "best", "--config", "NOT_UTF8"], "config must be a UTF-8 TOML file"),
+        (["compare", "--config", "NOT_UTF8"], "config must be a UTF-8 TOML file"),
+        (["compare", "--config", "DIR"], "config must be a readable TOML file"),
+        (["compare", "--plot", "DIR/x.png"], "plot path must be a file we can write"),
+        (["compare", "--plot", "DIR/eps.txt"], "plot path must end in .png"),
+        (["rdp", "--bound", "best", "--orders", "2", "--config", "DIR/missing.toml"], "config must be a readable TOML file"),
+    ],
+    ids=["unknown-unproven", "proven-as-unproven", "non-utf8-epsilon", "non-utf8-compare", "config-is-a-folder",
+         "plot-onto-a-folder", "plot-suffix", "missing-config"],
+)  # fmt: skip
+def test_user_errors_of_the_console_script_exit_2_with_one_line(tmp_path, argv, fragment):
+    (tmp_path / "x.png").mkdir()  # a folder where the plot file should go
+    not_utf8 = tmp_path / "latin1.toml"
+    not_utf8.write_bytes('name = "sc\u00e9nario"\ndataset_size = 1000\n'.encode("latin-1"))
+    names_the_file = "NOT_UTF8" in argv
+    argv = [str(not_utf8) if a == "NOT_UTF8" else a.replace("DIR", str(tmp_path)) for a in argv]
+    proc = lastiter(*argv)
+    assert_one_line_error(proc, fragment)
+    if names_the_file:
+        assert str(not_utf8) in proc.stderr
+
+
+def test_unwritable_plot_path_is_refused_before_the_comparison_runs(capsys, monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the comparison ran before the plot path was checked")
+
+    monkeypatch.setattr(compare, "compare", must_not_run)
+    monkeypatch.setattr(compare, "epsilon_curves", must_not_run)
+    (tmp_path / "x.png").mkdir()
+    code, out, err = run(capsys, "compare", "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "plot path must be a file we can write" in err
+    if os.geteuid() != 0:  # root writes into read-only folders
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        code, out, err = run(capsys, "compare", "--plot", str(locked / "eps.png"))
+        assert code == 2 and "plot path must be a file we can write" in err and err.count("\n") == 1
+        assert not (locked / "eps.png").exists()
+
+
+def test_plot_message_names_the_file_actually_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "out"
+    target.mkdir()  # `--plot DIR`: matplotlib writes DIR.png, and the message must say so
+    proc = lastiter("compare", "--config", SCENARIO_DIR / "cyclic-clipping-kong-ribero.toml", "--epochs", "2",
+                    "--plot", target)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    written = tmp_path / "out.png"
+    assert written.read_bytes()[:4] == b"\x89PNG"
+    assert proc.stdout.rstrip().endswith(f"Plot written to {written}")
+    assert not any(target.iterdir())
