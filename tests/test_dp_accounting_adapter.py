@@ -29,13 +29,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters import _dpa_pld
 from lastiter_plugins.adapters.dp_accounting import (
     BoundId,
     LastIterateAccountant,
     LastIterateDpSgdEvent,
     LastIteratePldAccountant,
     SamplingScheme,
+    _pld,
 )
 
 R1 = dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -667,8 +667,8 @@ class TestContractHostPldAccountant(AccountantContract):
 
 
 def test_host_gaussian_shift_is_measured_right():
-    assert _dpa_pld.host_gaussian_shift(R1) == R1_SHIFT
-    assert _dpa_pld.host_gaussian_shift(AOR) == 1.0
+    assert _pld.host_gaussian_shift(R1) == R1_SHIFT
+    assert _pld.host_gaussian_shift(AOR) == 1.0
 
 
 def test_an_unknown_host_gaussian_convention_is_refused(monkeypatch):
@@ -678,13 +678,13 @@ def test_an_unknown_host_gaussian_convention_is_refused(monkeypatch):
                 event = dp_event.GaussianDpEvent(event.noise_multiplier / 1.5)
             return super()._maybe_compose(event, count, do_compose)
 
-    monkeypatch.setattr(_dpa_pld, "_dp_pld", types.SimpleNamespace(PLDAccountant=OtherShift))
-    _dpa_pld.host_gaussian_shift.cache_clear()
+    monkeypatch.setattr(_pld, "_dp_pld", types.SimpleNamespace(PLDAccountant=OtherShift))
+    _pld.host_gaussian_shift.cache_clear()
     try:
         with pytest.raises(lp.UnsupportedHostError, match="neither the 1-GDP value"):
             LastIteratePldAccountant()
     finally:
-        _dpa_pld.host_gaussian_shift.cache_clear()
+        _pld.host_gaussian_shift.cache_clear()
 
 
 @pytest.mark.parametrize(

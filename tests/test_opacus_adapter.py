@@ -221,10 +221,10 @@ def test_opacus_15_refuses_the_name_in_the_engine_and_calibration(request):
                                              target_delta=DELTA, epochs=3, max_grad_norm=1.0,
                                              poisson_sampling=False)  # fmt: skip
     finally:
-        from lastiter_plugins.adapters import _opacus_internals, _opacus_registration
+        from lastiter_plugins.adapters.opacus import _internals, _registration
 
-        _opacus_internals._ADAPTER_ACCOUNTANTS.pop("rdp", None)
-        _opacus_registration._REGISTRATIONS.pop("rdp", None)
+        _internals._ADAPTER_ACCOUNTANTS.pop("rdp", None)
+        _registration._REGISTRATIONS.pop("rdp", None)
 
 
 def test_state_dict_stores_the_mechanism_name(request):

@@ -1,4 +1,4 @@
-"""Opacus adapter: the compiled per-step checks (``_opacus_fast_step``) accept only what the full check accepts.
+"""Opacus adapter: the compiled per-step checks (``adapters/opacus/_fast_step.py``) accept only what the full check accepts.
 
 After a full check passes, the accountant compiles the usual step's checks for the run's
 shape; at the next steps they compare by identity what the optimizer, its param groups and
@@ -28,8 +28,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
-from lastiter_plugins.adapters._opacus_fast_step import UNROLL, compile_fast_step  # noqa: E402
-from lastiter_plugins.adapters._opacus_observe import STEP_METHODS  # noqa: E402
+from lastiter_plugins.adapters.opacus._fast_step import UNROLL, compile_fast_step  # noqa: E402
+from lastiter_plugins.adapters.opacus._observe import STEP_METHODS  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [

@@ -18,8 +18,8 @@ from opacus import PrivacyEngine  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
-from lastiter_plugins.adapters import _opacus_internals  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
+from lastiter_plugins.adapters.opacus import _internals  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -301,10 +301,10 @@ def test_register_refuses_renamed_clipping_keyword(request):
 
 
 def test_untested_opacus_version_refused(request, monkeypatch):
-    assert _opacus_internals.TESTED_OPACUS == ("1.5", "1.6")
-    _opacus_internals.require_tested_opacus("1.5.4")
+    assert _internals.TESTED_OPACUS == ("1.5", "1.6")
+    _internals.require_tested_opacus("1.5.4")
     with pytest.raises(lp.UnsupportedHostError, match=r"Found opacus 1.7.0"):
-        _opacus_internals.require_tested_opacus("1.7.0")
-    monkeypatch.setattr(_opacus_internals.opacus, "__version__", "2.0.0")
+        _internals.require_tested_opacus("1.7.0")
+    monkeypatch.setattr(_internals.opacus, "__version__", "2.0.0")
     with pytest.raises(lp.UnsupportedHostError, match=r"opacus version must be one of 1\.5\.x, 1\.6\.x"):
         _register(request)

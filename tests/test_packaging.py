@@ -104,6 +104,9 @@ def wheel_metadata(wheel) -> email.message.Message:
 def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "lastiter_plugins/adapters/__init__.py" in names
+    for host in ("opacus", "tf_privacy", "dp_accounting"):  # one subpackage per host
+        assert f"lastiter_plugins/adapters/{host}/__init__.py" in names, host
+    assert "lastiter_plugins/adapters/opacus/_internals.py" in names
     assert "lastiter_plugins/py.typed" in names
     assert "lastiter_plugins/bounds/sgm.py" in names
     assert "lastiter_plugins/verification/exact.py" in names
@@ -116,7 +119,13 @@ def test_wheel_contents(wheel):
 def test_sdist_contents(dists):
     with tarfile.open(dists["sdist"]) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
-    for needed in ("LICENSE", "README.md", "pyproject.toml", "adapters/opacus.py", "lastiter_plugins/py.typed"):
+    for needed in (
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "adapters/opacus/__init__.py",
+        "lastiter_plugins/py.typed",
+    ):
         assert needed in names, needed
 
 

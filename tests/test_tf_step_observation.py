@@ -13,13 +13,13 @@ tf = pytest.importorskip("tensorflow")
 tfp_privacy = pytest.importorskip("tensorflow_privacy")
 
 import lastiter_plugins as lp  # noqa: E402
-from lastiter_plugins.adapters import _tf_internals as internals  # noqa: E402
 from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     AccountingError,
     LastIterateCallback,
     ProjectionCallback,
     compute_last_iterate_privacy_statement,
 )
+from lastiter_plugins.adapters.tf_privacy import _internals as internals  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 

@@ -18,10 +18,10 @@ hyperparameters. This module gives Keras users
 
 Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0;
 other versions are refused (``lastiter_plugins.UnsupportedHostError``). The
-modules behind this facade: ``_tf_config`` (what is set up, checked before
-the first step), ``_tf_callback`` (the per-step observation),
-``_tf_projection``, ``_tf_statement``, ``_tf_glm`` (certified linear models:
-``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``) and ``_tf_internals`` (the only module
+modules of this package, behind this facade: ``_config`` (what is set up, checked before
+the first step), ``_callback`` (the per-step observation),
+``_projection``, ``_statement``, ``_glm`` (certified linear models:
+``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``) and ``_internals`` (the only module
 that reads Keras' fit locals and TF Privacy's private attributes). See
 docs/tf_privacy.md.
 """
@@ -38,11 +38,11 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         f"Import failed with: {error}"
     ) from error
 
-from ._tf_callback import LastIterateCallback
-from ._tf_config import AccountingError, DPOptimizerSettings, FitSettings, read_dp_optimizer
-from ._tf_glm import FeatureNormClip
-from ._tf_projection import ProjectionCallback
-from ._tf_statement import compute_last_iterate_privacy_statement
+from ._callback import LastIterateCallback
+from ._config import AccountingError, DPOptimizerSettings, FitSettings, read_dp_optimizer
+from ._glm import FeatureNormClip
+from ._projection import ProjectionCallback
+from ._statement import compute_last_iterate_privacy_statement
 
 __all__ = [
     "AccountingError",

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from lastiter_plugins.adapters import _opacus_internals as internals
-from lastiter_plugins.adapters._opacus_fast_step import NOT_FIRST, compile_version_record
-from lastiter_plugins.adapters._opacus_loaders import LoaderFacts, LoaderWatch
-from lastiter_plugins.adapters._opacus_observe import ExampleCounter, trainable
-from lastiter_plugins.adapters._opacus_projection import PROJECTIONS
-from lastiter_plugins.adapters._opacus_registration import LastIteratePipelineChangedError, Registration
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._fast_step import NOT_FIRST, compile_version_record
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch
+from lastiter_plugins.adapters.opacus._observe import ExampleCounter, trainable
+from lastiter_plugins.adapters.opacus._projection import PROJECTIONS
+from lastiter_plugins.adapters.opacus._registration import LastIteratePipelineChangedError, Registration
 
 _Changed = LastIteratePipelineChangedError
 _ONE_EACH = (

@@ -19,7 +19,7 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
   :func:`lastiter_plugins.compute_epsilon` answers for it (lossless, f-DP
   bounds included); any composition is converted from the summed RDP on the
   order grid.
-* ``LastIteratePldAccountant`` (in ``_dpa_pld``) composes runs certified
+* ``LastIteratePldAccountant`` (in ``_pld``) composes runs certified
   mu-GDP (an f-DP bound whose privacy profile is one Gaussian) as the
   dominating Gaussian mechanism in dp-accounting's ``PLDAccountant``, with the
   standard events there (tighter than adding RDP curves; the host's
@@ -53,6 +53,10 @@ factor 2 itself. So ledgers exchanged with it must be converted; see
 docs/dp_accounting.md.
 
 Tested against dp-accounting 0.4.3 (pinned by TF Privacy 0.9) and 0.6.0.
+
+Modules of this package: this facade (the events and ``LastIterateAccountant``),
+``_run`` (one run on its own: its lossless (epsilon, delta) and its mu-GDP
+guarantee) and ``_pld`` (``LastIteratePldAccountant``).
 """
 
 import dataclasses
@@ -70,14 +74,14 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
-from lastiter_plugins.adapters import _dpa_run
+from lastiter_plugins.adapters.dp_accounting import _run
 from lastiter_plugins.api import build, compute_rdp
 from lastiter_plugins.config import Relation, Sampling, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon, validate_orders
 from lastiter_plugins.registry import BOUND_IDS
 
 if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ (it imports this module)
-    from lastiter_plugins.adapters._dpa_pld import LastIteratePldAccountant
+    from lastiter_plugins.adapters.dp_accounting._pld import LastIteratePldAccountant
 
 __all__ = [
     "BoundId",
@@ -89,9 +93,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # LastIteratePldAccountant lives in _dpa_pld, which imports this module; loaded on first use.
+    # LastIteratePldAccountant lives in _pld, which imports this module; loaded on first use.
     if name == "LastIteratePldAccountant":
-        from lastiter_plugins.adapters._dpa_pld import LastIteratePldAccountant
+        from lastiter_plugins.adapters.dp_accounting._pld import LastIteratePldAccountant
 
         return LastIteratePldAccountant
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -270,7 +274,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             precondition); the message says which and what to use instead.
         """
         config, assumptions, no_noise = self._build(neighboring_relation)
-        mu, _ = _dpa_run.gaussian_mu(_to_bound(bound).value, config, assumptions)
+        mu, _ = _run.gaussian_mu(_to_bound(bound).value, config, assumptions)
         return math.inf if no_noise else mu
 
     def _build(self, neighboring_relation: Any) -> tuple[Any, Any, bool]:
@@ -444,7 +448,7 @@ def _single_run_epsilon(
     run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, delta: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    result = _dpa_run.epsilon(bound, config, assumptions, delta, orders)
+    result = _run.epsilon(bound, config, assumptions, delta, orders)
     return float(result.epsilon), result.order
 
 
@@ -453,7 +457,7 @@ def _single_run_delta(
     run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, eps: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    return _dpa_run.delta(bound, config, assumptions, eps, orders)
+    return _run.delta(bound, config, assumptions, eps, orders)
 
 
 # ---------------------------------------------------------------- the accountant

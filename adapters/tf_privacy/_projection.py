@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import _tf_internals as internals
-from ._tf_config import AccountingError
+from . import _internals as internals
+from ._config import AccountingError
 
 
 class ProjectionCallback(tf.keras.callbacks.Callback):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from opacus.optimizers import DPOptimizer
 
-from lastiter_plugins.adapters._opacus_internals import versions
+from lastiter_plugins.adapters.opacus._internals import versions
 
 #: Orders the writes to parameters seen by the adapter's step post-hooks (the latest one holds the
 #: versions): ``next(STAMPS)``.

@@ -38,7 +38,7 @@ import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
 from lastiter_plugins.glm import LossFamily, certify_linear_model
 
-from ._tf_config import AccountingError
+from ._config import AccountingError
 
 #: What the user would declare by hand instead (appended to refusals).
 BY_HAND = (

@@ -1,7 +1,7 @@
 r"""The TF Privacy adapter's configuration: what the DP optimizer, ``fit`` and the model are set up
 to do, checked against what the bounds cover before the first step.
 
-Only public Keras API here; host internals come through :mod:`._tf_internals`.
+Only public Keras API here; host internals come through :mod:`._internals`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from lastiter_plugins import BOUNDS, NotApplicableError, Relation, Sampling
 
-from . import _tf_internals as internals
+from . import _internals as internals
 
 
 class AccountingError(NotApplicableError):

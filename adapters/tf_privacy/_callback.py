@@ -16,11 +16,11 @@ from lastiter_plugins import LossAssumptions, PipelineChangedError, Relation, Sa
 from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_delta, validate_orders
 
-from . import _tf_config as conf
-from . import _tf_glm
-from . import _tf_internals as internals
-from ._tf_config import AccountingError
-from ._tf_projection import ProjectionCallback
+from . import _config as conf
+from . import _glm
+from . import _internals as internals
+from ._config import AccountingError
+from ._projection import ProjectionCallback
 
 #: Models a LastIterateCallback has trained (their weights carry the earlier run).
 _TRAINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -124,7 +124,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             "strong_convexity": strong_convexity != 0.0,
             "gradient_norms_within_clip": gradient_norms_within_clip is not False,
         }
-        self._glm = _tf_glm.declare(model=model, feature_norm=feature_norm, declared=given)
+        self._glm = _glm.declare(model=model, feature_norm=feature_norm, declared=given)
         self.assumptions = LossAssumptions(
             smoothness=smoothness,
             weak_convexity=weak_convexity,
@@ -149,8 +149,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self._projection: ProjectionCallback | None = None
         self._trainable_ids: tuple[int, ...] = ()
         self._moved_tolerance = 0.0
-        self._glm_probe: _tf_glm.Probe | None = None
-        self.glm_structure: _tf_glm.Structure | None = None  # model="glm": what the constants were derived from
+        self._glm_probe: _glm.Probe | None = None
+        self.glm_structure: _glm.Structure | None = None  # model="glm": what the constants were derived from
 
     # -- reading ------------------------------------------------------------
 
@@ -246,7 +246,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         conf.check_model(model)
         if self._glm is not None:  # model="glm": derive the assumptions (diameter stays declared)
             clip = min(settings.l2_norm_clip, float(np.float32(settings.l2_norm_clip)))
-            self.assumptions, self.glm_structure = _tf_glm.derive(
+            self.assumptions, self.glm_structure = _glm.derive(
                 self._glm, model, clip_norm=clip, diameter=self.assumptions.diameter
             )
         self._projection = self._check_projection(fit)
@@ -276,7 +276,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             self._moved_tolerance = _TOLERANCE * (self._projection.radius + _center_norm(self._projection))
         self._probe = internals.StepProbe(model, model.optimizer, ball)
         if self.glm_structure is not None:
-            self._glm_probe = _tf_glm.Probe(model, self.glm_structure)
+            self._glm_probe = _glm.Probe(model, self.glm_structure)
 
     def _check_projection(self, fit: conf.FitSettings) -> ProjectionCallback | None:
         projections = [cb for cb in fit.callbacks if isinstance(cb, ProjectionCallback)]

@@ -14,7 +14,7 @@ from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_delta
 
-from . import _tf_internals as internals
+from . import _internals as internals
 
 
 def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:

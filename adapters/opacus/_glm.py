@@ -42,11 +42,11 @@ from torch import nn
 
 import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
-from lastiter_plugins.adapters import _opacus_internals as internals
-from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
-from lastiter_plugins.adapters._opacus_loaders import check_data_loader
-from lastiter_plugins.adapters._opacus_observe import core_batch, poisson_batch_size
-from lastiter_plugins.adapters._opacus_registration import (
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+from lastiter_plugins.adapters.opacus._loaders import check_data_loader
+from lastiter_plugins.adapters.opacus._observe import core_batch, poisson_batch_size
+from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
     Registration,

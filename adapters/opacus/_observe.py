@@ -14,8 +14,8 @@ import torch
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters._opacus_loaders import LoaderFacts
-from lastiter_plugins.adapters._opacus_registration import LastIterateConfigurationError, Registration
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
+from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError, Registration
 
 Sampling = lp.Sampling
 ALLOWED_OPTIMIZERS = (DPOptimizer, DistributedDPOptimizer)  # exact types: flat clipping, hooks/ew/functorch

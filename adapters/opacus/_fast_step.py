@@ -1,7 +1,7 @@
 """The usual step's checks, compiled into one function.
 
 At every optimizer step the accountant must re-establish what its number depends on
-(:mod:`._opacus_observe`, :class:`._opacus_steps.StepChecks`, :class:`._opacus_loaders.LoaderWatch`).
+(:mod:`._observe`, :class:`._steps.StepChecks`, :class:`._loaders.LoaderWatch`).
 Run as written, those checks cost about 16 microseconds a step, mostly cache misses
 (the training step between two hooks evicts what they touch, the bytecode included):
 2.5% of a small model's step, against a goal of 1%. :func:`compile_fast_step` takes
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from opacus.optimizers import DistributedDPOptimizer
 
-from lastiter_plugins.adapters import _opacus_internals as internals
-from lastiter_plugins.adapters._opacus_loaders import LoaderFacts, LoaderWatch
-from lastiter_plugins.adapters._opacus_observe import STEP_METHODS, ExampleCounter
-from lastiter_plugins.adapters._opacus_projection import PROJECTIONS, STAMPS
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch
+from lastiter_plugins.adapters.opacus._observe import STEP_METHODS, ExampleCounter
+from lastiter_plugins.adapters.opacus._projection import PROJECTIONS, STAMPS
 
 if TYPE_CHECKING:
-    from lastiter_plugins.adapters._opacus_steps import StepChecks
+    from lastiter_plugins.adapters.opacus._steps import StepChecks
 
 #: exact types whose objects are immutable: while an attribute or param-group entry still refers
 #: to the same object of one of these types, its value has not changed
@@ -228,7 +228,7 @@ def _source(shape: _Shape) -> str:
     add("            optim is not _optim or type(optim) is not _kind or optim.max_grad_norm is not _clip")
     add("            or optim.noise_multiplier is not _noise or optim.loss_reduction is not _reduction")
     add("            or optim.expected_batch_size is not _expected or optim.original_optimizer is not _base")
-    # (Opacus' step methods not overridden on the object: STEP_METHODS of _opacus_observe)
+    # (Opacus' step methods not overridden on the object: STEP_METHODS of _observe)
     overrides = " or ".join(f"{name!r} in attrs" for name in STEP_METHODS)
     add(f"            or _skipped(optim) or {overrides}")
     if shape.world:

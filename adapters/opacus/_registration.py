@@ -11,7 +11,7 @@ from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_orders
 
 if TYPE_CHECKING:
-    from lastiter_plugins.adapters._opacus_glm import GlmDeclaration
+    from lastiter_plugins.adapters.opacus._glm import GlmDeclaration
 
 
 class LastIterateConfigurationError(lp.NotApplicableError):
@@ -127,8 +127,8 @@ def register(
         already registered with another configuration and ``force`` is False.
       lastiter_plugins.UnsupportedHostError: an Opacus version the adapter was not tested with.
     """
-    from lastiter_plugins.adapters._opacus_accountant import register_class
-    from lastiter_plugins.adapters._opacus_internals import require_tested_opacus
+    from lastiter_plugins.adapters.opacus._accountant import register_class
+    from lastiter_plugins.adapters.opacus._internals import require_tested_opacus
 
     refuse_renamed(renamed)
     if renamed:
@@ -142,7 +142,7 @@ def register(
     relation = lp.Relation.parse(relation)
     glm = None
     if model is not None:
-        from lastiter_plugins.adapters._opacus_glm import declare
+        from lastiter_plugins.adapters.opacus._glm import declare
 
         if model != "glm":
             raise ValueError(f"model must be None or 'glm' (a certified linear model). Found {model!r}.")
@@ -216,7 +216,7 @@ def register(
             f"({previous.to_dict()}); pass force=True to replace it or choose another name."
         )
     if glm is not None:
-        from lastiter_plugins.adapters._opacus_glm import register_class as register_glm_class
+        from lastiter_plugins.adapters.opacus._glm import register_class as register_glm_class
 
         register_glm_class(name, reg, force=force or previous is not None)
     else:
@@ -231,8 +231,8 @@ def create_accountant(name: str) -> Any:
     Raises:
       ValueError: nothing is registered under ``name`` (call ``register`` first).
     """
-    from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
-    from lastiter_plugins.adapters._opacus_internals import create_accountant as host_create
+    from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+    from lastiter_plugins.adapters.opacus._internals import create_accountant as host_create
 
     registration(name)  # raises if the name is not ours
     accountant = host_create(name)
@@ -261,7 +261,7 @@ def attach(engine: Any, name: str) -> Any:
     """
     from opacus import PrivacyEngine
 
-    from lastiter_plugins.adapters._opacus_internals import engine_made_private
+    from lastiter_plugins.adapters.opacus._internals import engine_made_private
 
     if not isinstance(engine, PrivacyEngine):
         raise TypeError(f"engine must be an opacus.PrivacyEngine. Found {type(engine).__name__}.")

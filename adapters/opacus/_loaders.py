@@ -25,7 +25,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters._opacus_registration import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
 
 Sampling = lp.Sampling
 _POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
@@ -349,7 +349,7 @@ class LoaderWatch:
         return _signature(loader) == self._signature
 
     def fast_pins(self) -> FastLoaderPins | None:
-        """What :mod:`._opacus_fast_step` compares, at every step, for the common loaders: a
+        """What :mod:`._fast_step` compares, at every step, for the common loaders: a
         ``BatchSampler`` over a ``SequentialSampler`` of the dataset itself or over a
         ``ShuffleOnceSampler``; None for the others (``unchanged`` is then called).
 

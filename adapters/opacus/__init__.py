@@ -26,13 +26,13 @@ the name there, so use ``attach(PrivacyEngine(), name)`` (or ``engine.accountant
 create_accountant(name)``) before ``make_private``; ``make_private_with_epsilon``
 needs Opacus 1.6 (``docs/opacus.md``, *Opacus 1.5*).
 
-Modules (each one job): ``_opacus_registration`` (register, create_accountant, attach, errors),
-``_opacus_loaders`` (loader -> sampling scheme, per-step loader watch),
-``_opacus_observe`` (optimizer facts in the core's terms, example counter),
-``_opacus_steps`` (per-step data and parameter checks), ``_opacus_projection``,
-``_opacus_report``, ``_opacus_accountant``, ``_opacus_glm`` (certified linear models:
-``register(..., model="glm")`` and ``FeatureNormClip``) and ``_opacus_internals`` (the only
-reader of Opacus' private state, behind a version guard).
+Modules of this package (each one job): ``_registration`` (register, create_accountant, attach,
+errors), ``_loaders`` (loader -> sampling scheme, per-step loader watch), ``_observe`` (optimizer
+facts in the core's terms, example counter), ``_steps`` (per-step data and parameter checks),
+``_fast_step`` (the per-step checks compiled for the run's shape), ``_projection``, ``_report``,
+``_accountant``, ``_glm`` (certified linear models: ``register(..., model="glm")`` and
+``FeatureNormClip``) and ``_internals`` (the only reader of Opacus' private state, behind a version
+guard).
 """
 
 from __future__ import annotations
@@ -45,18 +45,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "lastiter_plugins.adapters.opacus needs torch and opacus: pip install 'lastiter-plugins[opacus]'"
     ) from exc
 
-from lastiter_plugins.adapters._opacus_accountant import LastIterateAccountant
-from lastiter_plugins.adapters._opacus_glm import FeatureNormClip, GlmAccountant
-from lastiter_plugins.adapters._opacus_internals import TESTED_OPACUS
-from lastiter_plugins.adapters._opacus_loaders import (
+from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+from lastiter_plugins.adapters.opacus._glm import FeatureNormClip, GlmAccountant
+from lastiter_plugins.adapters.opacus._internals import TESTED_OPACUS
+from lastiter_plugins.adapters.opacus._loaders import (
     LoaderFacts,
     ShuffleOnceSampler,
     check_data_loader,
     describe_data_loader,
 )
-from lastiter_plugins.adapters._opacus_observe import ExampleCounter as _ExampleCounter
-from lastiter_plugins.adapters._opacus_projection import Projection, attach_projection
-from lastiter_plugins.adapters._opacus_registration import (
+from lastiter_plugins.adapters.opacus._observe import ExampleCounter as _ExampleCounter
+from lastiter_plugins.adapters.opacus._projection import Projection, attach_projection
+from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
     Registration,
@@ -65,7 +65,7 @@ from lastiter_plugins.adapters._opacus_registration import (
     register,
     registration,
 )
-from lastiter_plugins.adapters._opacus_report import THREAT_MODEL, Report, ReportRow
+from lastiter_plugins.adapters.opacus._report import THREAT_MODEL, Report, ReportRow
 
 __all__ = [
     "TESTED_OPACUS",

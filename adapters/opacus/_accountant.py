@@ -16,10 +16,10 @@ import torch
 from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters import _opacus_internals as internals
-from lastiter_plugins.adapters._opacus_fast_step import FastStep, compile_fast_step
-from lastiter_plugins.adapters._opacus_loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
-from lastiter_plugins.adapters._opacus_observe import (
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._fast_step import FastStep, compile_fast_step
+from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
@@ -27,13 +27,13 @@ from lastiter_plugins.adapters._opacus_observe import (
     core_batch,
     observe,
 )
-from lastiter_plugins.adapters._opacus_registration import (
+from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
     Registration,
 )
-from lastiter_plugins.adapters._opacus_report import Report, build_report
-from lastiter_plugins.adapters._opacus_steps import StepChecks
+from lastiter_plugins.adapters.opacus._report import Report, build_report
+from lastiter_plugins.adapters.opacus._steps import StepChecks
 
 Sampling = lp.Sampling
 _EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
@@ -190,7 +190,7 @@ class LastIterateAccountant(IAccountant):
         before the parameters change), then record it. A refusal voids the accountant.
 
         The usual step is verified and recorded by the compiled checks of the last full check
-        (:mod:`._opacus_fast_step`); anything they do not accept gets the full check."""
+        (:mod:`._fast_step`); anything they do not accept gets the full check."""
         fast = self._fast
         if fast is not None and fast(optim):
             return
