@@ -7,6 +7,7 @@ checkpoints must not be released. See README.md and docs/.
 
 from lastiter_plugins.api import (
     PARAMETERS,
+    Parameters,
     applicable_bounds,
     build,
     compute_epsilon,
@@ -37,6 +38,7 @@ __all__ = [
     "LossAssumptions",
     "NotApplicableError",
     "OrderGridWarning",
+    "Parameters",
     "PipelineChangedError",
     "Proof",
     "Protects",

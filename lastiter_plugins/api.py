@@ -8,19 +8,45 @@ levels return the same kinds of values (an RDP array; an :class:`EpsilonResult`)
 Everything is computed by the one evaluation path, :mod:`lastiter_plugins.evaluation`.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict reads Required[...] from evaluated annotations.
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
+from typing_extensions import Required, TypedDict, Unpack
 
 from lastiter_plugins import evaluation, registry
-from lastiter_plugins.config import LossAssumptions, TrainingConfig, refuse_renamed
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, refuse_renamed
 from lastiter_plugins.conversion import validate_orders
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
 from lastiter_plugins.registry import Kind, Protects
+
+
+class Parameters(TypedDict, total=False):
+    r"""The keyword parameters of the public functions: one training run and the declared loss assumptions.
+
+    ``dataset_size``, ``batch_size``, ``sampling`` and exactly one of ``steps`` and ``epochs`` are
+    required, and ``noise_multiplier`` too except for :func:`applicable_bounds` and
+    :func:`~lastiter_plugins.calibrate_noise`. :class:`TrainingConfig` and :class:`LossAssumptions`
+    document each field; docs/bounds.md maps the names to the papers' symbols.
+    """
+
+    dataset_size: Required[int]
+    batch_size: Required[int]
+    noise_multiplier: float
+    learning_rate: float | None
+    clip_norm: float
+    sampling: Required[Sampling | str]
+    relation: Relation | str
+    steps: int
+    epochs: int
+    smoothness: float | None
+    weak_convexity: float
+    strong_convexity: float
+    diameter: float | None
+    gradient_norms_within_clip: bool
+    clipped_loss_convex_smooth: bool
+
 
 _TRAINING_KEYS = (
     "dataset_size",
@@ -44,6 +70,7 @@ __all__ = [
     "BoundEvaluation",
     "EpsilonResult",
     "NotApplicableError",
+    "Parameters",
     "applicable_bounds",
     "build",
     "compute_epsilon",
@@ -53,10 +80,11 @@ __all__ = [
     "rdp",
 ]
 
-PARAMETERS: tuple[str, ...] = (*_TRAINING_KEYS, "steps", "epochs", *_ASSUMPTION_KEYS)
+#: The names of the keyword parameters, in the order of :class:`Parameters`.
+PARAMETERS: tuple[str, ...] = tuple(Parameters.__annotations__)
 
 
-def build(**params: Any) -> tuple[TrainingConfig, LossAssumptions]:
+def build(**params: Unpack[Parameters]) -> tuple[TrainingConfig, LossAssumptions]:
     """Validated (TrainingConfig, LossAssumptions) from the keyword parameters.
 
     Give exactly one of ``steps`` and ``epochs`` (E epochs = E * ceil(n/b) steps).
@@ -99,13 +127,13 @@ def compute_epsilon(
     return evaluation.epsilon_result(bound, config, assumptions, delta, orders)
 
 
-def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Any) -> np.ndarray:
+def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Parameters]) -> np.ndarray:
     """Renyi-DP epsilon (nats) of ``bound`` at each order.
 
     Args:
       bound: a bound id (see ``BOUND_IDS``), ``composition`` or ``best``.
       orders: Renyi orders, each > 1.
-      **params: the training configuration and loss assumptions (see README).
+      **params: the training configuration and loss assumptions (:class:`Parameters`).
 
     Raises:
       NotApplicableError: a precondition of the bound fails (the message names it
@@ -117,7 +145,7 @@ def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Any) -> np.n
 
 
 def epsilon(
-    bound: str, delta: float, orders: Sequence[float] | np.ndarray | None = None, **params: Any
+    bound: str, delta: float, orders: Sequence[float] | np.ndarray | None = None, **params: Unpack[Parameters]
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` at ``delta`` for the pipeline described by ``params``.
 
@@ -130,7 +158,7 @@ def epsilon(
     return compute_epsilon(bound, config, assumptions, delta, orders)
 
 
-def applicable_bounds(**params: Any) -> dict[str, BoundEvaluation]:
+def applicable_bounds(**params: Unpack[Parameters]) -> dict[str, BoundEvaluation]:
     """For every bound id (``best`` included): applies or not, and why, with its
     relation, proof status, what it protects and its reference.
 

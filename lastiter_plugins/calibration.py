@@ -6,7 +6,9 @@ import math
 import numbers
 from typing import Any
 
-from lastiter_plugins.api import build, compute_epsilon, compute_rdp
+from typing_extensions import Unpack
+
+from lastiter_plugins.api import Parameters, build, compute_epsilon, compute_rdp
 from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.errors import CalibrationError
 
@@ -28,7 +30,7 @@ def calibrate_noise(
     orders=None,
     max_noise_multiplier: float = 1e4,
     rtol: float = 1e-4,
-    **params: Any,
+    **params: Unpack[Parameters],
 ) -> float:
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
     ``bound`` gives epsilon <= ``target_epsilon`` at ``delta``.
@@ -57,7 +59,8 @@ def calibrate_noise(
       orders: Renyi orders (default: the library's grid and conversion).
       max_noise_multiplier: the largest noise multiplier tried (> 0).
       rtol: relative precision of the bisection (> 0).
-      **params: the pipeline (see README), without ``noise_multiplier``.
+      **params: the pipeline (:class:`~lastiter_plugins.api.Parameters`), without ``noise_multiplier``
+        (ignored if given).
 
     Returns:
       A noise multiplier z with epsilon(z) <= target_epsilon.

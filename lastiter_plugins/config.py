@@ -23,7 +23,18 @@ import numbers
 from typing import Any
 
 
-class Sampling(str, enum.Enum):
+class ValueEnum(str, enum.Enum):
+    """A string enum that prints as its value: ``str()``, ``format()`` and f-strings give
+    ``"cyclic"``, not ``"Sampling.CYCLIC"`` (what ``enum.StrEnum`` does on Python >= 3.11)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
+
+
+class Sampling(ValueEnum):
     """What the data pipeline really does."""
 
     CYCLIC = "cyclic"  # fixed order, the same batches every epoch
@@ -37,7 +48,7 @@ class Sampling(str, enum.Enum):
         return _parse_enum(cls, value, "sampling")
 
 
-class Relation(str, enum.Enum):
+class Relation(ValueEnum):
     """Neighbouring relation of the guarantee."""
 
     REPLACE_ONE = "replace_one"

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
+import typing_extensions
 from conftest import pipeline, strongly_convex
 
 import lastiter_plugins as lp
@@ -291,3 +292,52 @@ def test_no_finite_epsilon_is_ever_returned_for_a_violated_precondition():
             else:
                 with pytest.raises(lp.NotApplicableError):
                     lp.epsilon(bound, 1e-5, **params)
+
+
+# ---------------------------------------------------------------- small frictions: enums, float, typed parameters
+
+_ENUMS_HERE = [lp.Sampling, lp.Relation]
+_ENUMS_IN_REGISTRY = [lp.Kind, lp.Protects]  # registry.py: see the xfail reason
+_REGISTRY_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="Kind and Protects live in registry.py, which was being edited by another change; they should "
+    "subclass config.ValueEnum (then remove this mark)",
+)
+
+
+@pytest.mark.parametrize(
+    "member",
+    [m for cls in _ENUMS_HERE for m in cls]
+    + [pytest.param(m, marks=_REGISTRY_XFAIL) for cls in _ENUMS_IN_REGISTRY for m in cls],
+    ids=str,
+)
+def test_str_and_format_of_every_enum_give_its_value(member):
+    assert str(member) == member.value
+    assert f"{member}" == member.value and f"{member:>30}" == f"{member.value:>30}"
+    assert member == member.value  # still a str
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="EpsilonResult lives in evaluation.py, which was being edited by another change; it should "
+    "define __float__ (then remove this mark)",
+)
+def test_float_of_an_epsilon_result_is_its_epsilon():
+    result = lp.epsilon("best", 1e-5, **strongly_convex(sampling="shuffle_once"))
+    assert float(result) == result.epsilon and math.isfinite(float(result))
+
+
+def test_parameters_typed_dict_is_the_single_list_of_parameters():
+    assert tuple(lp.Parameters.__annotations__) == lp.PARAMETERS
+    assert lp.Parameters.__required_keys__ == {"dataset_size", "batch_size", "sampling"}
+    params: lp.Parameters = {"dataset_size": 1000, "batch_size": 10, "sampling": "cyclic", "steps": 5}
+    assert lp.applicable_bounds(**params)["composition"].applies
+
+
+@pytest.mark.parametrize(
+    "function", [lp.build, lp.rdp, lp.epsilon, lp.applicable_bounds, lp.calibrate_noise], ids=lambda f: f.__name__
+)
+def test_public_functions_type_their_keyword_parameters(function):
+    hint = typing_extensions.get_type_hints(function, include_extras=True)["params"]
+    assert typing_extensions.get_origin(hint) is typing_extensions.Unpack
+    assert typing_extensions.get_args(hint) == (lp.Parameters,)
