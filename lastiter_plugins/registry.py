@@ -375,6 +375,13 @@ def _si_shuffle(cfg, a) -> GaussianMixtureProfile:
     return GaussianMixtureProfile.mixture(weights, mus)
 
 
+def _si_reshuffle(cfg, a) -> GaussianMixtureProfile:
+    weights, mus = shifted_interpolation.reshuffle_profile(
+        dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_si_inputs(cfg, a)
+    )
+    return GaussianMixtureProfile.mixture(weights, mus)
+
+
 def _profile_rdp(profile: ProfileFunction) -> RdpFunction:
     def rdp(cfg, a, orders):
         return profile(cfg, a).rdp(orders)
@@ -698,6 +705,19 @@ _TABLE: tuple[BoundSpec, ...] = (
         conditions=_CONVEX_UNCLIPPED,
         compute=_profile_rdp(_si_shuffle),
         profile=_si_shuffle,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-reshuffle",
+        title="f-DP, a fresh secret permutation every epoch: schedule mixture over the last epoch's position",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): earlier "
+        "epochs at their worst position, the last epoch's position averaged by joint convexity of the "
+        "hockey-stick divergence; derivation in docs/decisions.md",
+        covers=_covers((Sampling.RESHUFFLE,)),
+        assumptions=_SI_ASSUMES + "; a new permutation every epoch, drawn uniformly at random and kept secret",
+        conditions=_CONVEX_UNCLIPPED,
+        compute=_profile_rdp(_si_reshuffle),
+        profile=_si_reshuffle,
         kind=Kind.GDP,
     ),
     BoundSpec(

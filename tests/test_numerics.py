@@ -53,7 +53,7 @@ ASSUMPTIONS = {
 SAMPLINGS = [s.value for s in lp.Sampling]
 # A mixture over the secret position of the differing example: with noise 1e-200 only the positions
 # used last leak, and their total weight can be below delta (a finite epsilon is then correct).
-MIXTURES = {"shifted-interpolation-shuffle", "best"}
+MIXTURES = {"shifted-interpolation-shuffle", "shifted-interpolation-reshuffle", "best"}
 
 
 def _relation(sampling: str) -> str:

@@ -54,6 +54,13 @@ def test_cyclic_equals_the_papers_formula():
         per_epoch, epochs = int(rng.integers(1, 200)), int(rng.integers(1, 500))
         mu = float(rng.uniform(0.01, 3))
         ours = si.cyclic_mu(step_mu=mu, contraction=c, steps_per_epoch=per_epoch, steps=per_epoch * epochs)
+        if per_epoch == 1:
+            # one batch: the optimum of the shift allocation is the (exact) full-batch value, which the
+            # paper's cyclic formula (a feasible allocation through every use) does not reach
+            exact = si.full_batch_mu(step_mu=mu, contraction=c, steps=epochs)
+            assert ours == pytest.approx(exact, rel=1e-12)
+            assert ours <= _paper_cyclic(mu, c, per_epoch, epochs) * (1 + 1e-12)
+            continue
         assert ours == pytest.approx(_paper_cyclic(mu, c, per_epoch, epochs), rel=1e-9)
         # a partial last pass counts as a pass (E = ceil(T/l))
         if per_epoch > 1:

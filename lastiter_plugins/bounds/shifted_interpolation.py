@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import log_theta
+from lastiter_plugins.bounds import shift_schedules
 
 _MIN_CONTRACTION = 1e-12  # c is raised to this: a c-Lipschitz map is c'-Lipschitz for c' >= c (sound)
 
@@ -95,13 +95,6 @@ def _usable_ratio(diameter_ratio: float | None) -> float | None:
     return float(diameter_ratio)
 
 
-def _log1mexp(x: np.ndarray | float) -> np.ndarray:
-    r""":math:`\log(1 - e^{x})` for x <= 0 (-inf at x = 0)."""
-    x = np.asarray(x, dtype=float)
-    with np.errstate(divide="ignore"):
-        return np.where(x > -math.log(2.0), np.log(-np.expm1(x)), np.log1p(-np.exp(x)))
-
-
 def _geometric_ratio(log_c: float, steps: np.ndarray | float) -> np.ndarray:
     r""":math:`\sum_{u<B} c^u = (1-c^{B})/(1-c)` from :math:`\log c` (B >= 0; B at c = 1)."""
     steps = np.asarray(steps, dtype=float)
@@ -116,21 +109,6 @@ def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.nda
     steps = np.asarray(steps, dtype=float)
     with np.errstate(over="ignore"):  # removed^2 overflows: the cost is inf (the divisor is >= 1)
         return np.asarray(removed, dtype=float) ** 2 / _geometric_ratio(2.0 * log_c, steps)
-
-
-def _log_fb_theta(log_c: float, steps_per_epoch: int, blocks: np.ndarray) -> np.ndarray:
-    r"""log of :math:`\theta_c(l)\,\mathrm{FB}(c^l, B)
-    = \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}\cdot\frac{1-c^{lB}}{1+c^{lB}}` (-inf at B = 0;
-    log(B/l) at c = 1), in a form stable for l*B up to 1e16."""
-    blocks = np.asarray(blocks, dtype=float)
-    with np.errstate(divide="ignore"):
-        if log_c == 0.0:
-            return np.log(blocks / steps_per_epoch)
-        x = steps_per_epoch * log_c  # log c^l
-        log_theta_l = float(log_theta(math.exp(log_c), np.array([float(steps_per_epoch)]))[0])
-        log_fb_prefactor = math.log1p(math.exp(x)) - float(_log1mexp(x))  # (1+c^l)/(1-c^l)
-        log_ratio = _log1mexp(blocks * x) - np.log1p(np.exp(blocks * x))  # (1-c^{lB})/(1+c^{lB})
-    return np.where(blocks > 0, log_theta_l + log_fb_prefactor + log_ratio, -np.inf)
 
 
 def _times_exp(log_a: float | np.ndarray, log_b: float | np.ndarray) -> np.ndarray:
@@ -228,49 +206,20 @@ def _position_layout(steps_per_epoch: int, steps: int, positions: np.ndarray) ->
     return uses.astype(np.int64), after.astype(np.int64)
 
 
-def _blocks_cost(log_c: float, step_mu: float, steps_per_epoch: int, max_blocks: int, d: float | None) -> float:
-    r"""min over schedules of the cost of removing every use before the last one
-    by the time of the last use (draft section 3): S(B) with B = max_blocks,
-    and with a projection the restarts at a use, B = 1..max_blocks."""
-    if max_blocks <= 0:
-        return 0.0
-    log_s = math.log(step_mu)
-    best = float(_times_exp(2.0 * log_s, _log_fb_theta(log_c, steps_per_epoch, np.array([max_blocks]))[0]))
-    if d is None:
-        return best
-    per_epoch = steps_per_epoch
-    log_d = math.log(d)
-
-    def cost(blocks: np.ndarray) -> np.ndarray:
-        blocks = np.asarray(blocks, dtype=float)
-        # (s/c) sum_{k=1..B} c^{kl} = s c^{l-1} (1 - c^{lB}) / (1 - c^l); the sum is >= 1
-        log_injected = log_s + (per_epoch - 1) * log_c + np.log(_geometric_ratio(per_epoch * log_c, blocks))
-        with np.errstate(over="ignore"):
-            removed = _times_exp(blocks * per_epoch * log_c, log_d) + _times_exp(log_injected, 0.0)
-        return _window_cost(log_c, removed, blocks * per_epoch)
-
-    return min(best, _integer_min(cost, 1, max_blocks))
-
-
-def _mu_squared(
-    log_c: float, step_mu: float, steps_per_epoch: int, uses: np.ndarray, after: np.ndarray, d: float | None
+def _spaced_mu2(
+    log_c: float, step_mu: float, steps_per_epoch: int, uses: np.ndarray, gap, after: np.ndarray, d: float | None
 ) -> np.ndarray:
-    r""":math:`\mu_j^2` of positions used ``uses`` >= 1 times, the last use ``after`` steps before the
-    end (see :func:`cyclic_position_mus`); 0 < s < inf. Products of s^2 with :math:`\theta_c`, which
-    underflows where s^2 overflows, are formed in log space; an overflow gives inf (vacuous)."""
-    c = math.exp(log_c)
-    low = int(uses.min())  # N_j takes at most two values: E and E + 1
-    costs = np.array([_blocks_cost(log_c, step_mu, steps_per_epoch, n - 1, d) for n in range(low, int(uses.max()) + 1)])
-    log_theta_last = log_theta(c, after + 1.0)
-    with np.errstate(over="ignore"):
-        mu2 = _times_exp(2.0 * math.log(step_mu), log_theta_last) + costs[uses - low]
-    if d is not None:
-        mu2 = np.minimum(mu2, _times_exp(2.0 * math.log(c * d + step_mu), log_theta_last))
-        tail = after >= 1
-        if tail.any() and c * d > 0.0:
-            restart = _times_exp(2.0 * math.log(c * d), log_theta(c, after[tail].astype(float)))
-            mu2[tail] = np.minimum(mu2[tail], restart)
-    return mu2
+    """mu^2 of schedules of ``uses`` >= 1 uses: all but the last spaced by l, the last ``gap`` steps
+    later and ``after`` steps before the end (the engine of docs/decisions.md, section 17); 0 < s < inf."""
+    return shift_schedules.spaced_uses_mu2(
+        step_mu=step_mu,
+        log_contraction=log_c,
+        spacing=steps_per_epoch,
+        uses=uses,
+        gap=gap,
+        after=after,
+        diameter_ratio=d,
+    )
 
 
 def cyclic_position_mus(
@@ -286,15 +235,16 @@ def cyclic_position_mus(
     fixed batches in a fixed order (cyclic), l batches per pass, T steps.
 
     Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyCGD
-    (strongly convex c < 1, convex c = 1), refined per position (draft section 3):
+    (strongly convex c < 1, convex c = 1), refined per position: the exact optimum of
+    the shift allocation for the position's N_j uses, the last r_j steps before the end
+    (docs/decisions.md, section 17, part 3). It is never above the closed form
 
-    .. math:: \mu_j^2 = s^2\Big[\theta_c(r_j+1) + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
+    .. math:: \mu_j^2 \le s^2\Big[\theta_c(r_j+1) + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
        \cdot\frac{1-c^{l(N_j-1)}}{1+c^{l(N_j-1)}}\Big],
 
-    N_j the number of uses of batch j, r_j the steps after its last use,
-    :math:`\theta_c(m) = c^{2(m-1)}/\sum_{u<m}c^{2u}`. With a projection
-    (``diameter_ratio``), the minimum with the restart schedules
-    (draft section 3). Unused positions (T < l) get 0.
+    :math:`\theta_c(m) = c^{2(m-1)}/\sum_{u<m}c^{2u}` (one feasible allocation), and
+    equal to it at the worst position. With a projection (``diameter_ratio``), the
+    minimum with the restart schedules (section 17, part 2). Unused positions (T < l) get 0.
 
     Assumptions: each f_i convex (lam-strongly convex for c < 1) and M-smooth,
     c the worst gradient-step Lipschitz constant over the batch sizes, c <= 1;
@@ -309,7 +259,7 @@ def cyclic_position_mus(
       positions: batch indices j (default: all 0..l-1).
 
     Returns:
-      mu_j for each requested position. O(l) time.
+      mu_j for each requested position. O(l) time (times about 130 restarts with a projection).
     """
     c = _check(step_mu, contraction, diameter_ratio)
     if steps_per_epoch < 1 or steps < 0:
@@ -325,7 +275,8 @@ def cyclic_position_mus(
     if math.isinf(step_mu):
         out[used] = math.inf
         return out
-    mu2 = _mu_squared(math.log(c), step_mu, steps_per_epoch, uses[used], after[used], _usable_ratio(diameter_ratio))
+    d = _usable_ratio(diameter_ratio)
+    mu2 = _spaced_mu2(math.log(c), step_mu, steps_per_epoch, uses[used], steps_per_epoch, after[used], d)
     out[used] = np.sqrt(mu2)
     return out
 
@@ -415,9 +366,8 @@ def shuffle_once_profile(
     and :math:`r_j = k - 1 - j` (r over 0..k-1), the others :math:`N_j = E` and
     :math:`r_j = l + k - 1 - j` (r over k..l-1; the short last batch, j = l - 1, has
     r = k, the first of its group). Within a group :math:`\mu_j` depends on
-    :math:`r_j` only and is non-increasing in it (every term of :math:`\mu_j^2` is a
-    constant or a non-increasing :math:`\theta_c(r_j)` or :math:`\theta_c(r_j+1)`, and
-    a minimum of non-increasing functions is non-increasing). Blocks of
+    :math:`r_j` only and is non-increasing in it (docs/decisions.md, section 17, Lemma 2:
+    a smaller r_j moves every use later). Blocks of
     consecutive r (:func:`_block_starts`) are therefore given their largest
     :math:`\mu`, the one at their smallest r, with the block's total weight. This
     can only raise the mixture profile: :math:`\delta_\mu(\varepsilon)` is
@@ -467,5 +417,70 @@ def shuffle_once_profile(
             mus[used] = math.inf
         else:
             d = _usable_ratio(diameter_ratio)
-            mus[used] = np.sqrt(_mu_squared(math.log(c), step_mu, per_epoch, n_uses[used], r[used], d))
+            mus[used] = np.sqrt(_spaced_mu2(math.log(c), step_mu, per_epoch, n_uses[used], per_epoch, r[used], d))
+    return w, mus
+
+
+def reshuffle_profile(
+    *,
+    step_mu: float,
+    contraction: float,
+    dataset_size: int,
+    batch_size: int,
+    steps: int,
+    diameter_ratio: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Privacy profile of the last iterate under reshuffling (a fresh secret uniformly
+    random permutation every pass): a mixture
+    :math:`\delta(\varepsilon) \le \sum_p w_p\,\delta_{\mu_p}(\varepsilon)` over the
+    differing example's position p in the last pass started.
+
+    Our extension of Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4
+    (docs/decisions.md, section 17, part 4): the positions of the differing example in
+    the passes are independent of each other and of the data, and the same in both
+    datasets (replace-one), so the released laws are mixtures over them with the same
+    weights (joint convexity). Every pass but the last one started is relaxed to its
+    worst case, the use at the pass's last step (Lemma 2: a later use never lowers
+    :math:`\mu`); the last pass is mixed exactly over p (weight |B_p|/n). With
+    T = E l + k: for k = 0, the last use at (E-1) l + p; for k > 0 and p < k, the last
+    use at E l + p; for k > 0 and p >= k, no use in the partial pass (one component).
+
+    Assumptions as :func:`shuffle_once_profile`; c the weakest contraction over the
+    batch sizes of a pass (fixed by n and b, not by the permutations).
+
+    Returns:
+      (weights, mus): one component per position p of the last pass (per block of
+      positions, given the block's largest mu, when there are more than
+      EXACT_POSITIONS), plus one for the positions a partial last pass does not reach.
+    """
+    per_epoch = -(-dataset_size // batch_size)
+    c = _check(step_mu, contraction, diameter_ratio)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0. Found {steps}.")
+    full, rest = divmod(steps, per_epoch)
+    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
+    window = rest if rest > 0 else per_epoch  # positions used in the last pass started
+    # blocks of consecutive r = window - 1 - p, each given its smallest r (the largest mu)
+    starts = _block_starts(0, window - 1) if window > EXACT_POSITIONS else np.arange(window)
+    examples = np.diff(np.append(starts, window)).astype(float) * batch_size
+    if rest == 0:
+        examples[0] -= batch_size - short  # r = 0 is p = l - 1, the short last batch
+    weights = [examples / dataset_size]
+    uses = [np.full(starts.size, full + 1 if rest > 0 else full, dtype=np.int64)]
+    gaps = [window - starts]  # g = p + 1 steps after the previous pass's last step
+    after = [starts]
+    if rest > 0:  # p >= k: no use in the partial pass; the last use ends pass E - 1
+        weights.append(np.array([(dataset_size - rest * batch_size) / dataset_size]))
+        uses.append(np.array([full], dtype=np.int64))
+        gaps.append(np.array([per_epoch]))
+        after.append(np.array([rest]))
+    w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
+    mus = np.zeros(w.shape)
+    used = n_uses > 0
+    if used.any() and step_mu > 0.0:
+        if math.isinf(step_mu):
+            mus[used] = math.inf
+        else:
+            d = _usable_ratio(diameter_ratio)
+            mus[used] = np.sqrt(_spaced_mu2(math.log(c), step_mu, per_epoch, n_uses[used], g[used], r[used], d))
     return w, mus

@@ -390,7 +390,7 @@ def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = N
 
 def _g2_contractions(cfg: TrainingConfig, lam: float) -> np.ndarray:
     """P_t = prod_{s>t} rho_s for t = 1..T (P_T = 1), rho_s = 1 - eta lam |B_s| / b."""
-    if cfg.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE):
+    if cfg.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         sizes = _batch_sizes(cfg)[np.arange(cfg.steps) % cfg.steps_per_epoch]
     else:
         sizes = np.full(cfg.steps, float(cfg.batch_size))
@@ -427,6 +427,27 @@ def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enume
             return GaussianLaws(one, np.array([m]), one, np.array([-m]), variance, detail=f"G2 cyclic, position {j}")
         weights = _batch_sizes(cfg) / cfg.dataset_size
         return GaussianLaws(weights, shifts, weights, -shifts, variance, detail="G2 shuffle_once mixture")
+    if cfg.sampling is Sampling.RESHUFFLE:
+        # one independent position per pass: the mean is a sum of independent per-pass terms
+        prods = _g2_contractions(cfg, assumptions.strong_convexity)
+        a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
+        sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+        sizes = _batch_sizes(cfg) / cfg.dataset_size
+        means, weights = np.zeros(1), np.ones(1)
+        for start in range(0, cfg.steps, cfg.steps_per_epoch):
+            used = np.arange(start, start + cfg.steps_per_epoch)
+            term = np.where(used < cfg.steps, a * prods[np.minimum(used, cfg.steps - 1)], 0.0)
+            means = (means[:, None] + term[None, :]).ravel()
+            weights = (weights[:, None] * sizes[None, :]).ravel()
+            means, inverse = np.unique(means, return_inverse=True)
+            weights = np.bincount(inverse.ravel(), weights=weights)
+            if means.size > max_enumerated_steps * 2000:
+                raise ValueError(
+                    f"G2 reshuffle has more than {max_enumerated_steps * 2000} distinct means; use fewer passes."
+                )
+        variance = sigma_p**2 * float(np.sum(prods**2))
+        detail = f"G2 reshuffle, {means.size} distinct means over the per-pass positions"
+        return GaussianLaws(weights, means, weights, -means, variance, detail=detail)
     if cfg.sampling is Sampling.RANDOM_BATCH:
         if cfg.steps > max_enumerated_steps:
             raise ValueError(
@@ -445,7 +466,9 @@ def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enume
         keep = weights > 0
         detail = f"G2 random_batch, {keep.sum()} inclusion patterns"
         return GaussianLaws(weights[keep], means[keep], weights[keep], -means[keep], variance, detail=detail)
-    raise ValueError(f"sampling must be cyclic, shuffle_once or random_batch for G2. Found {cfg.sampling.value}.")
+    raise ValueError(
+        f"sampling must be cyclic, shuffle_once, reshuffle or random_batch for G2. Found {cfg.sampling.value}."
+    )
 
 
 def g2_divergence(
@@ -456,8 +479,10 @@ def g2_divergence(
     CYCLIC: ``alpha (2 m_j)^2 / (2 V)`` at batch index ``position`` (default:
     the worst j). SHUFFLE_ONCE: the uniform mixture over the position of the
     differing example (batch j with probability ``|B_j| / n``), by certified
-    quadrature. RANDOM_BATCH: exact enumeration of the ``2^T`` inclusion
-    patterns (only for ``T <= max_enumerated_steps``). Replace-one only.
+    quadrature. RESHUFFLE: the mixture over one independent position per pass
+    (exact; at most ``2000 * max_enumerated_steps`` distinct means). RANDOM_BATCH:
+    exact enumeration of the ``2^T`` inclusion patterns (only for
+    ``T <= max_enumerated_steps``). Replace-one only.
     """
     laws = g2_laws(params, position=position, max_enumerated_steps=max_enumerated_steps)
     return laws.divergence(orders, **kw)

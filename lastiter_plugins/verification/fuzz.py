@@ -218,7 +218,11 @@ def draw_g2(rng: np.random.Generator, sampling: str, shape: str = "any") -> Inst
     per_epoch = math.ceil(n / b)
     lam = _log_uniform(rng, 1e-3, 2.0)
     u = 1.0 if rng.uniform() < 0.05 else float(rng.uniform(0.01, 0.99))
-    if sampling == "random_batch":
+    if sampling == "reshuffle":  # l^E schedules: a few short passes
+        n = min(n, 5 * b)
+        per_epoch = math.ceil(n / b)
+        steps = int(rng.integers(1, 4 * per_epoch + 1))
+    elif sampling == "random_batch":
         steps = int(rng.integers(1, 9))
         if n == b and shape != "full":
             n = 2 * b  # ye-shokri-random needs l >= 2; q < 1 keeps the enumeration meaningful
@@ -372,6 +376,12 @@ TARGETS: dict[str, list[tuple[str, Drawer]]] = {
         ("G2 shuffle_once", _g2("shuffle_once")),
         ("G2 shuffle_once, short last batch", _g2("shuffle_once", "short")),
         ("G3 shuffle_once", _g3("shuffle_once")),
+    ],
+    "shifted-interpolation-reshuffle": [
+        ("G1 reshuffle", _g1("reshuffle")),
+        ("G2 reshuffle", _g2("reshuffle")),
+        ("G2 reshuffle, short last batch", _g2("reshuffle", "short")),
+        ("G3 reshuffle", _g3("reshuffle")),
     ],
     "composition": [
         ("G1 cyclic", _g1("cyclic")),
