@@ -9,6 +9,7 @@ touching it.
 
 from __future__ import annotations
 
+import ast
 import email
 import json
 import os
@@ -22,6 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+import lastiter_plugins as lp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +168,76 @@ def test_published_requirements_are_ranges(wheel_metadata):
         for version in TESTED.get(_norm(r.name), []):
             assert r.specifier.contains(version), f"{r} excludes the tested {r.name} {version}"
     opacus = [r for r in reqs if _norm(r.name) == "opacus" and r.marker and r.marker.evaluate({"extra": "opacus"})]
-    assert [str(r.specifier) for r in opacus] == [">=1.5"]
+    assert len(opacus) == 1
+
+
+def test_opacus_range_is_what_the_adapter_version_guard_accepts(wheel_metadata):
+    """The published opacus range admits exactly the minor versions the adapter's guard accepts: a later
+    Opacus must be refused by pip at install time, not by the adapter at register()."""
+    pytest.importorskip("opacus")
+    from packaging.requirements import Requirement
+
+    from lastiter_plugins.adapters.opacus._internals import TESTED_OPACUS, require_tested_opacus
+
+    reqs = [Requirement(r) for r in wheel_metadata.get_all("Requires-Dist")]
+    for extra in ("opacus", "all"):
+        (opacus,) = [r for r in reqs if _norm(r.name) == "opacus" and r.marker.evaluate({"extra": extra})]
+        for minor in [f"1.{m}" for m in range(12)] + ["2.0"]:
+            for version in (f"{minor}.0", f"{minor}.9"):
+                assert opacus.specifier.contains(version) == (minor in TESTED_OPACUS), (extra, str(opacus), version)
+                guard_accepts = True
+                try:
+                    require_tested_opacus(version)
+                except lp.UnsupportedHostError:
+                    guard_accepts = False
+                assert opacus.specifier.contains(version) == guard_accepts, (extra, str(opacus), version)
+
+
+def _imported_distributions(path: Path) -> set[str]:
+    """The distributions whose top-level modules ``path`` imports (stdlib and this package left out)."""
+    tree = ast.parse(path.read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module.split(".")[0])
+    modules -= set(sys.stdlib_module_names) | {"lastiter_plugins", "__future__"}
+    owners = metadata.packages_distributions()
+    missing = sorted(m for m in modules if m not in owners)
+    assert not missing, f"{path.name} imports modules no installed distribution provides: {missing}"
+    return {_norm(dist) for m in modules for dist in owners[m]}
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The installed distributions that ``requirements`` bring in (their own requirements followed)."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if (req.marker and not req.marker.evaluate({"extra": ""})) or _norm(req.name) in seen:
+            continue
+        seen.add(_norm(req.name))
+        todo += [Requirement(r) for r in metadata.requires(req.name) or []]
+    return seen
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
+def test_every_example_needs_only_its_host_extra_and_examples(example):
+    """`pip install "lastiter-plugins[opacus,examples]"` (tf_privacy_*: `[tf,examples]`) installs what each example
+    imports: the README says so. Checked against the installed requirement graph."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    host = {"opacus": "opacus", "tf": "tf"}.get(example.name.split("_")[0])
+    declared = project["dependencies"] + extras["examples"] + (extras[host] if host else [])
+    missing = _imported_distributions(example) - _closure(declared)
+    assert not missing, f"{example.name} imports {sorted(missing)}, which [{host or ''},examples] does not install"
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install "lastiter-plugins[opacus,examples]"' in readme
 
 
 def test_constraints_satisfy_the_published_ranges():
@@ -290,4 +362,6 @@ def test_all_extra_is_the_union_of_the_host_extras():
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert set(extras["all"]) == set(extras["opacus"]) | set(extras["tf"]) | set(extras["plot"])
+    assert set(extras["all"]) == set(extras["opacus"]) | set(extras["tf"]) | set(extras["plot"]) | set(
+        extras["examples"]
+    )
