@@ -22,7 +22,8 @@ from lastiter_plugins.errors import CalibrationError, NotApplicableError, Pipeli
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
 from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
 
-__version__ = "0.1.0"
+#: The package version; the only place it is written (pyproject.toml reads it from here).
+__version__ = "0.2.0"
 
 __all__ = [
     "BEST",

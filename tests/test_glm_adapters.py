@@ -50,7 +50,7 @@ def _data(classes: int = 0, scale: float = 3.0, n: int = N):
 
 
 def _hand_constants(loss: str, clip_norm: float, *, bias: bool = True, w: float = 0.0) -> lp.LossAssumptions:
-    """The constants derived by hand (docs/_drafts/glm.md sections 1-2, 4, 6), not by the code under test."""
+    """The constants derived by hand (docs/decisions.md, sections 15.1-15.2, 15.4, 15.6), not by the code under test."""
     a2 = A**2 + (1.0 if bias else 0.0)
     if loss == "logistic":
         m, g, scalar = a2 / 4.0, math.sqrt(a2), True

@@ -1,6 +1,6 @@
 """Liang et al. (arXiv 2502.17772) under add-or-remove-one: the sampled-Gaussian term
 has sensitivity C (noise multiplier sqrt(beta)*z), derivation in
-docs/_drafts/liang-sensitivity.md. Known values against dp-accounting, and ground
+docs/decisions.md, section 12. Known values against dp-accounting, and ground
 truths G1 and G3 (Poisson, add_or_remove_one) that the tighter numbers must respect.
 """
 

@@ -60,6 +60,12 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+def _project() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
 def _pins(path: Path) -> dict[str, str]:
     pins = {}
     for line in path.read_text().splitlines():
@@ -149,11 +155,24 @@ def test_release_metadata(wheel_metadata):
     assert "Programming Language :: Python :: 3.11" in classifiers
     assert "Typing :: Typed" in classifiers
     assert not any(c.startswith("License ::") for c in classifiers)  # the SPDX expression says it
-    urls = dict(u.split(", ", 1) for u in md.get_all("Project-URL"))
-    assert {"Homepage", "Documentation", "Changelog", "Issues"} <= set(urls)
-    assert all(u.startswith("https://") for u in urls.values())
+    # No public home yet: no project URLs (placeholders would send users nowhere). Add the real ones here too.
+    assert md.get_all("Project-URL") is None
     assert md["Description-Content-Type"] == "text/markdown"
     assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")
+
+
+def test_version_has_one_source_and_a_changelog_section(wheel_metadata):
+    """The wheel's version is lastiter_plugins.__version__ (pyproject reads it), the installed one too, and
+    the changelog's first released section is that version, dated, below an "Unreleased" section."""
+    import lastiter_plugins
+
+    assert wheel_metadata["Version"] == lastiter_plugins.__version__ == metadata.version("lastiter-plugins")
+    assert "version" not in _project()
+    sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert sections[0] == "Unreleased"
+    assert re.fullmatch(rf"{re.escape(lastiter_plugins.__version__)} - \d{{4}}-\d{{2}}-\d{{2}}", sections[1]), sections[
+        1
+    ]
 
 
 def test_published_requirements_are_ranges(wheel_metadata):

@@ -53,7 +53,7 @@ class FeatureNormClip(tf.keras.layers.Layer):
     r"""a -> a min(1, A'/\|a\|) along the last axis: every output row has l2 norm <= A exactly.
 
     A' = :func:`lastiter_plugins.feature_clip.safe_clip_radius` (A, d, dtype), slightly below A so that
-    float rounding of the clip itself cannot push a norm above A (docs/_drafts/glm.md, section 8;
+    float rounding of the clip itself cannot push a norm above A (docs/decisions.md, section 15.8;
     Higham 2002, Lemma 3.1). Computed in the layer's dtype (float32 or float64), one rounding per
     operation. Put it right before the final ``Dense`` of a model accounted with ``model="glm"``.
 
