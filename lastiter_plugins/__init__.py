@@ -5,6 +5,7 @@ Every epsilon computed here protects the FINAL model only (except the
 checkpoints must not be released. See README.md and docs/.
 """
 
+from lastiter_plugins.advise import Suggestion, advise, is_standard_baseline
 from lastiter_plugins.api import (
     PARAMETERS,
     Parameters,
@@ -45,8 +46,10 @@ __all__ = [
     "Protects",
     "Relation",
     "Sampling",
+    "Suggestion",
     "TrainingConfig",
     "UnsupportedHostError",
+    "advise",
     "applicable_bounds",
     "build",
     "calibrate_noise",
@@ -54,5 +57,6 @@ __all__ = [
     "compute_rdp",
     "epsilon",
     "evaluate_all",
+    "is_standard_baseline",
     "rdp",
 ]
