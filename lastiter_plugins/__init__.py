@@ -5,7 +5,7 @@ Every epsilon computed here protects the FINAL model only (except the
 checkpoints must not be released. See README.md and docs/.
 """
 
-from lastiter_plugins.advise import Suggestion, advise, is_standard_baseline
+from lastiter_plugins.advice import Suggestion, advise, is_standard_baseline
 from lastiter_plugins.api import (
     PARAMETERS,
     Parameters,

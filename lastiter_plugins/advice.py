@@ -1,4 +1,4 @@
-r"""What would lower the epsilon: ``advise`` tries a fixed list of single changes to the
+r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries a fixed list of single changes to the
 pipeline (sampling scheme, learning rate, weight decay, projection, the certified
 linear-model route, noise) and returns those that lower ``best``, best first.
 
