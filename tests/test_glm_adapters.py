@@ -633,10 +633,12 @@ def test_keras_step_check_fires_when_the_clip_is_bypassed_after_registration():
     model = _keras(model)
     callback = _glm_callback()
     model.bypass = True  # after the callback was created: the Dense layer now sees raw features
-    with pytest.raises(lp.PipelineChangedError, match="Dense layer's input must be the FeatureNormClip's output"):
-        _fit(model, callback)
-    assert int(model.optimizer.iterations.numpy()) == 1  # refused after the first step
-    with pytest.raises(lp.PipelineChangedError):
+    fragment = r"Dense layer's input must be the FeatureNormClip's output.*\(step 1\)"
+    with pytest.raises(lp.PipelineChangedError, match=fragment):
+        _fit(model, callback)  # two epochs planned
+    # Found at its first step, reported at the end of that step's epoch (the rows are read once per epoch).
+    assert callback.steps == 0 and int(model.optimizer.iterations.numpy()) == TF_N // TF_B
+    with pytest.raises(lp.PipelineChangedError, match=fragment):
         _ = callback.epsilon
 
 
@@ -657,3 +659,102 @@ def test_keras_step_check_fires_on_labels_outside_the_range_the_certificate_need
     _, y = _data(n=TF_N)
     with pytest.raises(lp.PipelineChangedError, match=r"binary labels must be in \[0, 1\]"):
         _fit(model, _glm_callback(), labels=2.0 * y)
+
+
+@needs_tf
+def test_keras_loss_weights_are_refused_before_the_first_step():
+    # compile(loss_weights=5) multiplies the per-example loss, hence the smoothness behind the constants.
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=model.optimizer, loss=_bce(), loss_weights=5.0)
+    with pytest.raises(ltf.AccountingError, match=r"loss_weights must be None or 1.*Found loss_weights=5\.0"):
+        _fit(model, _glm_callback())
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+class _ScaledTrainStep(tf.keras.Sequential if HAVE_TF else object):
+    """Keras' train_step with the loss multiplied by 5 before TF Privacy differentiates it."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = 5.0 * self.compute_loss(x, y, self(x, training=True))
+        self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+        return {}
+
+
+@needs_tf
+def test_keras_custom_train_step_scaling_the_loss_is_refused_before_the_first_step():
+    model = _keras(_ScaledTrainStep([tf.keras.Input((DIM,)), ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)]))
+    with pytest.raises(ltf.AccountingError, match=r"train_step must be Keras' own Model\.train_step"):
+        _fit(model, _glm_callback())
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+class _ScaleAfterTheChecks(tf.keras.callbacks.Callback if HAVE_TF else object):
+    """Changes the compiled loss' weight after the accountant's checks, before the step is traced."""
+
+    def on_train_begin(self, logs=None):
+        self.model.compiled_loss._loss_weights = [5.0]
+
+
+@needs_tf
+def test_keras_step_check_fires_when_the_optimizer_differentiates_another_loss():
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)])
+    callback = _glm_callback()
+    x, y = _data(n=TF_N)
+    with pytest.raises(lp.PipelineChangedError, match=r"must differentiate the certified loss itself.*\(step 1\)"):
+        model.fit(
+            x, y, batch_size=TF_B, epochs=1, shuffle=False, callbacks=[callback, _ScaleAfterTheChecks()], verbose=0
+        )
+    assert callback.steps == 0
+
+
+def _epsilon_for(clip: float, loss: str = "logistic", steps: int = 2 * TF_N // TF_B) -> float:
+    config = lp.TrainingConfig(
+        dataset_size=TF_N,
+        batch_size=TF_B,
+        noise_multiplier=float(np.float32(1.0 * clip)) / float(np.float32(clip)),
+        steps=steps,
+        sampling="cyclic",
+        learning_rate=LR,
+        clip_norm=clip,
+    )
+    return lp.compute_epsilon("best", config, _hand_constants(loss, clip), DELTA).epsilon
+
+
+@needs_tf
+def test_keras_float64_clip_feeding_a_float32_dense_is_accepted_with_the_true_number():
+    # Keras casts the clip's float64 output to the Dense layer's float32: the norms stay <= A after the cast.
+    model = _keras([ltf.FeatureNormClip(A, dtype="float64"), tf.keras.layers.Dense(1)])
+    callback = _glm_callback()
+    _fit(model, callback)
+    _assert_constants(callback.assumptions, _hand_constants("logistic", 1.0))
+    assert callback.epsilon == pytest.approx(_epsilon_for(1.0), rel=1e-12)
+
+
+@needs_tf
+def test_keras_float64_clip_keeps_every_norm_within_the_bound_after_a_cast_to_float32():
+    from lastiter_plugins.feature_clip import feature_norms_within
+
+    rng = np.random.default_rng(7)
+    for dim in (1, 7, 1000):
+        rows = rng.normal(size=(2000, dim)) * rng.choice([1e-3, 0.5, 3.0, 1e6], size=(2000, 1))
+        clipped = ltf.FeatureNormClip(0.7, dtype="float64")(tf.constant(rows))
+        assert clipped.dtype == tf.float64
+        assert feature_norms_within(tf.cast(clipped, tf.float32).numpy(), 0.7).all(), dim
+
+
+@needs_tf
+def test_keras_linear_activation_after_the_dense_is_accepted_with_the_true_number():
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1), tf.keras.layers.Activation("linear")])
+    callback = _glm_callback()
+    _fit(model, callback)
+    assert callback.epsilon == pytest.approx(_epsilon_for(1.0), rel=1e-12)
+
+
+@needs_tf
+def test_keras_other_activation_after_the_dense_is_refused_before_the_first_step():
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1), tf.keras.layers.Activation("sigmoid")])
+    with pytest.raises(ltf.AccountingError, match=r"Found \w+ \(Activation sigmoid\) after it"):
+        _fit(model, _glm_callback())
+    assert int(model.optimizer.iterations.numpy()) == 0

@@ -35,15 +35,19 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
     with in-memory arrays. Before the first step it reads and checks the
     optimizer, fit's data pipeline and the model, and checks that the chosen
     bound applies to the planned run. It then instruments the compiled step,
-    and after every step checks what that step did against the plan: the rows
-    of the batch, the length of the loss vector TF Privacy clips per entry, the
-    clip norm and the noise std the step used (tf.Variable-backed values
-    included), the learning rate, the optimizer object and its step count, the
+    which records one row of facts per step, and checks every row against the
+    plan at the end of every epoch, at the end of training and whenever the
+    epsilon is read (one transfer per check, none per batch): the rows of the
+    batch, the length of the loss vector TF Privacy clips per entry, the clip
+    norm, the noise std and the learning rate the step used (tf.Variable-backed
+    values included), the optimizer's step count, that nothing but the DP
+    update changed a weight (trainable or not) inside the step, that the step
+    started where the previous one ended (or from its projection) and, with a
+    projection, inside the ball. It also checks the optimizer object, the
     trainable variables and that the DP optimizer differentiated all of them,
-    that nothing but the DP update changed the weights inside the step, that
-    the step started where the previous one ended (or from its projection) and,
-    with a projection, inside the ball. Any mismatch raises
-    ``lastiter_plugins.PipelineChangedError`` and voids the epsilon.
+    and, once training ended, that the model still holds the last step's
+    weights. Any mismatch raises ``lastiter_plugins.PipelineChangedError``
+    naming the step, and voids the epsilon.
 
     ``epsilon`` covers the FINAL model only (``composition`` excepted, which
     covers every iterate) under the declared neighbouring relation. It covers
@@ -101,6 +105,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         **renamed: Any,
     ) -> None:
         super().__init__()
+        gradient_norms_within_clip = conf.flag(gradient_norms_within_clip)
         refuse_renamed(renamed)
         if renamed:
             raise TypeError(f"LastIterateCallback got an unexpected keyword argument {next(iter(renamed))!r}.")
@@ -148,7 +153,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self._probe: internals.StepProbe | None = None
         self._projection: ProjectionCallback | None = None
         self._trainable_ids: tuple[int, ...] = ()
+        self._weight_ids: tuple[int, ...] = ()
         self._moved_tolerance = 0.0
+        self._ended = False
         self._glm_probe: _glm.Probe | None = None
         self.glm_structure: _glm.Structure | None = None  # model="glm": what the constants were derived from
 
@@ -156,7 +163,10 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
 
     @property
     def steps(self) -> int:
-        """Optimizer steps counted (and checked) so far."""
+        """Optimizer steps counted and checked so far: the steps recorded since the last check are checked
+        up to the first that differs from the plan (which the next check, or reading the epsilon, raises)."""
+        if self._failure is None and self._probe is not None:
+            self._problem()
         return self._steps
 
     @property
@@ -179,8 +189,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         return self.result.epsilon
 
     def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise PipelineChangedError(self._failure)
+        self._verify()
         if self._template is None or self._steps == 0:
             raise AccountingError("no optimizer step has been counted yet: train with model.fit first.")
         optimizer = getattr(self.model, "optimizer", None)
@@ -197,10 +206,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             raise PipelineChangedError(
                 f"model.optimizer.iterations must equal the {expected} steps this callback counted: the "
                 f"model took {iterations - expected} optimizer step(s) it did not see (a later fit or "
-                "train_on_batch without this callback, a custom training loop, or epsilon read by another "
-                "callback before this one's on_train_batch_end), so the epsilon would describe fewer steps "
-                f"than the model took. Found iterations={iterations}; account the whole training in one "
-                "fit call with this callback."
+                "train_on_batch without this callback, or a custom training loop), so the epsilon would describe "
+                f"fewer steps than the model took. Found iterations={iterations}; account the whole training in "
+                "one fit call with this callback."
             )
         if iterations < expected:
             raise PipelineChangedError(
@@ -208,6 +216,18 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 f"step count was set back (a restored optimizer state?). Found iterations={iterations}."
             )
         self._check_final_in_ball()
+        if self._ended:
+            self._check_final_weights()
+
+    def _verify(self) -> None:
+        """Check the steps recorded since the last check (one read of the step table) and the host's facts;
+        a mismatch voids the epsilon and raises PipelineChangedError."""
+        if self._failure is not None:
+            raise PipelineChangedError(self._failure)
+        if self._probe is not None:
+            problem = self._problem()
+            if problem is not None:
+                self._fail(problem)
 
     # -- the Keras hooks ----------------------------------------------------
 
@@ -228,7 +248,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 f"dataset_size must equal the number of examples fit trains on = {fit.dataset_size} "
                 f"(after validation_split). Found dataset_size={self.dataset_size}."
             )
-        conf.check_sampling(self.sampling, fit.shuffle, self.relation)
+        conf.check_sampling(self.sampling, fit, self.relation)
         conf.check_microbatches(settings, fit.batch_size)
         iterations = int(model.optimizer.iterations.numpy())
         if iterations != 0:
@@ -251,7 +271,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             )
         self._projection = self._check_projection(fit)
         conf.check_stopping(fit.callbacks)
-        planned_steps = max(fit.epochs, 1) * fit.steps_per_epoch
+        planned_steps = fit.epochs * fit.steps_per_epoch
         template = TrainingConfig(
             dataset_size=fit.dataset_size,
             batch_size=fit.batch_size,
@@ -267,6 +287,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         self.optimizer_settings, self.fit_settings, self._template = settings, fit, template
         self._optimizer = model.optimizer
         self._trainable_ids = tuple(id(v) for v in model.trainable_variables)
+        self._weight_ids = tuple(id(v) for v in model.weights)
         self._used = True
         ball = None
         if self._projection is not None:
@@ -274,9 +295,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             ball = internals.Ball(self._projection.center, self._projection.radius, ProjectionCallback.MARGIN)
             # float32 rounding of the projection, relative to the ball's size; 0 without a projection
             self._moved_tolerance = _TOLERANCE * (self._projection.radius + _center_norm(self._projection))
-        self._probe = internals.StepProbe(model, model.optimizer, ball)
+        self._probe = internals.StepProbe(model, model.optimizer, ball, capacity=fit.steps_per_epoch)
         if self.glm_structure is not None:
-            self._glm_probe = _glm.Probe(model, self.glm_structure)
+            self._glm_probe = _glm.Probe(model, self.glm_structure, capacity=fit.steps_per_epoch)
 
     def _check_projection(self, fit: conf.FitSettings) -> ProjectionCallback | None:
         projections = [cb for cb in fit.callbacks if isinstance(cb, ProjectionCallback)]
@@ -303,73 +324,71 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         return projections[0]
 
     def _fail(self, message: str) -> None:
-        self._failure = message
-        self._remove_probe()
+        self._void(message)
         raise PipelineChangedError(message)
 
+    def _void(self, message: str) -> None:
+        self._failure = message
+        self._remove_probe()
+
     def _remove_probe(self) -> None:
-        if self._glm_probe is not None:  # wraps the core probe's train_step wrapper: removed first
+        """Unwrap the step (the GLM probe wraps the core probe's train_step wrapper: removed first) and drop
+        the train function compiled with the wrappers, so that later training does not run them; the
+        probes' records stay readable."""
+        if self._glm_probe is not None:
             self._glm_probe.remove()
-            self._glm_probe = None
         if self._probe is not None:
             self._probe.remove()
-            self._probe = None
+            self.model.train_function = None
 
-    def _check_learning_rate(self) -> None:
-        expected = self.optimizer_settings.learning_rate
-        try:
-            current = conf.learning_rate(internals.current_learning_rate(self.model.optimizer))
-        except AccountingError as error:
-            self._fail(f"the learning rate changed during training: {error}")
-        # The variable holds the value in the weights' dtype (float32 by default).
-        if current not in (expected, float(tf.constant(expected, tf.float32).numpy())):
-            self._fail(
-                f"learning_rate must stay constant during training (a schedule or callback changed it). "
-                f"Found {current!r} after starting with {expected!r}" + _VOID
+    # -- the checks -------------------------------------------------------------
+
+    def _problem(self) -> str | None:
+        """What the steps recorded since the last check, or the host's state, do that the plan does not
+        allow (None when nothing); advances the count of checked steps over every step found correct. Once
+        training ended every step was checked: later training is what ``_check_usable`` refuses."""
+        if self._ended:
+            return None
+        record = self._probe.read()
+        glm = self._glm_probe.read() if self._glm_probe is not None else None
+        if record.lost(self._steps):
+            return (
+                f"the callback must check every step: {record.steps - self._steps} steps ran since its last check, "
+                f"more than the {record.capacity} (one epoch) it records between two checks (train_on_batch or "
+                "another training call inside fit?)" + _VOID
             )
+        if glm is not None and glm.steps != record.steps:
+            return f"the GLM checks recorded {glm.steps} steps and the step checks {record.steps}" + _VOID
+        for k in range(self._steps + 1, record.steps + 1):
+            problem = self._step_problem(k, record.row(k))
+            if problem is None and glm is not None:
+                problem = self._glm_probe.problem(k, glm.row(k))
+            if problem is not None:
+                return problem
+            self._steps = k
+        return self._host_problem()
 
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        if self._template is None or self._failure is not None:
-            return
-        self._check_learning_rate()
-        iterations = int(self.model.optimizer.iterations.numpy())
-        if iterations != self._start_iterations + self._steps:
-            self._fail(
-                f"optimizer.iterations must count only this fit call's steps = {self._steps}. Found "
-                f"{iterations} (restored by another callback?)" + _VOID
-            )
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if self._template is None or self._failure is not None:
-            return
-        self._check_learning_rate()
-        self._observe_step(self._steps + 1)
-        self._steps += 1
-
-    def _observe_step(self, k: int) -> None:
-        """Check what step ``k`` did (recorded by the compiled step itself) against the plan."""
-        model, plan, s = self.model, self._template, self.optimizer_settings
-        if model.optimizer is not self._optimizer:
-            self._fail("model.optimizer must stay the optimizer fit started with: it was replaced during fit" + _VOID)
-        iterations = int(self._optimizer.iterations.numpy()) - self._start_iterations
-        v = self._probe.read()
-        if v[internals.STEPS] != k or v[internals.DP_CALLS] != k or iterations != k:
-            self._fail(
+    def _step_problem(self, k: int, row: Any) -> str | None:
+        """What step ``k`` did (its recorded row) that the plan does not allow; the facts of docs/tf_privacy.md."""
+        plan, s = self._template, self.optimizer_settings
+        started = self._start_iterations + k - 1
+        if row[internals.STEP] != k or row[internals.DP_CALLS] != 1 or row[internals.ITERATIONS] != started:
+            return (
                 f"every optimizer step must be one DP-SGD step of the compiled train_step, observed by this "
-                f"callback: after {k} batch(es) found {v[internals.STEPS]:g} train_step call(s), "
-                f"{v[internals.DP_CALLS]:g} DP gradient computation(s) and {iterations} optimizer step(s) (a "
-                "train_step that does not call the DP optimizer once, a second optimizer, or a train function "
-                "compiled before this callback was attached: recompile with a fresh DP optimizer)" + _VOID
+                f"callback: step {k} ran {row[internals.DP_CALLS]:g} DP gradient computation(s) and started at "
+                f"optimizer.iterations={row[internals.ITERATIONS]:g} (expected 1 and {started}: a train_step that "
+                "does not call the DP optimizer once, a second optimizer, or optimizer steps between the "
+                "steps)" + _VOID
             )
         b = plan.batch_size
-        rows, length = int(v[internals.ROWS]), int(v[internals.LOSS_LENGTH])
+        rows, length = int(row[internals.ROWS]), int(row[internals.LOSS_LENGTH])
         if rows != b:
-            self._fail(
+            return (
                 f"every batch must have batch_size = {b} examples, as planned: step {k} had {rows}. Change "
-                "nothing in the data between steps; with a custom train_step, pass the batch unchanged" + _VOID
+                "nothing in the data between steps" + _VOID
             )
         if length != b:
-            self._fail(
+            return (
                 f"the loss must return one value per example: step {k} passed a loss vector of {length} "
                 f"entries for a batch of {b} examples to TF Privacy, which clips one gradient per entry "
                 f"(num_microbatches=None) and divides by {length}. An example contributing several entries "
@@ -377,10 +396,10 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 "gradients, which multiplies the sensitivity the bounds assume. Average each example's terms "
                 "inside the loss so that it returns a vector of batch_size values" + _VOID
             )
-        clip, std = v[internals.CLIP], v[internals.NOISE_STD]
+        clip, std = row[internals.CLIP], row[internals.NOISE_STD]
         planned_std = s.noise_multiplier * s.l2_norm_clip
         if not (_close(clip, s.l2_norm_clip) and _close(std, planned_std)):
-            self._fail(
+            return (
                 f"the clip norm and the noise must stay as planned: step {k} clipped at {clip:g} with noise std "
                 f"{std:g} on the clipped sum (noise multiplier {std / clip if clip else math.inf:g}), planned "
                 f"C = {s.l2_norm_clip:g}, std = {planned_std:g} (z = {s.noise_multiplier:g}). Something changed "
@@ -388,42 +407,92 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 "them fixed, or account the run with the smallest noise multiplier and the largest clip norm "
                 "it used" + _VOID
             )
-        current = tuple(id(var) for var in model.trainable_variables)
-        dp = self._probe.dp_variables
-        if current != self._trainable_ids or dp is None or sorted(map(id, dp)) != sorted(current):
-            self._fail(
-                "the DP optimizer must train exactly the model's trainable variables, fixed for the whole run: "
-                f"at step {k} model.trainable_variables has {len(current)} variable(s) (at the start "
-                f"{len(self._trainable_ids)}) and the DP optimizer differentiated "
-                f"{len(dp) if dp is not None else 0}. A layer's trainable flag changed during fit, or another "
-                "optimizer trains some variables; train all parameters with the one DP optimizer" + _VOID
+        rate = row[internals.LEARNING_RATE]
+        if rate not in (s.learning_rate, float(np.float32(s.learning_rate))):
+            return (
+                f"learning_rate must stay constant during training (a schedule or callback changed it): step {k} "
+                f"used {rate!r} after starting with {s.learning_rate!r}" + _VOID
             )
-        if v[internals.TAMPERED]:
-            self._fail(
+        if row[internals.TAMPERED]:
+            return (
                 f"within step {k}, something other than the DP optimizer's update changed the model's weights "
-                "(a second, non-private optimizer, a layer updating statistics from the batch, or an assign in "
-                "a custom train_step). Every parameter change must be the DP-SGD update" + _VOID
+                "(a second, non-private optimizer, a layer updating a non-trainable weight from the batch, e.g. "
+                "a running statistic or a counter of the data, or an assign in the step). Every weight change "
+                "must be the DP-SGD update; statistics of the private data kept in the model are released with "
+                "it without noise" + _VOID
             )
-        if v[internals.MOVED] > self._moved_tolerance:
+        if row[internals.OTHERS_MOVED]:
+            return (
+                f"step {k} must start where step {k - 1} ended: the non-trainable weights changed between the two "
+                "steps (a callback or other code wrote them). Weights that are not trained must stay as they "
+                "were at the start of fit" + _VOID
+            )
+        if row[internals.MOVED] > self._moved_tolerance:
             projected = " (projected onto the ball)" if self._projection else ""
-            self._fail(
+            return (
                 f"step {k} must start where step {k - 1} ended{projected}: "
-                f"the weights moved by {v[internals.MOVED]:.3g} between the two steps (a callback or other code "
+                f"the weights moved by {row[internals.MOVED]:.3g} between the two steps (a callback or other code "
                 "changed them). Only ProjectionCallback may move the weights between steps" + _VOID
             )
         if self._projection is not None:
             radius = self.assumptions.diameter / 2
-            if v[internals.START_DISTANCE] > radius:
-                self._fail(
+            if row[internals.START_DISTANCE] > radius:
+                return (
                     f"every step must start inside the projection ball of radius {radius:g} (diameter "
-                    f"{self.assumptions.diameter:g}): step {k} started at distance {v[internals.START_DISTANCE]:g} "
+                    f"{self.assumptions.diameter:g}): step {k} started at distance {row[internals.START_DISTANCE]:g} "
                     "from its center (code after ProjectionCallback moved the weights out). Put nothing that "
                     "changes the weights after ProjectionCallback" + _VOID
                 )
-        if self._glm_probe is not None:
-            problem = self._glm_probe.problem(k)
-            if problem is not None:
-                self._fail(f"{problem} (step {k})" + _VOID)
+        return None
+
+    def _host_problem(self) -> str | None:
+        """Facts of the run kept on the host: the optimizer object, the learning rate it will read, the model's
+        variables, and what the DP optimizer differentiated in every trace of the step."""
+        model = self.model
+        if model.optimizer is not self._optimizer:
+            return "model.optimizer must stay the optimizer fit started with: it was replaced during fit" + _VOID
+        expected = self.optimizer_settings.learning_rate
+        try:
+            current = conf.learning_rate(internals.current_learning_rate(self._optimizer))
+        except AccountingError as error:
+            return f"the learning rate changed during training: {error}" + _VOID
+        if current not in (expected, float(np.float32(expected))):  # the variable holds float32(eta)
+            return (
+                f"learning_rate must stay constant during training (a schedule or callback changed it). "
+                f"Found {current!r} after starting with {expected!r}" + _VOID
+            )
+        current_ids = tuple(id(v) for v in model.trainable_variables)
+        traced = [sorted(map(id, dp)) for dp in self._probe.dp_variables]  # per trace of the step
+        if current_ids != self._trainable_ids or any(ids != sorted(self._trainable_ids) for ids in traced):
+            differentiated = " or ".join(sorted({str(len(ids)) for ids in traced})) or "none"
+            return (
+                "the DP optimizer must train exactly the model's trainable variables, fixed for the whole run: "
+                f"by the end of step {self._steps} model.trainable_variables has {len(current_ids)} variable(s) (at "
+                f"the start {len(self._trainable_ids)}) and the DP optimizer differentiated {differentiated}. A "
+                "layer's trainable flag changed during fit, or another optimizer trains some variables; train all "
+                "parameters with the one DP optimizer" + _VOID
+            )
+        if tuple(id(v) for v in model.weights) != self._weight_ids:
+            return (
+                f"the model's weights must be the ones fit started with: after step {self._steps} model.weights "
+                f"lists {len(model.weights)} variable(s), at the start {len(self._weight_ids)} (a layer created "
+                "or replaced during fit); build the whole model before fit" + _VOID
+            )
+        return None
+
+    def _check_final_weights(self) -> None:
+        """Once training ended: the model must still hold the weights of the last counted step (projected)."""
+        moved, others = self._probe.departure()
+        if moved > self._moved_tolerance or others:
+            self._void(
+                "the model's weights must be those of the last counted step: "
+                + (f"the trainable weights moved by {moved:.3g}" if moved > self._moved_tolerance else "")
+                + (" and " if others and moved > self._moved_tolerance else "")
+                + ("a non-trainable weight changed" if others else "")
+                + " after fit's last step (an assign, another training run, or a callback's on_train_end). "
+                "The epsilon describes the model the counted steps produced, not a model changed afterwards" + _VOID
+            )
+            raise PipelineChangedError(self._failure)
 
     def _check_final_in_ball(self) -> None:
         if self._projection is None or self.model is None:
@@ -438,22 +507,30 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             self._failure = message
             raise PipelineChangedError(message)
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._template is None or self._failure is not None or self._steps == 0:
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if self._template is None or self._failure is not None:
             return
+        self._verify()  # catches a change made before the epoch's first step (a LearningRateScheduler)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._template is None or self._failure is not None:
+            return
+        self._verify()
         fit = self.fit_settings
         if self._steps % fit.steps_per_epoch:
             self._fail(
                 f"every epoch must be one pass over the data in {fit.steps_per_epoch} steps of "
                 f"{fit.batch_size} examples: an epoch ended after {self._steps} steps in total" + _VOID
             )
-        if logs is not None:
+        if logs is not None and self._steps:
             logs["epsilon"] = self.epsilon
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._template is None or self._failure is not None:
             return
+        self._verify()
         self._remove_probe()
+        self._ended = True
         _TRAINED[self.model] = self._steps
         if getattr(self.model, "stop_training", False):
             self._fail(

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from lastiter_plugins import BOUNDS, NotApplicableError, Relation, Sampling
@@ -21,13 +22,20 @@ class AccountingError(NotApplicableError):
     """The training run cannot be accounted (the message names the setting and the fix)."""
 
 
-#: What Keras ``fit(shuffle=...)`` does with in-memory arrays (Keras 2.14 TensorLikeDataAdapter): True
-#: draws a new permutation every epoch, False keeps the order. A user who permuted the arrays once, at
-#: random and in secret, before fit(shuffle=False) may declare shuffle_once.
-SAMPLINGS_FOR_SHUFFLE: dict[bool, tuple[Sampling, ...]] = {
-    True: (Sampling.RESHUFFLE,),
-    False: (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE),
+#: The samplings that describe what Keras ``fit`` does with in-memory inputs (``FitSettings.order``, read
+#: by ``_internals``): a new uniform permutation every epoch is reshuffling; a fixed order is cyclic, or
+#: shuffle_once when the user permuted the data once, at random and in secret, before fit. Fixed batches
+#: in a shuffled order (``fit(shuffle="batch")`` on arrays) is none of the covered schemes.
+SAMPLINGS_FOR_ORDER: dict[str, tuple[Sampling, ...]] = {
+    internals.PERMUTATION: (Sampling.RESHUFFLE,),
+    internals.FIXED: (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE),
+    internals.BATCH_ORDER: (),
 }
+
+
+def flag(value: Any) -> Any:
+    """A numpy bool as a Python bool (anything else unchanged, for the core to validate)."""
+    return bool(value) if isinstance(value, np.bool_) else value
 
 
 # ---------------------------------------------------------------- the optimizer
@@ -169,7 +177,10 @@ class FitSettings:
       batch_size: b, the rows of every step (n when fit's batch_size >= n: full-batch training).
       steps_per_epoch: n / b.
       shuffle: fit's shuffle setting (True, False or "batch").
-      epochs: epochs this fit call will run (``epochs - initial_epoch``).
+      order: what fit does with the order of the examples across epochs (``_internals.FIXED``,
+        ``PERMUTATION`` or ``BATCH_ORDER``; ``shuffle="batch"`` is a full permutation for ragged and
+        sparse inputs).
+      epochs: epochs this fit call will run (``epochs - initial_epoch``, >= 1).
       callbacks: the callbacks of this fit call.
     """
 
@@ -177,6 +188,7 @@ class FitSettings:
     batch_size: int
     steps_per_epoch: int
     shuffle: bool | str
+    order: str
     epochs: int
     callbacks: tuple[Any, ...]
 
@@ -194,10 +206,19 @@ def read_fit(model: Any) -> FitSettings:
         )
     if not facts.in_memory:
         raise AccountingError(
-            "fit's x must be in-memory arrays or tensors (numpy, tf.Tensor, pandas), batched by fit's "
-            "batch_size: only then are the batch size, the batches and the shuffling known. For a "
-            "tf.data.Dataset, a generator or a keras Sequence they are not, so the declared sampling "
-            f"cannot be checked. Found an input handled by {facts.adapter}."
+            "fit's x must be in-memory arrays or tensors (numpy, tf.Tensor, RaggedTensor, SparseTensor, pandas, "
+            "Python lists), batched by fit's batch_size: only then are the batch size, the batches and the shuffling "
+            "known. For a tf.data.Dataset, a generator or a keras Sequence they are not, and the declared sampling "
+            "cannot be checked: a tf.data shuffle buffer smaller than the dataset is not a uniform permutation "
+            "(an example can only move a buffer's length ahead), and a generator may repeat or drop examples. "
+            f"Pass the arrays to fit(x, y, batch_size=..., shuffle=...) instead. Found an input handled by "
+            f"{facts.adapter}."
+        )
+    if facts.epochs < 1:
+        raise AccountingError(
+            f"fit must run at least one epoch: epochs={facts.epochs + facts.initial_epoch} with initial_epoch="
+            f"{facts.initial_epoch} runs no step, so there is nothing to account (and fit's epochs counts from "
+            "0, not from initial_epoch). Pass epochs > initial_epoch."
         )
     if facts.weighted:
         raise AccountingError(
@@ -242,6 +263,7 @@ def read_fit(model: Any) -> FitSettings:
         batch_size=b,
         steps_per_epoch=n // b,
         shuffle=facts.shuffle,
+        order=facts.order,
         epochs=facts.epochs,
         callbacks=facts.callbacks,
     )
@@ -254,27 +276,39 @@ def _divisors_near(n: int, b: int) -> str:
     return "e.g. " + ", ".join(str(d) for d in [*below, *above])
 
 
-def check_sampling(declared: Sampling, shuffle: bool | str, relation: Relation) -> None:
-    """The declared sampling must describe what fit does.
+def check_sampling(declared: Sampling, fit: FitSettings, relation: Relation) -> None:
+    """The declared sampling must describe what fit does with the order of the examples.
 
-    A fixed order (fit(shuffle=False)) declared as ``reshuffle`` is accepted when
-    every bound the registry proves for reshuffling is also proven for a fixed
-    order (cyclic) under ``relation``: such a bound holds for every order of the
-    data, the fixed one included."""
-    if isinstance(shuffle, str) or shuffle not in SAMPLINGS_FOR_SHUFFLE:
+    A fixed order (fit(shuffle=False)) declared as ``reshuffle`` is accepted only when every bound the
+    registry proves for reshuffling is also proven for a fixed order (cyclic) under ``relation``: such a
+    bound holds for every order of the data, the fixed one included."""
+    shown = f"fit(shuffle={fit.shuffle!r})"
+    if fit.order == internals.BATCH_ORDER:
         raise AccountingError(
-            "fit's shuffle must be True (a new permutation every epoch: sampling='reshuffle') or False "
-            "(the same order every epoch: sampling='cyclic'). shuffle='batch' keeps the batches and "
-            f"shuffles their order, which is none of the schemes the bounds cover. Found shuffle={shuffle!r}."
+            "fit's shuffle must be True (a new permutation every epoch: sampling='reshuffle') or False (the "
+            "same order every epoch: sampling='cyclic'). shuffle='batch' keeps the batches and shuffles their "
+            "order (and the rows within each batch), which is none of the schemes the bounds cover: not "
+            "reshuffling (the batches never change) and not a fixed order. Found shuffle='batch'."
         )
-    allowed = SAMPLINGS_FOR_SHUFFLE[bool(shuffle)]
-    if declared in allowed or (not shuffle and declared is Sampling.RESHUFFLE and reshuffle_covers_fixed(relation)):
+    allowed = SAMPLINGS_FOR_ORDER[fit.order]
+    fixed = fit.order == internals.FIXED
+    if declared in allowed or (fixed and declared is Sampling.RESHUFFLE and reshuffle_covers_fixed(relation)):
         return
-    what = "draws a new permutation every epoch" if shuffle else "keeps the same order every epoch"
+    if fixed and declared is Sampling.RESHUFFLE:
+        only = ", ".join(reshuffle_only_bounds(relation))
+        raise AccountingError(
+            f"sampling must be cyclic or shuffle_once for {shown}, which keeps the same order every epoch: "
+            f"sampling=reshuffle is not accepted for a fixed order because {only} is proven only for a fresh "
+            "secret permutation every epoch, whose randomness a fixed order lacks. Declare sampling='cyclic' "
+            "(or shuffle the data: fit(shuffle=True)). Found sampling=reshuffle."
+        )
+    what = "keeps the same order every epoch" if fixed else "draws a new uniform permutation every epoch"
+    if fit.shuffle == "batch":
+        what += " (for ragged and sparse inputs Keras 2.14 shuffles all the examples whenever shuffle is true)"
     raise AccountingError(
-        f"sampling must be {' or '.join(s.value for s in allowed)} for fit(shuffle={shuffle}), which "
-        f"{what} (Keras 2.14 TensorLikeDataAdapter); sampling={declared.value} contradicts it. Declare "
-        f"the sampling fit performs, or change fit's shuffle. Found sampling={declared.value}."
+        f"sampling must be {' or '.join(s.value for s in allowed)} for {shown}, which {what}; "
+        f"sampling={declared.value} contradicts it. Declare the sampling fit performs, or change fit's shuffle. "
+        f"Found sampling={declared.value}."
     )
 
 
@@ -285,6 +319,15 @@ def reshuffle_covers_fixed(relation: Relation) -> bool:
         for spec in BOUNDS.values()
         if spec.covers.get(Sampling.RESHUFFLE) is relation
     )
+
+
+def reshuffle_only_bounds(relation: Relation) -> list[str]:
+    """Bounds proven for reshuffling under ``relation`` but not for a fixed order."""
+    return [
+        spec.id
+        for spec in BOUNDS.values()
+        if spec.covers.get(Sampling.RESHUFFLE) is relation and spec.covers.get(Sampling.CYCLIC) is not relation
+    ]
 
 
 def check_stopping(callbacks: Sequence[Any]) -> None:
@@ -338,3 +381,50 @@ def check_model(model: Any) -> None:
             "one example's influence, and its moving statistics are computed from the private data without noise "
             f"and released with the model. Use LayerNormalization or GroupNormalization (per example). Found {mixing}."
         )
+    overridden = custom_training_code(model)
+    if overridden:
+        method, where = overridden
+        raise AccountingError(
+            f"model.{method} must be Keras' own Model.{method}: a custom {method} can feed an example twice while "
+            "keeping the loss vector at batch_size values, scale the loss (and with it the smoothness behind the "
+            "constants), or change the weights, and the callback cannot verify what it does. Put custom logic in "
+            "the model's call or in the loss, or account the run by hand (lastiter_plugins.compute_epsilon) if you "
+            f"can prove it is plain DP-SGD on one clipped gradient per example. Found {method} {where}."
+        )
+    stateful = [
+        layer.name
+        for layer in model.submodules
+        if isinstance(layer, tf.keras.layers.Layer)
+        and not isinstance(layer, tf.keras.Model)
+        and getattr(layer, "stateful", False)
+    ]
+    if stateful:
+        raise AccountingError(
+            "the model must have no stateful layer (an RNN with stateful=True): it carries the state computed from "
+            "one batch's examples into the next batches, so one example influences other examples' gradients, and "
+            "into the released model, outside the model's weights and without noise. Use stateful=False. "
+            f"Found {stateful}."
+        )
+    weights = internals.compiled_loss_weights(model)
+    if weights is not None and any(w != 1 for w in tf.nest.flatten(weights)):
+        raise AccountingError(
+            "compile's loss_weights must be None or 1: Keras multiplies the per-example loss by them before TF "
+            "Privacy differentiates it, which multiplies the smoothness and the gradient norms behind the loss "
+            "constants. Fold the weight into the loss (and declare constants for that loss). "
+            f"Found loss_weights={weights!r}."
+        )
+
+
+#: Model methods whose Keras implementation the per-step checks rely on.
+TRAINING_METHODS = ("train_step", "compute_loss", "make_train_function")
+
+
+def custom_training_code(model: Any) -> tuple[str, str] | None:
+    """(method, where) of the first method of ``TRAINING_METHODS`` the model replaces, or None."""
+    for method in TRAINING_METHODS:
+        if method in vars(model):
+            return method, "replaced on the model instance"
+        owner = next(klass for klass in type(model).__mro__ if method in vars(klass))
+        if owner is not tf.keras.Model:
+            return method, f"overridden by {owner.__name__}"
+    return None

@@ -9,10 +9,12 @@ noise in private attributes. This module is the only one that touches them:
 * :func:`optimizer_facts` reads the DP optimizer's private attributes;
 * :class:`StepProbe` wraps ``model.train_step`` and the DP optimizer's
   ``_compute_gradients`` / ``apply_gradients`` on the instances (restored by
-  ``remove``) so that the compiled step itself records, every step, what it
-  did: rows in the batch, length of the loss vector, clip norm and noise std
-  it used, the variables it differentiated, whether anything but the DP update
-  changed the weights inside the step, and where the step started.
+  ``remove``) so that the compiled step itself records, every step, one row of
+  what it did (:class:`StepTable`): rows in the batch, length of the loss
+  vector, clip norm, noise std and learning rate it used, the optimizer's step
+  count, whether anything but the DP update changed a weight inside the step,
+  and where the step started; the host reads the rows in one transfer when it
+  checks them, never per batch.
 
 :func:`check_host` refuses (``UnsupportedHostError``) any version other than
 the tested ones: tensorflow 2.14.x (Keras 2.14.x) and tensorflow-privacy 0.9.0.
@@ -180,6 +182,9 @@ def value_of(x: Any) -> float | None:
 
 _FIT_CODE = inspect.unwrap(tf.keras.Model.fit).__code__
 
+#: What an in-memory adapter does with the examples' order across epochs (``FitFacts.order``).
+FIXED, PERMUTATION, BATCH_ORDER = "fixed", "permutation", "batch order"
+
 
 @dataclasses.dataclass(frozen=True)
 class FitFacts:
@@ -192,10 +197,39 @@ class FitFacts:
     num_batches: int
     partial_batch_size: int
     inferred_steps: int | None
-    shuffle: Any
-    epochs: int
+    shuffle: Any  # fit's shuffle argument (as the adapter stored it)
+    order: str | None  # FIXED, PERMUTATION (a new uniform permutation every epoch) or BATCH_ORDER
+    epochs: int  # epochs - initial_epoch
+    initial_epoch: int
     steps_per_execution: int  # 0: tuned at run time
     callbacks: tuple[Any, ...]
+
+
+def _in_memory(adapter: Any, shuffle: Any) -> tuple[int, int, int, Any, str] | None:
+    """(batch size, batches, partial batch size, shuffle, order) of an in-memory adapter of Keras 2.14, else None.
+
+    * ``TensorLikeDataAdapter`` (arrays, tensors, pandas; lists of arrays) and ``ListsOfScalarsDataAdapter``
+      (Python lists, batched by an inner TensorLikeDataAdapter): ``shuffle=True`` draws a new
+      ``tf.random.shuffle`` permutation of all indices every epoch, ``False`` keeps the order, ``"batch"``
+      keeps consecutive batches and shuffles their order (and the rows within each);
+    * ``CompositeTensorDataAdapter`` (RaggedTensor, SparseTensor, scipy sparse): any true ``shuffle``
+      (``"batch"`` included) is ``dataset.shuffle(num_samples)``, a buffer holding every example, which
+      draws a uniform permutation, and the dataset is iterated afresh every epoch
+      (``reshuffle_each_iteration``); a false one keeps the order.
+    """
+    if type(adapter) is _keras_data_adapter.ListsOfScalarsDataAdapter:
+        adapter = adapter._internal_adapter
+    if type(adapter) is _keras_data_adapter.TensorLikeDataAdapter:
+        stored = adapter._shuffle
+        order = BATCH_ORDER if stored == "batch" else (PERMUTATION if stored else FIXED)
+        partial = int(adapter._partial_batch_size)
+    elif type(adapter) is _keras_data_adapter.CompositeTensorDataAdapter:
+        stored = shuffle.lower() if isinstance(shuffle, str) else shuffle
+        order = PERMUTATION if stored else FIXED
+        partial = int(adapter._partial_batch_size or 0)
+    else:
+        return None
+    return int(adapter.batch_size()), int(adapter.get_size()), partial, stored, order
 
 
 def running_fit(model: Any) -> FitFacts | None:
@@ -214,32 +248,121 @@ def running_fit(model: Any) -> FitFacts | None:
         return None
     handler = found["data_handler"]
     adapter = handler._adapter
-    in_memory = type(adapter) is _keras_data_adapter.TensorLikeDataAdapter
+    read = _in_memory(adapter, found.get("shuffle"))
     per_execution = handler._steps_per_execution
     per_execution = int(per_execution.numpy()) if per_execution is not None else 1
     if getattr(model, "enable_tune_steps_per_execution", False):
         per_execution = 0
     callback_list = found["callbacks"]
+    batch_size, num_batches, partial, shuffle, order = read if read is not None else (0, 0, 0, None, None)
     return FitFacts(
-        in_memory=in_memory,
+        in_memory=read is not None,
         adapter=type(adapter).__name__,
         weighted=found.get("sample_weight") is not None or found.get("class_weight") is not None,
-        batch_size=int(adapter.batch_size()) if in_memory else 0,
-        num_batches=int(adapter.get_size()) if in_memory else 0,
-        partial_batch_size=int(adapter._partial_batch_size) if in_memory else 0,
+        batch_size=batch_size,
+        num_batches=num_batches,
+        partial_batch_size=partial,
         inferred_steps=handler.inferred_steps,
-        shuffle=adapter._shuffle if in_memory else None,
+        shuffle=shuffle,
+        order=order,
         epochs=int(handler._epochs) - int(handler._initial_epoch),
+        initial_epoch=int(handler._initial_epoch),
         steps_per_execution=per_execution,
         callbacks=tuple(getattr(callback_list, "callbacks", callback_list) or ()),
     )
 
 
+def compiled_loss_weights(model: Any) -> Any:
+    """The ``loss_weights`` given to ``model.compile`` (None when none were)."""
+    container = getattr(model, "compiled_loss", None)
+    return getattr(container, "_user_loss_weights", None)
+
+
+def rows_of(batch_part: Any) -> Any:
+    """The number of examples in one (possibly ragged or sparse) input tensor, in graph."""
+    if isinstance(batch_part, tf.RaggedTensor):
+        return batch_part.nrows()
+    if isinstance(batch_part, tf.SparseTensor):
+        return batch_part.dense_shape[0]
+    return tf.shape(batch_part)[0]
+
+
+# ---------------------------------------------------------------- the per-step record
+
+
+class StepTable:
+    """One row of float64 facts per step, written by the compiled step, read by the host once per check.
+
+    The step fills a row (``begin`` resets it, ``set``/``add``/``minimum``/``maximum`` write slots, ``end``
+    stores it); the host reads the whole table in one transfer (``read``). Row 0 holds the number of steps
+    recorded; step k (1-based) is stored in row 1 + (k - 1) mod ``capacity``, so the host must read at least
+    once every ``capacity`` steps (it does at every epoch end, with capacity = the steps of an epoch), and
+    knows when it did not (``StepRecord.lost``).
+    """
+
+    def __init__(self, slots: int, capacity: int, name: str, initial: Sequence[float] | None = None) -> None:
+        self.capacity = int(capacity)
+        self.initial = np.zeros(slots) if initial is None else np.asarray(initial, np.float64)
+        self.table = tf.Variable(tf.zeros([self.capacity + 1, slots], tf.float64), trainable=False, name=name)
+        self.row = tf.Variable(self.initial, dtype=tf.float64, trainable=False, name=f"{name}_row")
+
+    # -- in graph (called while the step is traced)
+    def begin(self) -> Any:
+        """Start the row of a new step; returns the step's number (1-based)."""
+        self.row.assign(self.initial)
+        count = self.table[0, 0] + 1.0
+        self.table[0, 0].assign(count)
+        return count
+
+    def set(self, slot: int, value: Any) -> None:
+        self.row[slot].assign(tf.cast(value, tf.float64))
+
+    def add(self, slot: int, value: Any) -> None:
+        self.row[slot].assign(self.row[slot] + tf.cast(value, tf.float64))
+
+    def maximum(self, slot: int, value: Any) -> None:
+        self.row[slot].assign(tf.maximum(self.row[slot], tf.cast(value, tf.float64)))
+
+    def minimum(self, slot: int, value: Any) -> None:
+        self.row[slot].assign(tf.minimum(self.row[slot], tf.cast(value, tf.float64)))
+
+    def end(self) -> None:
+        """Store the row of the step begun last."""
+        index = 1 + (tf.cast(self.table[0, 0], tf.int64) - 1) % self.capacity
+        self.table.scatter_nd_update(tf.reshape(index, [1, 1]), tf.reshape(self.row, [1, -1]))
+
+    # -- on the host
+    def read(self) -> StepRecord:
+        return StepRecord(self.table.numpy(), self.capacity)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """The host's copy of a :class:`StepTable`."""
+
+    values: np.ndarray
+    capacity: int
+
+    @property
+    def steps(self) -> int:
+        """Steps recorded so far."""
+        return int(self.values[0, 0])
+
+    def lost(self, checked: int) -> bool:
+        """Whether rows after step ``checked`` were overwritten before this read."""
+        return self.steps - checked > self.capacity
+
+    def row(self, k: int) -> np.ndarray:
+        """The facts of step ``k`` (1-based), valid while not :meth:`lost`."""
+        return self.values[1 + (k - 1) % self.capacity]
+
+
 # ---------------------------------------------------------------- the step probe
 
-# Slots of the probe vector (one float64 variable, read once per step).
-STEPS, DP_CALLS, ROWS, LOSS_LENGTH, CLIP, NOISE_STD, TAMPERED, START_DISTANCE, MOVED = range(9)
-_SLOTS = 9
+# Slots of a step's row (see StepProbe).
+STEP, DP_CALLS, ROWS, LOSS_LENGTH, CLIP, NOISE_STD, LEARNING_RATE, ITERATIONS = range(8)
+TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED = range(8, 12)
+_SLOTS = 12
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,25 +377,32 @@ class Ball:
 class StepProbe:
     """Instruments one model's compiled training step (instance-level wrappers, removed by :meth:`remove`).
 
-    Per step, the compiled step writes into one float64 vector: the number of
-    ``train_step`` calls, of DP gradient computations, the rows of the batch,
-    the length of the loss vector the DP optimizer splits into microbatches,
-    the clip norm and the noise std (on the clipped sum) it used, a flag set
-    when the weights changed inside the step other than by the DP update, the
-    distance of the starting point from the projection center, and the distance
-    between the starting point and the previous step's end (projected when a
-    ball is given).
+    Every step writes one row of :class:`StepTable` ``record``: its number, the DP gradient
+    computations it ran, the rows of its batch, the length of the loss vector the DP optimizer splits
+    into microbatches, the clip norm and the noise std (on the clipped sum) it used, the learning rate
+    its update read, ``optimizer.iterations`` when it started, a flag set when a weight changed inside the
+    step other than by the DP update, the distance of its starting point from the projection center,
+    the distance between its starting point and the previous step's end (projected when a ball is given)
+    and a flag set when a non-trainable weight changed between the two steps. The weights watched are
+    all of ``model.weights`` at the start (trainable and not, every dtype).
+
+    ``dp_variables`` lists, per trace of the step, the variables the DP optimizer differentiated.
     """
 
-    def __init__(self, model: Any, optimizer: Any, ball: Ball | None) -> None:
+    def __init__(self, model: Any, optimizer: Any, ball: Ball | None, capacity: int) -> None:
         self.model, self.optimizer, self.ball = model, optimizer, ball
-        self.values = tf.Variable(tf.zeros([_SLOTS], tf.float64), trainable=False, name="lastiter_probe")
+        self.record = StepTable(_SLOTS, capacity, "lastiter_steps")
+        self.watched = list(model.weights)
+        trainable = {id(v) for v in model.trainable_variables}
+        self.trainable = [w for w in self.watched if id(w) in trainable]
+        self.others = [w for w in self.watched if id(w) not in trainable]
+        self.mirror = [tf.Variable(w, trainable=False, name="lastiter_mirror") for w in self.watched]
         self.mirror_valid = tf.Variable(False, trainable=False, name="lastiter_mirror_valid")
-        self.trainable = list(model.trainable_variables)
-        self.mirror = [tf.Variable(v, trainable=False, name="lastiter_mirror") for v in self.trainable]
-        self.dp_variables: list[Any] | None = None  # what the DP optimizer differentiated (trace time)
+        self.dp_variables: list[list[Any]] = []
         self._saved: dict[tuple[Any, str], Any] = {}
         self._snapshot: list[Any] | None = None
+        self._after_update: list[Any] | None = None
+        self._departure = tf.function(self._moved_since_last_step)
         self._wrap(model, "train_step", self._train_step)
         self._wrap(optimizer, "_compute_gradients", self._compute_gradients)
         self._wrap(optimizer, "apply_gradients", self._apply_gradients)
@@ -290,30 +420,20 @@ class StepProbe:
                 object.__setattr__(obj, name, before)
         self._saved = {}
 
-    def read(self) -> list[float]:
-        return [float(v) for v in self.values.numpy()]
+    def read(self) -> StepRecord:
+        return self.record.read()
 
-    def reset(self) -> None:
-        self.values.assign(tf.zeros([_SLOTS], tf.float64))
-        self.mirror_valid.assign(False)
+    def departure(self) -> tuple[float, bool]:
+        """(distance of the trainable weights from the last step's end, projected with a ball; whether a
+        non-trainable weight differs from it) now; (0, False) before the first step."""
+        moved, others = self._departure()
+        return float(moved), bool(others)
 
     # -- in-graph helpers --------------------------------------------------------
 
-    def _watched(self) -> list[Any]:
-        """Float model weights (trainable and not); integer states (random generators) are left out."""
-        return [w for w in self.model.weights if w.dtype.is_floating]
-
-    def _set(self, slot: int, value: Any) -> None:
-        self.values[slot].assign(tf.cast(value, tf.float64))
-
-    def _add(self, slot: int, value: Any) -> None:
-        self.values[slot].assign(self.values[slot] + tf.cast(value, tf.float64))
-
-    def _flag_if_changed(self, before: list[Any]) -> None:
-        changed = tf.reduce_any(
-            [tf.reduce_any(tf.not_equal(w, b)) for w, b in zip(self._watched(), before, strict=True)]
-        )
-        self._add(TAMPERED, tf.cast(changed, tf.float64))
+    def _changed(self, weights: Sequence[Any], before: Sequence[Any]) -> Any:
+        flags = [tf.reduce_any(tf.not_equal(w, b)) for w, b in zip(weights, before, strict=True)]
+        return tf.reduce_any(flags) if flags else tf.constant(False)
 
     def _distance(self, weights: Sequence[Any], points: Sequence[Any]) -> Any:
         squares = [
@@ -322,39 +442,54 @@ class StepProbe:
         ]
         return tf.sqrt(tf.add_n(squares)) if squares else tf.constant(0.0, tf.float64)
 
+    def _moved_since_last_step(self) -> tuple[Any, Any]:
+        ends = dict(zip(map(id, self.watched), self.mirror, strict=True))
+        expected = [tf.cast(ends[id(w)], tf.float64) for w in self.trainable]
+        if self.ball is not None:  # the projection between steps is the one allowed change
+            d = self._distance(expected, self.ball.center)
+            scale = tf.minimum(
+                tf.constant(1.0, tf.float64), self.ball.radius * self.ball.margin / tf.maximum(d, 1e-300)
+            )
+            expected = [
+                tf.cast(c, tf.float64) + (m - tf.cast(c, tf.float64)) * scale
+                for m, c in zip(expected, self.ball.center, strict=True)
+            ]
+        moved = self._distance(self.trainable, expected)
+        others = self._changed(self.others, [ends[id(w)] for w in self.others])
+        valid = self.mirror_valid
+        return tf.where(valid, moved, tf.constant(0.0, tf.float64)), tf.logical_and(valid, others)
+
     def _train_step(self, original: Any) -> Any:
+        record = self.record
+
         def train_step(data: Any) -> Any:
-            rows = tf.shape(tf.nest.flatten(data)[0])[0]
-            self._add(STEPS, 1.0)
-            self._set(ROWS, rows)
-            start = [tf.identity(w) for w in self.trainable]
+            step = record.begin()
+            record.set(STEP, step)
+            record.set(ROWS, rows_of(tf.nest.flatten(data)[0]))
+            record.set(ITERATIONS, self.optimizer.iterations)
             if self.ball is not None:
-                self._set(START_DISTANCE, self._distance(start, self.ball.center))
-            expected = [tf.cast(m, tf.float64) for m in self.mirror]
-            if self.ball is not None:  # the projection between steps is the one allowed change
-                d = self._distance(self.mirror, self.ball.center)
-                scale = tf.minimum(
-                    tf.constant(1.0, tf.float64), self.ball.radius * self.ball.margin / tf.maximum(d, 1e-300)
-                )
-                expected = [
-                    tf.cast(c, tf.float64) + (m - tf.cast(c, tf.float64)) * scale
-                    for m, c in zip(expected, self.ball.center, strict=True)
-                ]
-            moved = self._distance(start, expected)
-            self._set(MOVED, tf.where(self.mirror_valid, moved, tf.constant(0.0, tf.float64)))
-            self._snapshot = [tf.identity(w) for w in self._watched()]
+                record.set(START_DISTANCE, self._distance(self.trainable, self.ball.center))
+            moved, others = self._moved_since_last_step()
+            record.set(MOVED, moved)
+            record.set(OTHERS_MOVED, others)
+            self._snapshot = [tf.identity(w) for w in self.watched]
             self._after_update = self._snapshot  # replaced by apply_gradients when the DP update runs
             outputs = original(data)
-            self._flag_if_changed(self._after_update)
-            for m, w in zip(self.mirror, self.trainable, strict=True):
+            trainable = {id(w) for w in self.trainable}
+            after = [a for w, a in zip(self.watched, self._after_update, strict=True) if id(w) in trainable]
+            start = [s for w, s in zip(self.watched, self._snapshot, strict=True) if id(w) not in trainable]
+            record.add(TAMPERED, self._changed(self.trainable, after))  # nothing after the update
+            record.add(TAMPERED, self._changed(self.others, start))  # nothing at all
+            for m, w in zip(self.mirror, self.watched, strict=True):
                 m.assign(w)
             self.mirror_valid.assign(True)
+            record.end()
             return outputs
 
         return train_step
 
     def _compute_gradients(self, original: Any) -> Any:
-        optimizer = self.optimizer
+        optimizer, record = self.optimizer, self.record
 
         def compute_gradients(loss, var_list, grad_loss=None, tape=None):
             if isinstance(optimizer, _VectorizedDPSGD):
@@ -363,23 +498,26 @@ class StepProbe:
             else:
                 clip = tf.cast(optimizer._global_state.l2_norm_clip, tf.float64)
                 std = tf.cast(optimizer._global_state.stddev, tf.float64)
-            self._add(DP_CALLS, 1.0)
-            self._set(CLIP, clip)
-            self._set(NOISE_STD, std)
-            length = tf.shape(loss)[0] if not callable(loss) else -1
-            self._set(LOSS_LENGTH, length)
+            record.add(DP_CALLS, 1.0)
+            record.set(CLIP, clip)
+            record.set(NOISE_STD, std)
+            record.set(LOSS_LENGTH, tf.shape(loss)[0] if not callable(loss) else -1)
             result = original(loss, var_list, grad_loss=grad_loss, tape=tape)
-            self.dp_variables = [v for _, v in result]
+            self.dp_variables.append([v for _, v in result])
             return result
 
         return compute_gradients
 
     def _apply_gradients(self, original: Any) -> Any:
+        optimizer, record = self.optimizer, self.record
+
         def apply_gradients(*args: Any, **kwargs: Any) -> Any:
             if self._snapshot is not None:
-                self._flag_if_changed(self._snapshot)  # nothing but the DP update before it
+                record.add(TAMPERED, self._changed(self.watched, self._snapshot))  # nothing before the update
+            # what the update reads (Keras' SGD: lr_t = _decayed_lr(var_dtype); float32 weights)
+            record.set(LEARNING_RATE, optimizer._decayed_lr(tf.float32))
             result = original(*args, **kwargs)
-            self._after_update = [tf.identity(w) for w in self._watched()]
+            self._after_update = [tf.identity(w) for w in self.watched]
             return result
 
         return apply_gradients

@@ -7,6 +7,7 @@ import math
 import textwrap
 from typing import Any
 
+import numpy as np
 from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _tfp_statement
 
 import lastiter_plugins as lp
@@ -15,6 +16,7 @@ from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_delta
 
 from . import _internals as internals
+from ._config import flag
 
 
 def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:
@@ -103,7 +105,17 @@ def compute_last_iterate_privacy_statement(
     refuse_renamed(renamed)
     if renamed:
         raise TypeError(f"unexpected keyword argument {next(iter(renamed))!r}.")
-    # Validate n, b, z, C, eta and the sampling with the library's checks before using them.
+    gradient_norms_within_clip = flag(gradient_norms_within_clip)
+    # TF Privacy's names first (the core's checks name its own: dataset_size, clip_norm), then n, b, z, C, eta
+    # and the sampling with the library's checks before using them.
+    for name, value, what in (
+        ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on"),
+        ("l2_norm_clip", l2_norm_clip, "the per-example clipping norm"),
+    ):
+        if internals.finite_positive(value) is None:
+            raise ValueError(f"{name} must be a finite number > 0 ({what}). Found {value!r}.")
+    if isinstance(number_of_examples, bool) or not isinstance(number_of_examples, (int, np.integer)):
+        raise ValueError(f"number_of_examples must be an integer >= 1. Found {number_of_examples!r}.")
     shape = TrainingConfig(
         dataset_size=number_of_examples,
         batch_size=batch_size,
