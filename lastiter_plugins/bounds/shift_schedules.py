@@ -24,8 +24,9 @@ import math
 
 import numpy as np
 
-#: Restart candidates K (chain uses kept after a restart) searched one by one up to this
-#: number; beyond, a geometric grid. Any subset of restarts is valid (each is a schedule).
+#: When every restart count K (chain uses kept after a restart) is too many to try on every
+#: schedule, K is chosen on probe schedules from 1..EXACT_RESTARTS and a geometric grid of
+#: _GRID_RESTARTS values. Any subset of restarts is valid (each is a schedule of Theorem A).
 EXACT_RESTARTS = 64
 _GRID_RESTARTS = 64
 
@@ -62,18 +63,6 @@ def _log_rise(u: _Corner, v: _Corner) -> np.ndarray:
 def _log_run(log_c: float, u: _Corner, v: _Corner) -> np.ndarray:
     # G(m_v) - G(m_u) = c^(2 m_u) G(m_v - m_u): no cancellation
     return 2.0 * u.steps * log_c + _log_capacity(log_c, v.steps - u.steps)
-
-
-def _log_slope(log_c: float, u: _Corner, v: _Corner) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return _log_rise(u, v) - _log_run(log_c, u, v)
-
-
-def _segment_cost(log_c: float, u: _Corner, v: _Corner) -> np.ndarray:
-    rise = _log_rise(u, v)
-    with np.errstate(over="ignore", invalid="ignore"):
-        cost = np.exp(2.0 * rise - _log_run(log_c, u, v))
-    return np.where(rise == -np.inf, 0.0, cost)  # nothing to remove costs nothing
 
 
 def _majorant_cost(log_c: float, corners: list[_Corner]) -> np.ndarray:
@@ -191,7 +180,7 @@ def _probe_counts(schedules: _SpacedUses, log_d: float, max_count: int, d: float
 
 
 #: Above this many (schedule, restart) pairs the restarts are chosen on probe schedules.
-_FULL_SEARCH = 1 << 16
+_FULL_SEARCH = 4096
 
 
 def spaced_uses_mu2(
@@ -213,7 +202,7 @@ def spaced_uses_mu2(
     corners (origin, last use, the chain's two ends), minimised with a projection over
     the restarts after the last use, after the chain and after the chain's K-th use
     from its end. Exact without a projection; with one, exact while (schedules x
-    restarts) <= 65536, beyond that a minimum over restarts chosen on probe schedules
+    restarts) <= 4096, beyond that a minimum over restarts chosen on probe schedules
     (each a valid schedule: never below the true minimum). Vectorised (broadcast).
 
     Args:
