@@ -190,7 +190,7 @@ def train(task: Task, method: str | None, noise: float, epochs: int, seed: int, 
                 dataset, batch_size=task.batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
             )
         model, optimizer, loader = engine.make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise,
+            module=model, optimizer=optimizer, criterion=loss_fn, data_loader=loader, noise_multiplier=noise,
             max_grad_norm=task.clip_norm(), poisson_sampling=False,
         )  # fmt: skip
     model.train()

@@ -116,9 +116,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=args.batch_size,
         sampler=lastiter_opacus.ShuffleOnceSampler(n),  # secret seed: one permutation for every epoch
     )
+    loss_fn = nn.BCEWithLogitsLoss()  # the accountant checks every step against this loss module
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=optimizer,
+        criterion=loss_fn,
         data_loader=loader,
         noise_multiplier=args.noise,
         max_grad_norm=args.clip,
@@ -131,7 +133,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"gradient norms within clip: {derived.gradient_norms_within_clip}, "
         f"clipped loss convex and smooth: {derived.clipped_loss_convex_smooth}"
     )
-    loss_fn = nn.BCEWithLogitsLoss()
     start = time.time()
     for epoch in range(1, args.epochs + 1):
         for xb, yb in loader:

@@ -113,9 +113,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         batch_size=args.batch_size,
         sampler=lastiter_opacus.ShuffleOnceSampler(n),  # secret seed: one permutation for every epoch
     )
+    loss_fn = nn.CrossEntropyLoss()  # the accountant checks every step against this loss module
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=optimizer,
+        criterion=loss_fn,
         data_loader=loader,
         noise_multiplier=args.noise,
         max_grad_norm=clip,
@@ -127,7 +129,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"device={device.type}\nderived from the model: M={derived.smoothness:.4g}, "
         f"lam={derived.strong_convexity:g}, gradient norms within clip: {derived.gradient_norms_within_clip}"
     )
-    loss_fn = nn.CrossEntropyLoss()
     start = time.time()
     for epoch in range(1, args.epochs + 1):
         for xb, yb in loader:

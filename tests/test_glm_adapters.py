@@ -116,7 +116,17 @@ def _clipped_linear(outputs: int = 1, bias: bool = True) -> nn.Module:
     return nn.Sequential(lo.FeatureNormClip(A), nn.Linear(DIM, outputs, bias=bias))
 
 
-def _private(name, model, *, clip=1.0, optimizer=None, classes=0, noise=1.0, reduction="mean"):
+#: The loss module of each declared loss (huber: delta 0.5), one per test module: make_private's criterion
+CRITERIA = (
+    {"logistic": nn.BCEWithLogitsLoss(), "softmax": nn.CrossEntropyLoss(), "huber": nn.HuberLoss(delta=0.5)}
+    if HAVE_OPACUS
+    else {}
+)
+
+
+def _private(
+    name, model, *, clip=1.0, optimizer=None, classes=0, noise=1.0, reduction="mean", loss="logistic", criterion=None
+):
     x, y = _data(classes)
     engine = PrivacyEngine()
     lo.attach(engine, name)  # (PrivacyEngine(accountant=name) needs Opacus' registry, 1.6)
@@ -125,6 +135,7 @@ def _private(name, model, *, clip=1.0, optimizer=None, classes=0, noise=1.0, red
     model, optimizer, loader = engine.make_private(
         module=model,
         optimizer=optimizer,
+        criterion=criterion if criterion is not None else CRITERIA[loss],
         data_loader=loader,
         noise_multiplier=noise,
         max_grad_norm=clip,
@@ -135,11 +146,9 @@ def _private(name, model, *, clip=1.0, optimizer=None, classes=0, noise=1.0, red
 
 
 def _loss_fn(loss: str):
-    if loss == "softmax":
-        return nn.CrossEntropyLoss()
-    if loss == "huber":
-        return lambda u, y: nn.functional.huber_loss(u.squeeze(-1), y, delta=0.5)
-    return lambda u, y: nn.functional.binary_cross_entropy_with_logits(u.squeeze(-1), y)
+    """The loss of the declared kind, computed with its loss module on the model's output (a view for one output)."""
+    criterion = CRITERIA[loss]
+    return criterion if loss == "softmax" else lambda u, y: criterion(u.squeeze(-1), y)
 
 
 def _train(model, optimizer, loader, loss_fn, epochs=1):
@@ -187,7 +196,9 @@ def test_opacus_epsilon_equals_core_for_hand_derived_constants(request, loss, ou
     classes = outputs if loss == "softmax" else 0
     if loss == "huber":
         classes = 0
-    engine, model, optimizer, loader = _private(name, _clipped_linear(outputs, bias), clip=clip, classes=classes)
+    engine, model, optimizer, loader = _private(
+        name, _clipped_linear(outputs, bias), clip=clip, classes=classes, loss=loss
+    )
     expected_assumptions = _hand_constants(loss, clip, bias=bias)
     _assert_constants(engine.accountant.registration.assumptions, expected_assumptions)
     _train(model, optimizer, loader, _loss_fn(loss), epochs=2)
@@ -258,7 +269,7 @@ def test_opacus_refuses_at_make_private(request, make_model, optimizer, clip, ph
 def test_opacus_refuses_softmax_where_clipping_can_be_active(request):
     name = _glm(request, loss="softmax")
     with pytest.raises(lo.LastIterateConfigurationError, match=r"clip_norm must be >= 2\.002"):
-        _private(name, _clipped_linear(3), clip=1.0, classes=3)
+        _private(name, _clipped_linear(3), clip=1.0, classes=3, loss="softmax")
 
 
 @needs_opacus
@@ -286,6 +297,53 @@ def test_opacus_frozen_layers_before_the_clip_are_accepted(request):
     assert engine.get_epsilon(DELTA) > 0
 
 
+class _Centering(nn.Module):
+    """Subtracts a running mean of the inputs it has seen (a buffer updated in every training forward)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                self.mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return x - self.mean
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("make_layer", "phrase"),
+    [
+        (lambda: nn.BatchNorm1d(DIM).requires_grad_(False), "Found 0.running_mean, 0.running_var changed"),
+        (lambda: _Centering(DIM), "Found 0.mean changed"),
+    ],
+    ids=["frozen-batchnorm-in-train-mode", "ema-centering"],
+)
+def test_opacus_buffer_updated_by_the_forward_before_the_clip_is_refused(request, make_layer, phrase):
+    """A running statistic of the private inputs before the feature clip is released without noise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(make_layer(), lo.FeatureNormClip(A), nn.Linear(DIM, 1))
+    engine, model, optimizer, loader = _private(_glm(request), model)
+    xb, yb = next(iter(loader))
+    _loss_fn("logistic")(model(xb), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match="buffers must not change during training") as info:
+        optimizer.step()
+    assert phrase in str(info.value)
+    assert engine.accountant.steps == 0
+
+
+@needs_opacus
+def test_opacus_frozen_batchnorm_in_eval_mode_before_the_clip_is_accepted(request):
+    torch.manual_seed(0)
+    norm = nn.BatchNorm1d(DIM).requires_grad_(False)
+    model = nn.Sequential(norm, lo.FeatureNormClip(A), nn.Linear(DIM, 1))
+    engine, model, optimizer, loader = _private(_glm(request), model)
+    norm.eval()  # its running statistics are not updated: a fixed function of the example
+    _train(model, optimizer, loader, _loss_fn("logistic"), epochs=2)
+    assert engine.accountant.steps == 2 * N // B and engine.get_epsilon(DELTA) > 0
+
+
 @needs_opacus
 def test_opacus_step_check_fires_when_the_clip_is_removed_after_registration(request):
     engine, model, optimizer, loader = _private(_glm(request), _clipped_linear())
@@ -311,28 +369,130 @@ def test_opacus_step_check_fires_on_an_activation_after_the_linear(request):
     assert engine.accountant.steps == 0
 
 
+def _scaled(factor):
+    return lambda u, y: factor * CRITERIA["logistic"](u.squeeze(-1), y)
+
+
+def _extra_term(u, y):
+    return CRITERIA["logistic"](u.squeeze(-1), y) + 0.1 * (u**2).mean()
+
+
 @needs_opacus
 @pytest.mark.parametrize(
     ("loss", "loss_fn", "phrase"),
     [
-        ("logistic", lambda u, y: nn.functional.mse_loss(u.squeeze(-1), y), "not in [0, 1]"),
-        ("logistic", lambda u, y: 10 * nn.functional.binary_cross_entropy_with_logits(u.squeeze(-1), y), "[0, 1]"),
-        ("huber", lambda u, y: nn.functional.huber_loss(u.squeeze(-1), y, delta=2.0), "> huber_delta = 0.5"),
+        ("logistic", lambda u, y: nn.functional.mse_loss(u.squeeze(-1), y), "Found 0 calls"),
+        ("logistic", lambda u, y: nn.functional.binary_cross_entropy_with_logits(u.squeeze(-1), y), "Found 0 calls"),
+        ("logistic", _scaled(10.0), "Found a difference of up to"),
+        ("logistic", _scaled(1.5), "Found a difference of up to"),
+        ("logistic", _extra_term, "Found a difference of up to"),
+        ("logistic", lambda u, y: CRITERIA["logistic"](2.0 * u.squeeze(-1), y), "Found 0 calls"),
+        ("huber", lambda u, y: nn.functional.huber_loss(u.squeeze(-1), y, delta=2.0), "Found 0 calls"),
     ],
-    ids=["mse-declared-logistic", "scaled-logistic", "huber-wrong-delta"],
-)
+    ids=["mse-declared-logistic", "functional-logistic", "scaled-logistic", "scaled-logistic-1.5",
+         "extra-term-on-the-output", "scaled-output", "huber-wrong-delta"],
+)  # fmt: skip
 def test_opacus_step_check_fires_on_another_loss(request, loss, loss_fn, phrase):
+    """The loss module given at make_private is the declared one; the loss backpropagated is not it."""
     kw = {"huber_delta": 0.5} if loss == "huber" else {}
-    engine, model, optimizer, loader = _private(_glm(request, loss=loss, **kw), _clipped_linear())
+    engine, model, optimizer, loader = _private(_glm(request, loss=loss, **kw), _clipped_linear(), loss=loss)
     xb, yb = next(iter(loader))
     optimizer.zero_grad()
     loss_fn(model(xb * 0.1), yb).backward()  # small scores: BCE and MSE differ there
     with pytest.raises(lp.PipelineChangedError) as info:
         optimizer.step()
-    assert phrase in str(info.value) and BY_HAND in str(info.value)
+    assert phrase in str(info.value)
     assert engine.accountant.steps == 0
     with pytest.raises(lp.PipelineChangedError):
         engine.get_epsilon(DELTA)
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("loss", "criterion", "phrase"),
+    [
+        ("huber", lambda: nn.SmoothL1Loss(beta=0.25), "must be torch.nn.HuberLoss itself"),
+        ("huber", lambda: nn.SmoothL1Loss(beta=1.0), "SmoothL1Loss(beta) is HuberLoss(delta=beta) / beta"),
+        ("huber", lambda: nn.HuberLoss(delta=2.0), "HuberLoss.delta must be 0.5"),
+        ("logistic", lambda: nn.BCEWithLogitsLoss(pos_weight=torch.tensor(3.0)), "pos_weight must be None"),
+        ("logistic", lambda: nn.BCEWithLogitsLoss(weight=torch.tensor(2.0)), "weight must be None"),
+        ("logistic", lambda: nn.BCEWithLogitsLoss(reduction="sum"), "reduction must be 'mean'"),
+        ("logistic", lambda: nn.BCELoss(), "Found BCELoss"),
+        ("logistic", lambda: nn.MSELoss(), "Found MSELoss"),
+        ("softmax", lambda: nn.CrossEntropyLoss(label_smoothing=0.1), "label_smoothing must be 0.0"),
+        ("softmax", lambda: nn.CrossEntropyLoss(weight=torch.ones(3)), "weight must be None"),
+        ("softmax", lambda: type("MyLoss", (nn.CrossEntropyLoss,), {})(), "Found MyLoss"),
+    ],
+    ids=["smooth-l1-beta-0.25", "smooth-l1-beta-1", "huber-delta", "pos-weight", "bce-weight", "reduction", "bce",
+         "mse", "label-smoothing", "ce-weight", "subclass"],
+)  # fmt: skip
+def test_opacus_refuses_a_loss_module_that_is_not_the_declared_loss(request, loss, criterion, phrase):
+    kw = {"huber_delta": 0.5} if loss == "huber" else {}
+    outputs, clip, classes = (3, 2.01, 3) if loss == "softmax" else (1, 1.0, 0)
+    name = _glm(request, loss=loss, **kw)
+    with pytest.raises(lo.LastIterateConfigurationError) as info:
+        _private(name, _clipped_linear(outputs), clip=clip, classes=classes, loss=loss, criterion=criterion())
+    assert phrase in str(info.value) and BY_HAND in str(info.value)
+
+
+@needs_opacus
+def test_opacus_loss_module_changed_during_training_is_refused(request):
+    criterion = nn.HuberLoss(delta=0.5)
+    engine, model, optimizer, loader = _private(
+        _glm(request, loss="huber", huber_delta=0.5), _clipped_linear(), loss="huber", criterion=criterion
+    )
+    _train(model, optimizer, loader, lambda u, y: criterion(u.squeeze(-1), y))
+    assert engine.accountant.steps == N // B
+    criterion.delta = 2.0  # four times the curvature scale the constants were derived for
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    criterion(model(xb).squeeze(-1), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match=r"HuberLoss\.delta must be 0\.5"):
+        optimizer.step()
+    assert engine.accountant.steps == N // B
+
+
+@needs_opacus
+def test_opacus_refuses_a_run_without_the_loss_module(request):
+    """make_private's criterion left at Opacus' default: the loss cannot be verified."""
+    name = _glm(request)
+    x, y = _data()
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    model = _clipped_linear()
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        data_loader=DataLoader(TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=B),
+        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+    )  # fmt: skip
+    xb, yb = next(iter(loader))
+    _loss_fn("logistic")(model(xb), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match=r"pass it to make_private\(criterion=\.\.\.\)"):
+        optimizer.step()
+    assert engine.accountant.steps == 0
+
+
+@needs_opacus
+@pytest.mark.parametrize("labels", ["out-of-range", "probabilities"])
+def test_opacus_softmax_targets_checked(request, labels):
+    """Class indices outside [0, k) (e.g. ignore_index, which rescales a mean) are refused; class
+    probabilities are accepted (the same constants)."""
+    engine, model, optimizer, loader = _private(
+        _glm(request, loss="softmax"), _clipped_linear(3), clip=2.01, classes=3, loss="softmax"
+    )
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    if labels == "out-of-range":
+        target = yb.clone()
+        target[0] = -100  # CrossEntropyLoss' ignore_index
+        CRITERIA["softmax"](model(xb), target).backward()
+        with pytest.raises(lp.PipelineChangedError, match=r"class indices in \[0, 3\)"):
+            optimizer.step()
+        assert engine.accountant.steps == 0
+    else:
+        CRITERIA["softmax"](model(xb), nn.functional.one_hot(yb, 3).float() * 0.8 + 0.2 / 3).backward()
+        optimizer.step()
+        assert engine.accountant.steps == 1
 
 
 @needs_opacus
@@ -358,7 +518,9 @@ def test_opacus_step_check_fires_on_per_example_gradients_that_are_not_rank_one(
 
 @needs_opacus
 def test_opacus_step_check_fires_when_the_clip_norm_changes(request):
-    _, model, optimizer, loader = _private(_glm(request, loss="softmax"), _clipped_linear(3), clip=2.01, classes=3)
+    _, model, optimizer, loader = _private(
+        _glm(request, loss="softmax"), _clipped_linear(3), clip=2.01, classes=3, loss="softmax"
+    )
     _train(model, optimizer, loader, _loss_fn("softmax"))
     optimizer.max_grad_norm = 1.0  # clipping could now be active: the softmax certificate no longer holds
     xb, yb = next(iter(loader))
@@ -382,7 +544,7 @@ def test_opacus_custom_engine_binds_the_model_and_derives_at_the_first_step(requ
         torch.optim.SGD(module.parameters(), lr=LR), noise_multiplier=1.0, max_grad_norm=0.5, expected_batch_size=B
     )
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=B / N))
-    accountant.bind_data_loader(loader, module=module)
+    accountant.bind_data_loader(loader, module=module, loss=CRITERIA["logistic"])
     assert accountant.derivation is None  # the optimizer is seen at the first step
     _train(module, optimizer, loader, _loss_fn("logistic"))
     _assert_constants(accountant.registration.assumptions, _hand_constants("logistic", 0.5))
@@ -410,6 +572,7 @@ def test_opacus_make_private_with_epsilon_calibrates_with_the_derived_constants(
         epochs=3,
         max_grad_norm=0.5,
         poisson_sampling=False,
+        criterion=CRITERIA["logistic"],
     )
     _train(model, optimizer, loader, _loss_fn("logistic"), epochs=3)
     _assert_constants(engine.accountant.registration.assumptions, _hand_constants("logistic", 0.5))

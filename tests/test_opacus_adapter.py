@@ -924,9 +924,10 @@ def test_shuffle_once_resume_needs_the_same_permutation(request):
                              data_loader=DataLoader(_dataset(), batch_size=10, sampler=lo.ShuffleOnceSampler(N, seed=2)),
                              noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
     assert engine3.accountant.steps == 10
-    # the same seed resumes
+    # the same seed resumes (with the checkpoint's weights: the state's digest is checked at the next step)
     engine4, model4, optimizer4, loader4 = run(1)
     engine4.accountant.load_state_dict(state)
+    model4.load_state_dict(model.state_dict())
     _train(model4, optimizer4, loader4)
     assert engine4.accountant.steps == 20
 
@@ -993,24 +994,25 @@ class _TwoInputs(torch.nn.Module):
 
 
 def test_example_counter_counts_training_forward_inputs():
-    """The counter reads the batch size from a lone tensor argument and from nested or
-    keyword arguments alike; a call without a batched tensor makes the count unknown."""
+    """The counter reads the batch size from the first tensor of a call's arguments, nested or keyword
+    alike (a further tensor, such as a public table with more rows, is not examples); a call without
+    a batched tensor makes the count unknown, naming the argument types."""
     model = _TwoInputs()
     counter = lo._ExampleCounter(model)
     model(torch.zeros(4, 3))
     model(torch.zeros(5, 3), None)  # two arguments
-    model(torch.zeros(2, 3), extra=torch.zeros(6, 3))  # the largest batch dimension among the tensors
+    model(torch.zeros(2, 3), extra=torch.zeros(6, 3))  # the first tensor's rows
     with torch.no_grad():
         model(torch.zeros(100, 3))  # no per-sample gradients: not counted
     model.eval()
     model(torch.zeros(100, 3))
     model.train()
-    assert (counter.count, counter.unknown) == (4 + 5 + 6, False)
+    assert (counter.count, counter.unknown) == (4 + 5 + 2, None)
     model(torch.tensor(1.0))  # no batch dimension
-    assert (counter.count, counter.unknown) == (15, True)
+    assert (counter.count, counter.unknown) == (11, "Tensor")
     counter.reset()
     model(torch.tensor(1.0), extra=torch.tensor(2.0))
-    assert (counter.count, counter.unknown) == (0, True)
+    assert (counter.count, counter.unknown) == (0, "Tensor, extra=Tensor")
     counter.remove()
     model(torch.zeros(4, 3))
     assert counter.count == 0

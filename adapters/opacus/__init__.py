@@ -18,7 +18,8 @@ The accountant verifies the run that actually happens, at every optimizer step
 same sampler), one whole loader batch per step with one clipped gradient per
 example, the optimizer (plain SGD at the registered step size, constant noise and
 clipping norm), the parameters (changed only by the accounted steps; inside the
-projection ball when a diameter is declared). A mismatch raises
+projection ball when a diameter is declared) and the module's buffers (unchanged;
+after ``load_state_dict``, the model the state was saved with). A mismatch raises
 ``lastiter_plugins.PipelineChangedError`` and voids the run's epsilon.
 
 Opacus 1.5 has no accountant registry: ``PrivacyEngine(accountant=name)`` refuses
@@ -28,11 +29,10 @@ needs Opacus 1.6 (``docs/opacus.md``, *Opacus 1.5*).
 
 Modules of this package (each one job): ``_registration`` (register, create_accountant, attach,
 errors), ``_loaders`` (loader -> sampling scheme, per-step loader watch), ``_observe`` (optimizer
-facts in the core's terms, example counter), ``_steps`` (per-step data and parameter checks),
-``_fast_step`` (the per-step checks compiled for the run's shape), ``_projection``, ``_report``,
-``_accountant``, ``_glm`` (certified linear models: ``register(..., model="glm")`` and
-``FeatureNormClip``) and ``_internals`` (the only reader of Opacus' private state, behind a version
-guard).
+facts in the core's terms, example counter), ``_steps`` (per-step optimizer, example and model
+checks), ``_projection``, ``_report``, ``_accountant``, ``_glm`` (certified linear models:
+``register(..., model="glm")`` and ``FeatureNormClip``) and ``_internals`` (the only reader of
+Opacus' private state, behind a version guard).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._fast_step import FastStep, compile_fast_step
 from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
@@ -33,7 +32,7 @@ from lastiter_plugins.adapters.opacus._registration import (
     Registration,
 )
 from lastiter_plugins.adapters.opacus._report import Report, build_report
-from lastiter_plugins.adapters.opacus._steps import StepChecks
+from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks, digest, tracked_buffers
 
 Sampling = lp.Sampling
 _EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
@@ -47,6 +46,7 @@ class _Binding:
     plan: tuple[float, float, int] | None
     watch: LoaderWatch
     module: Any  # weak reference to the private module, or None
+    buffers: Buffers  # the module's buffers at binding, with their values
 
 
 def _steps_in(history: list) -> int:
@@ -80,25 +80,17 @@ class LastIterateAccountant(IAccountant):
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
-        self._fast: FastStep | None = None  # the usual step's checks, compiled by the last full check
         super().__init__()
         self.history = []
         self._observed: Observed | None = None
         self._binding: _Binding | None = None
         self._resumed = False
+        #: after load_state_dict: the digest of the model the checkpoint's state was saved with,
+        #: checked at the next step (or None: nothing to check)
+        self._resume_digest: str | None = None
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
         self._void: str | None = None
-
-    @property
-    def history(self) -> list[tuple[float, float, int]]:
-        """Opacus' format: ``[(noise_multiplier, sample_rate, num_steps)]``."""
-        return self._history
-
-    @history.setter
-    def history(self, value: list[tuple[float, float, int]]) -> None:
-        self._history = value
-        self._fast = None  # it extends the list it was compiled with
 
     # -- IAccountant
     @classmethod
@@ -138,10 +130,8 @@ class LastIterateAccountant(IAccountant):
             raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
-        self._binding = _Binding(
-            facts, plan, LoaderWatch(data_loader, facts), None if module is None else weakref.ref(module)
-        )
-        self._fast = None
+        reference = None if module is None else weakref.ref(module)
+        self._binding = _Binding(facts, plan, LoaderWatch(data_loader, facts), reference, Buffers(module))
         if self._checks is not None:
             self._checks.remove()
             self._checks = None
@@ -187,19 +177,12 @@ class LastIterateAccountant(IAccountant):
     # -- one step
     def _account_step(self, optim: Any) -> None:
         """Verify the step about to be taken (the hook runs after Opacus clipped and noised it,
-        before the parameters change), then record it. A refusal voids the accountant.
-
-        The usual step is verified and recorded by the compiled checks of the last full check
-        (:mod:`._fast_step`); anything they do not accept gets the full check."""
-        fast = self._fast
-        if fast is not None and fast(optim):
-            return
+        before the parameters change), then record it. A refusal voids the accountant."""
         if self._void is not None:
             raise LastIteratePipelineChangedError(self._void_message())
         try:
             self._verify(optim)
         except LastIterateConfigurationError as exc:
-            self._fast = None
             self._void = str(exc)
             if isinstance(exc, LastIteratePipelineChangedError):
                 raise
@@ -217,32 +200,72 @@ class LastIterateAccountant(IAccountant):
         )
 
     def _verify(self, optim: Any) -> None:
-        reg, binding = self._registration, self._binding
+        """The facts of docs/opacus.md, *Verified at every step*, in its order; then the step is recorded."""
+        reg, binding, steps = self._registration, self._binding, self.steps
         if binding is None:
             raise _Error(
                 f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
                 "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
                 "engine.accountant.bind_data_loader(data_loader, module=model) before training."
             )
-        steps = self.steps
-        observed = observe(optim, reg, binding.facts)
         if self._checks is None:
             module = binding.module() if binding.module is not None else None
-            self._checks = StepChecks(optim, module, reg)
+            self._checks = StepChecks(optim, module, binding.buffers, reg)
         checks = self._checks
-        checks.verify(optim, binding.facts, binding.watch, self._counter, steps)
-        self._verify_constant(observed, steps)
+        checks.verify_optimizer(optim, steps + 1)  # the same DP optimizer, SGD and parameters; nothing after us
+        observed = observe(optim, reg, binding.facts)  # noise, clipping, reduction, lr: plain SGD
+        self._verify_constant(observed, steps)  # ... the same as at the first step
+        change = binding.watch.changed()  # the loader bound at make_private; one shuffle-once permutation
+        if change is not None:
+            raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
+        checks.verify_examples(optim, binding.facts, binding.watch, self._counter, steps + 1)  # one gradient each
+        if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
+            self._verify_resumed_model(steps)
+            checks.rebase()
+        checks.verify_model(steps)  # parameters and buffers changed only by the accounted steps
         self._observed = observed
         self._resumed = False
         checks.mark_pending()
         self.step(noise_multiplier=observed.noise_multiplier, sample_rate=observed.sample_rate)
-        # the compiled checks record a step as this class's step does: not for a subclass overriding it
-        self._fast = None
-        if type(self).step is LastIterateAccountant.step:
-            self._fast = compile_fast_step(
-                optim, checks, binding.facts, binding.watch, self._counter, self.history,
-                observed.noise_multiplier, observed.sample_rate,
-            )  # fmt: skip
+
+    def _model_tensors(self) -> list[torch.Tensor] | None:
+        """The private module's parameters and tracked buffers (without a module: the trained parameters)."""
+        module = self._binding.module() if self._binding is not None and self._binding.module is not None else None
+        if module is not None:
+            return [*module.parameters(), *(b for *_, b in tracked_buffers(module))]
+        return None if self._checks is None else list(self._checks.params)
+
+    def _verify_resumed_model(self, steps: int) -> None:
+        problem = self._loaded_model_differs()
+        if problem is not None:
+            raise LastIteratePipelineChangedError(
+                f"{problem} (at the first step after load_state_dict, step {steps + 1}), or a buffer updated by "
+                "the forward pass. Load the model and the accountant from the same checkpoint "
+                "(PrivacyEngine.load_checkpoint does)."
+            )
+        self._resume_digest = None
+
+    def _check_loaded_model(self) -> None:
+        """Before the first step after load_state_dict, an epsilon is about the checkpoint's model only."""
+        problem = self._loaded_model_differs()
+        if problem is not None:
+            raise _Error(
+                f"{problem}. The epsilon loaded is that of the checkpoint's model. Load the model's weights from "
+                "the same checkpoint as the accountant's state (PrivacyEngine.load_checkpoint does)."
+            )
+
+    def _loaded_model_differs(self) -> str | None:
+        tensors = self._model_tensors()
+        if tensors is None:  # nothing bound yet to compare with: the number is the checkpoint's model's
+            return None
+        found = digest(tensors)
+        if found == self._resume_digest:
+            return None
+        return (
+            f"the model's parameters and buffers must be those the accountant's state was saved with, after its "
+            f"{self.steps} steps. Found others (digest {found[:12]} vs {self._resume_digest[:12]}): weights of "
+            "another checkpoint (a later one's steps are not in this state) or weights changed after loading"
+        )
 
     def _verify_constant(self, observed: Observed, steps: int) -> None:
         if self._resumed and self._observed is not None:
@@ -367,11 +390,13 @@ class LastIterateAccountant(IAccountant):
             return None
         noise = self._history_noise()
         if self._observed is not None:
-            if self._checks is not None:  # nothing may have changed the model since the last step
+            if self._resume_digest is not None:
+                self._check_loaded_model()
+            elif self._checks is not None:  # nothing may have changed the model since the last step
                 try:
-                    self._checks.verify_parameters(self.steps)
+                    self._checks.verify_model(self.steps, release=True)
                 except LastIteratePipelineChangedError as exc:
-                    self._void, self._fast = str(exc), None
+                    self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
             return self._config(self._observed, noise, self.steps)
         observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
@@ -384,9 +409,7 @@ class LastIterateAccountant(IAccountant):
 
     def epsilon_result(self, delta: float, bound: str | None = None) -> lp.EpsilonResult | None:
         """The labelled result (bound, winner, relation, order, what it protects); None before any step."""
-        from lastiter_plugins.conversion import validate_delta
-
-        delta = validate_delta(delta)
+        delta = _delta(delta)
         config = self.training_config()
         return None if config is None else self._compute(config, delta, bound)
 
@@ -404,9 +427,7 @@ class LastIterateAccountant(IAccountant):
     def report(self, delta: float, *, show: bool = False) -> Report:
         """Every bound side by side for the steps so far (relation, applies or why not, epsilon,
         what it protects) and the threat model. ``show`` prints it."""
-        from lastiter_plugins.conversion import validate_delta
-
-        delta = validate_delta(delta)
+        delta = _delta(delta)
         config = self.training_config()
         if config is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
@@ -418,18 +439,32 @@ class LastIterateAccountant(IAccountant):
 
     # -- checkpoints
     def state_dict(self, destination: Any = None) -> Any:
+        """Opacus' ``history`` and ``mechanism``, and under ``lastiter``: the registered configuration,
+        the observed optimizer facts, the SHA-256 digest of the model's parameters and buffers after
+        the last step (checked at the first step after ``load_state_dict``) and a refusal, if any."""
+        if self._void is None and self._checks is not None and self.history and self._resume_digest is None:
+            try:  # a model written since the last step is not the accounted run's: the state says so
+                self._checks.verify_model(self.steps, release=True)
+            except LastIteratePipelineChangedError as exc:
+                self._void = str(exc)
+        tensors = self._model_tensors()
+        model_digest = self._resume_digest if self._resume_digest is not None or tensors is None else digest(tensors)
         # Opacus' two keys, written here (as Opacus 1.6 does; 1.5's IAccountant stores the mechanism method)
         destination = destination if destination is not None else OrderedDict()
         destination["history"] = deepcopy(self.history)
         destination["mechanism"] = self.mechanism()
         destination["lastiter"] = {
-            "format": 2,
+            "format": 3,
             "registration": self._registration.to_dict(),
             "observed": None if self._observed is None else self._observed.to_dict(),
+            "model_digest": model_digest if self.history else None,
+            "void": self._void,
         }
         return destination
 
     def load_state_dict(self, state_dict: Any) -> None:
+        """Resume from ``state_dict``. The model's parameters and buffers are checked against the
+        state's digest at the next step (and when an epsilon is read before it)."""
         reg = self._registration
         if not state_dict or "lastiter" not in state_dict:
             raise _Error(
@@ -447,16 +482,30 @@ class LastIterateAccountant(IAccountant):
                 f"{extra.get('registration')} vs now {reg.to_dict()}. Register the same configuration to resume."
             )
         history = [(float(z), float(q), int(steps)) for z, q, steps in state_dict.get("history", [])]
+        if history and not extra.get("model_digest"):
+            raise _Error(
+                f"state_dict must hold a digest of the model after its {_steps_in(history)} steps (format 3), so "
+                "that the weights loaded with it can be checked. Found a state of format "
+                f"{extra.get('format', 1)} without one (saved by an earlier version of lastiter-plugins). Resume "
+                "from a checkpoint saved by this version, or start the run again."
+            )
         observed = None if extra.get("observed") is None else Observed.from_dict(extra["observed"])
         if observed is not None and history and self._binding is not None:
             self._check_permutation(observed.permutation_digest, self._binding.facts.permutation_digest)
         self.history = history  # what IAccountant.load_state_dict sets, after the checks above
         self._observed = observed
         self._resumed = bool(history)
-        self._fast = None
-        self._void = None
-        if self._checks is not None:
-            self._checks.forget_parameters()  # the checkpoint's weights are loaded next, outside any step
+        self._resume_digest = extra["model_digest"] if history else None
+        self._void = extra.get("void")
+
+
+def _delta(delta: Any) -> float:
+    """``delta`` as a float in (0, 1); a 0-dim tensor or array (``torch.tensor(1e-5)``) is its value."""
+    from lastiter_plugins.conversion import validate_delta
+
+    if isinstance(delta, (torch.Tensor, np.ndarray)) and delta.ndim == 0:
+        delta = delta.item()
+    return validate_delta(delta)
 
 
 def register_class(name: str, reg: Registration, force: bool) -> None:

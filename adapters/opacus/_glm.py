@@ -7,20 +7,24 @@ they were derived for:
 
 * at ``make_private``: the only trainable layer is a final ``torch.nn.Linear``
   (frozen layers before it are fine: the features are then a fixed function of
-  the example), its input is the output of a :class:`FeatureNormClip` of bound
+  the example, as long as no buffer changes, which the base accountant checks at
+  every step), its input is the output of a :class:`FeatureNormClip` of bound
   <= A and nothing follows it; the optimizer is plain SGD, whose ``weight_decay``
   is folded into the constants (under Opacus it is applied after the noisy
   clipped mean: outside the clip); the clip norm makes clipping never active
-  where the loss is not a scalar GLM (softmax);
+  where the loss is not a scalar GLM (softmax); the loss module given as
+  ``make_private(criterion=...)`` is the declared loss exactly (class and every
+  parameter that changes its curvature or scale: :func:`check_loss_module`);
 * in every training forward: the features entering the Linear are the clip's
   output and have l2 norm <= A (checked in float64, never accepting a violation),
-  the Linear runs once and its output is the model's output;
-* at every step: the clipping norm and the weight decay are the ones the
-  constants were derived for, the per-example gradients Opacus clips have the
-  structure of the declared GLM (rank one, backprop outer feature, checked on a
-  sample of the batch), and the gradient with respect to the scores is the
-  declared loss's (logistic: sigmoid(u) - y with y in [0, 1]; softmax:
-  softmax(u) - q with q a probability vector; Huber: at most delta in size).
+  the Linear runs once and its output is the model's output, on which the loss
+  module is called once (its input and target recorded);
+* at every step: the clipping norm, the weight decay and the loss module are the
+  ones the constants were derived for, the per-example gradients Opacus clips have
+  the structure of the declared GLM (rank one, backprop outer feature, checked on a
+  sample of the batch), and each example's gradient with respect to its score is
+  the declared loss' gradient at its score and label (logistic: sigmoid(u) - y with
+  y in [0, 1]; softmax: softmax(u) - onehot(y); Huber: clamp(u - y, -delta, delta)).
 
 The derivations are in :mod:`lastiter_plugins.glm` (Song, Steinke, Thakkar &
 Thakurta 2021 for clipped GLMs; Ye & Shokri 2022, arXiv 2203.05363, for the
@@ -61,6 +65,13 @@ LOSSES: dict[str, tuple[LossFamily, str]] = {
     "logistic": (LossFamily.BINARY_LOGISTIC, "torch.nn.BCEWithLogitsLoss, labels in [0, 1], one output"),
     "softmax": (LossFamily.SOFTMAX_CROSS_ENTROPY, "torch.nn.CrossEntropyLoss on the logits, k >= 2 outputs"),
     "huber": (LossFamily.HUBER, "torch.nn.HuberLoss(delta=huber_delta), one output"),
+}
+#: The torch loss module of each declared loss, and its parameters that change the loss' curvature
+#: or scale, with the value the derived constants assume (None: huber_delta).
+LOSS_MODULES: dict[str, tuple[type, dict[str, Any]]] = {
+    "logistic": (nn.BCEWithLogitsLoss, {"weight": None, "pos_weight": None}),
+    "softmax": (nn.CrossEntropyLoss, {"weight": None, "label_smoothing": 0.0}),
+    "huber": (nn.HuberLoss, {"delta": None}),
 }
 _ALIASES = {
     "binary_logistic": "logistic",
@@ -413,12 +424,53 @@ def assumptions_of(derivation: Derivation) -> lp.LossAssumptions:
 # ---------------------------------------------------------------- per-forward and per-step checks
 
 
+def check_loss_module(loss: Any, decl: GlmDeclaration, loss_reduction: str) -> None:
+    """The loss module is the declared loss exactly: its class, and every parameter that changes the
+    loss' curvature or scale (weights, pos_weight, label smoothing, delta; the reduction make_private's
+    loss_reduction says). Raises LastIterateConfigurationError naming the parameter."""
+    kind, fixed = LOSS_MODULES[decl.loss]
+    name = f"loss={decl.loss!r}"
+    if type(loss) is not kind or "forward" in vars(loss):
+        smooth_l1 = (
+            " (SmoothL1Loss(beta) is HuberLoss(delta=beta) / beta: its curvature is 1/beta)"
+            if isinstance(loss, nn.SmoothL1Loss)
+            else ""
+        )
+        raise _Error(
+            f"the loss module must be {kind.__module__.split('.')[0]}.nn.{kind.__name__} itself for {name}, whose "
+            f"constants were derived for it. Found {type(loss).__name__}"
+            f"{' with forward replaced' if 'forward' in vars(loss) else ''}{smooth_l1}. Use "
+            f"{LOSSES[decl.loss][1]}. {BY_HAND}"
+        )
+    for attribute, value in {**fixed, "reduction": loss_reduction}.items():
+        expected = decl.huber_delta if attribute == "delta" else value
+        found = getattr(loss, attribute, None)
+        same = found is None if expected is None else (found == expected and not torch.is_tensor(found))
+        if not same:
+            raise _Error(
+                f"{kind.__name__}.{attribute} must be {expected!r} for {name} (the derived constants assume "
+                f"it{'; make_private loss_reduction' if attribute == 'reduction' else ''}). Found "
+                f"{'a tensor' if torch.is_tensor(found) else repr(found)}. {BY_HAND}"
+            )
+
+
+def _view_of(tensor: Any, base: torch.Tensor) -> bool:
+    """``tensor`` holds exactly ``base``'s elements: the tensor itself or a view of it (a reshape, a squeeze)."""
+    return (
+        torch.is_tensor(tensor)
+        and tensor.numel() == base.numel()
+        and tensor.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        and tensor.storage_offset() == base.storage_offset()
+    )
+
+
 class Watch:
-    """Forward hooks on the model, its FeatureNormClip and its final Linear, and the per-step check.
+    """Forward hooks on the model, its FeatureNormClip, its final Linear and the loss module, and the per-step check.
 
     Per training forward (training mode, gradients on): the Linear's input is the clip's output, 2-D, with
-    every row of norm <= A; the Linear runs once; its output is the model's output. Per step: clip norm and
-    weight decay unchanged, per-example gradients rank one (on a sample) and consistent with the loss.
+    every row of norm <= A; the Linear runs once; its output is the model's output; the loss module is called
+    once on it. Per step: clip norm, weight decay and the loss module unchanged, per-example gradients rank one
+    (on a sample) and, per example, the gradient of the declared loss at its score and label.
     """
 
     def __init__(
@@ -431,6 +483,9 @@ class Watch:
         self._linear_calls = 0
         self._current: tuple[torch.Tensor, torch.Tensor] | None = None
         self.record: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._loss: Any = None  # weak reference to the loss module
+        self._loss_handle: Any = None
+        self.loss_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, target) on the record's output
         self._generator = torch.Generator().manual_seed(0x6C6D)  # which rows to check; not the user's RNG
         me = weakref.ref(self)
         self._handles = [
@@ -441,9 +496,19 @@ class Watch:
         ]
 
     def remove(self) -> None:
-        for handle in self._handles:
+        for handle in [*self._handles, *([self._loss_handle] if self._loss_handle is not None else [])]:
             handle.remove()
-        self._handles = []
+        self._handles, self._loss_handle = [], None
+
+    def bind_loss(self, loss: nn.Module, loss_reduction: str) -> None:
+        """Check the loss module against the declaration and hook it (once per module)."""
+        check_loss_module(loss, self.decl, loss_reduction)
+        if self._loss is not None and self._loss() is loss:
+            return
+        if self._loss_handle is not None:
+            self._loss_handle.remove()
+        self._loss = weakref.ref(loss)
+        self._loss_handle = loss.register_forward_hook(_call(weakref.ref(self), "_loss_post"), with_kwargs=True)
 
     def watches(self, model: nn.Module, linear: Any = None, clip: Any = None) -> bool:
         return (
@@ -513,6 +578,15 @@ class Watch:
                 "Found another tensor. The run's epsilon is void."
             )
         self.record = self._current
+        self.loss_calls = []
+
+    def _loss_post(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if self.record is None or not torch.is_grad_enabled():
+            return
+        scores = args[0] if args else kwargs.get("input")
+        if _view_of(scores, self.record[1]):  # on the output of the last training forward (not a copy of it)
+            target = args[1] if len(args) > 1 else kwargs.get("target")
+            self.loss_calls.append((scores.detach(), target.detach() if torch.is_tensor(target) else target))
 
     # -- the step
     def check_step(self, optim: Any) -> None:
@@ -537,14 +611,27 @@ class Watch:
                 f"the FeatureNormClip must keep a bound <= feature_norm = {self.decl.feature_norm:g}. Found "
                 f"{'no clip' if clip is None else clip.feature_norm_bound}. The run's epsilon is void."
             )
+        loss = self._loss() if self._loss is not None else None
+        if loss is None:
+            self.fail(
+                f"model='glm' must see the loss computed with the module of loss={self.decl.loss!r} "
+                f"({LOSSES[self.decl.loss][1]}): pass it to make_private(criterion=...) (or to "
+                "bind_data_loader(..., loss=...)) and call it on the model's output. Found no loss module given. "
+                "The run's epsilon is void."
+            )
+        try:
+            check_loss_module(loss, self.decl, optim.loss_reduction)
+        except _Error as exc:
+            self.fail(f"{exc} The run's epsilon is void.")
         record, self.record = self.record, None
+        calls, self.loss_calls = self.loss_calls, []
         if record is None:
             self.fail(
                 "every step must follow a training forward of the registered model (the per-example gradients "
                 "are checked against its features). Found none since the last step (another model or module was "
                 "called). The run's epsilon is void."
             )
-        features, scores = record
+        features = record[0]
         weight = getattr(linear.weight, "grad_sample", None)
         if not torch.is_tensor(weight) or weight.dim() != 3 or weight.shape[0] != features.shape[0]:
             shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
@@ -553,9 +640,17 @@ class Watch:
                 f"(outputs x features) matrix per example of that batch ({features.shape[0]} examples). Found "
                 f"{shape}. The run's epsilon is void."
             )
+        if len(calls) != 1:
+            self.fail(
+                f"the loss of every step must be one call of the loss module ({type(loss).__name__}) on the model's "
+                "output (or a view of it: a squeeze, a reshape), whose per-example gradients are checked against "
+                f"the declared loss. Found {len(calls)} calls on the output of the last training forward (a loss "
+                "computed by another function or on a transformed output, or the loss module called several "
+                "times). The run's epsilon is void."
+            )
         backprop = self._backprops(weight, features, linear)
         self._check_rank_one(weight, backprop, features)
-        self._check_loss(backprop, scores, features)
+        self._check_loss(backprop, *calls[0], features)
 
     def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
@@ -582,39 +677,59 @@ class Watch:
                 f"a function of the score u alone). {BY_HAND} The run's epsilon is void."
             )
 
-    def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, features: torch.Tensor) -> None:
-        g, u = backprop.double(), scores.double().reshape(backprop.shape)
+    def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, target: Any, features: torch.Tensor) -> None:
+        """Per example, dloss/du (Opacus' per-example gradient, undone of the mean) is the declared loss'
+        gradient at the example's score and label: any other loss, scale or extra term shows here."""
+        rows = backprop.shape[0]
+        u = scores.double().reshape(rows, -1)
+        if not torch.is_tensor(target) or target.shape[0] != rows:
+            self.fail(
+                f"the loss module's target must be a tensor with one row per example ({rows}). Found "
+                f"{tuple(target.shape) if torch.is_tensor(target) else type(target).__name__}. The run's epsilon is "
+                "void."
+            )
+        family = self.decl.family
+        if family is LossFamily.SOFTMAX_CROSS_ENTROPY:
+            k = u.shape[1]
+            if target.dtype.is_floating_point:  # class probabilities
+                q = target.double().reshape(rows, k)
+                if not (float(q.min()) >= 0 and float(torch.max(torch.abs(q.sum(1) - 1))) <= _TOLERANCE):
+                    self._wrong_labels("class probabilities (non-negative, summing to 1)")
+            else:
+                labels = target.reshape(rows)
+                if not bool(((labels >= 0) & (labels < k)).all()):
+                    self._wrong_labels(f"class indices in [0, {k}) (none equal to ignore_index)")
+                q = torch.nn.functional.one_hot(labels, k).double()
+            expected = torch.softmax(u, dim=1) - q
+        else:
+            y = target.double().reshape(rows, -1)
+            if family is LossFamily.BINARY_LOGISTIC:
+                if not (float(y.min()) >= 0 and float(y.max()) <= 1):
+                    self._wrong_labels("labels in [0, 1]")
+                expected = torch.sigmoid(u) - y
+            else:
+                expected = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
+        g = backprop.double().reshape(rows, -1)
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
             keep = torch.sum(features.double() ** 2, dim=1) > 0
-            g, u = g[keep], u[keep]
+            g, expected = g[keep], expected[keep]
         if g.numel() == 0:
             return
-        family, tol = self.decl.family, _TOLERANCE
-        if family is LossFamily.BINARY_LOGISTIC:
-            labels = torch.sigmoid(u) - g
-            low, high = float(labels.min()), float(labels.max())
-            if not (low >= -tol and high <= 1 + tol):
-                self._wrong_loss(f"labels y = sigmoid(u) - dloss/du between {low:.4g} and {high:.4g}, not in [0, 1]")
-        elif family is LossFamily.SOFTMAX_CROSS_ENTROPY:
-            q = torch.softmax(u, dim=1) - g
-            low, total = float(q.min()), torch.sum(q, dim=1)
-            off = float(torch.max(torch.abs(total - 1.0)))
-            if not (low >= -tol and off <= tol):
-                self._wrong_loss(
-                    f"q = softmax(u) - dloss/du with smallest entry {low:.4g} and row sums off 1 by up to {off:.3g}, "
-                    "not a probability vector"
-                )
-        else:  # Huber: |dloss/du| = |clamp(u - y, -delta, delta)| <= delta
-            largest = float(torch.max(torch.abs(g)))
-            if not largest <= self.decl.huber_delta * (1 + tol):
-                self._wrong_loss(f"|dloss/du| up to {largest:.4g} > huber_delta = {self.decl.huber_delta:g}")
+        worst = float(torch.max(torch.abs(g - expected)))
+        scale = max(1.0, self.decl.huber_delta or 1.0)
+        if not worst <= _TOLERANCE * scale:
+            self.fail(
+                f"the gradient of each example's loss with respect to its score must be that of loss="
+                f"{self.decl.loss!r} ({LOSSES[self.decl.loss][1]}) at the example's score and label, reduced as "
+                f"make_private's loss_reduction says. Found a difference of up to {worst:.4g}: the loss was scaled, "
+                f"another term was added to it, or another loss was backpropagated. {BY_HAND} The run's epsilon is "
+                "void."
+            )
 
-    def _wrong_loss(self, found: str) -> None:
+    def _wrong_labels(self, needed: str) -> None:
         self.fail(
-            f"the gradient of each example's loss with respect to its score must be that of loss={self.decl.loss!r} "
-            f"({LOSSES[self.decl.loss][1]}, reduced as make_private's loss_reduction says: 'mean' for a mean over "
-            f"the batch). Found {found}: another loss, a scaled or weighted loss, or a reduction that does not match "
-            f"loss_reduction. {BY_HAND} The run's epsilon is void."
+            f"the targets of loss={self.decl.loss!r} must be {needed}, for which the constants were derived. "
+            f"Found others. {BY_HAND} The run's epsilon is void."
         )
 
 
@@ -694,6 +809,9 @@ class GlmAccountant(LastIterateAccountant):
             world = int(getattr(optim, "world_size", 1) or 1)
             normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
             self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), normaliser)
+            criterion = caller.get("criterion")
+            if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
+                self._watch.bind_loss(criterion, optim.loss_reduction)
         inner = super().get_optimizer_hook_fn(sample_rate)
 
         def hook_fn(optim: Any) -> None:
@@ -702,7 +820,11 @@ class GlmAccountant(LastIterateAccountant):
 
         return hook_fn
 
-    def bind_data_loader(self, data_loader: Any, module: nn.Module | None = None):
+    def bind_data_loader(self, data_loader: Any, module: nn.Module | None = None, loss: nn.Module | None = None):
+        """As :meth:`LastIterateAccountant.bind_data_loader`, and ``loss``: the loss module the loop computes the
+        loss with (``make_private`` reads it from its ``criterion`` argument)."""
+        if loss is not None and not isinstance(loss, nn.Module):
+            raise _Error(f"loss must be a torch.nn.Module (the loss module). Found {type(loss).__name__}.")
         facts = super().bind_data_loader(data_loader, module)
         if module is None or self._watch is None or not self._watch.watches(unwrap(module)):
             if self._watch is not None:
@@ -714,6 +836,8 @@ class GlmAccountant(LastIterateAccountant):
                 model = unwrap(module)
                 linear, clip = _find_structure(model, type(self)._registration.glm)
                 self._watch = Watch(model, linear, clip, type(self)._registration.glm, None)
+        if loss is not None and self._watch is not None:  # (the reduction is checked against the optimizer's
+            self._watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
         self._glm_facts = facts
         return facts
 

@@ -17,7 +17,10 @@ and why:
   running before the adapter's own, could write to the parameters between the
   accountant's check and its record of their versions, unseen;
 * ``PrivacyEngine.dataset`` (set by ``make_private``): whether an engine has already
-  handed its accountant's hook to an optimizer.
+  handed its accountant's hook to an optimizer;
+* ``make_private``'s default ``criterion`` object: whether the user passed a loss module;
+* the frames above the step hook: whether torch's ``GradScaler.step`` takes the step (mixed
+  precision with loss scaling).
 
 It also holds everything that differs between the tested Opacus versions. Opacus 1.6
 has an accountant registry (``opacus.accountants.register_accountant``;
@@ -45,6 +48,7 @@ from typing import Any
 
 import opacus
 import opacus.accountants
+import torch.amp.grad_scaler as torch_grad_scaler
 import torch.optim.optimizer as torch_optimizer
 from opacus.privacy_engine import PrivacyEngine
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
@@ -149,43 +153,29 @@ def engine_locals(method: str, depth: int = 12) -> dict[str, Any] | None:
         del frame
 
 
-#: ``skip_flag(optim)``: whether ``optim`` skipped its last step (set by a skipped step, cleared after
-#: the real one's hook). A C-level getter (no Python frame): the per-step fast path calls it.
-skip_flag = operator.attrgetter("_is_last_step_skipped")
+#: ``make_private``'s default ``criterion`` (a loss module created once, when Opacus was imported): a
+#: ``criterion`` that is this object was not given by the user.
+DEFAULT_CRITERION = PrivacyEngine.make_private.__kwdefaults__.get("criterion")
 
-#: ``version(tensor)``: its version counter (each in-place write bumps it); C-level, as ``skip_flag``.
+#: ``version(tensor)``: its version counter (each in-place write bumps it).
 version = operator.attrgetter("_version")
 
 
 def last_step_skipped(optim: Any) -> bool:
-    """``skip_flag``, False for an optimizer without the flag."""
+    """Whether ``optim`` skipped its last step (``signal_skip_step``: set by a skipped step, cleared
+    after the real one's hook)."""
     return bool(getattr(optim, "_is_last_step_skipped", False))
 
 
-def versions(params: Any) -> tuple[int, ...]:
-    """Version counters of ``params``."""
-    return tuple(map(version, params))
-
-
-def same_versions(params: Any, expected: tuple[int, ...]) -> bool:
-    """``versions(params) == expected``."""
-    return tuple(map(version, params)) == expected
-
-
-#: ``own_step_pre_hooks(optimizer)``: the dict of step pre-hooks registered on ``optimizer`` itself.
-own_step_pre_hooks = operator.attrgetter("_optimizer_step_pre_hooks")
-
-#: ``own_step_post_hooks(optimizer)``: the (ordered) dict of step post-hooks registered on ``optimizer`` itself.
-own_step_post_hooks = operator.attrgetter("_optimizer_step_post_hooks")
-
-#: The step pre-hooks registered for every optimizer (``register_optimizer_step_pre_hook``).
-GLOBAL_STEP_PRE_HOOKS = torch_optimizer._global_optimizer_pre_hooks
+def versions(tensors: Any) -> tuple[int, ...]:
+    """Version counters of ``tensors``."""
+    return tuple(map(version, tensors))
 
 
 def step_pre_hooks(optimizer: Any) -> int:
     """How many step pre-hooks run when ``optimizer.step()`` is called (global ones, then its own:
     ``torch.optim.Optimizer.profile_hook_step``), between Opacus' step hook and the update."""
-    return len(GLOBAL_STEP_PRE_HOOKS) + len(getattr(optimizer, "_optimizer_step_pre_hooks", {}))
+    return len(torch_optimizer._global_optimizer_pre_hooks) + len(getattr(optimizer, "_optimizer_step_pre_hooks", {}))
 
 
 def foreign_step(optimizer: Any) -> Any:
@@ -210,9 +200,28 @@ def run_first(optimizer: Any, handle: Any) -> None:
     optimizer._optimizer_step_post_hooks.move_to_end(handle.id, last=False)
 
 
-def first_step_post_hook(optimizer: Any) -> Any:
-    """The post-hook that runs first after ``optimizer``'s update (None without any)."""
-    return next(iter(own_step_post_hooks(optimizer).values()), None)
+def first_step_post_hook_id(optimizer: Any) -> int | None:
+    """The handle id of the post-hook that runs first after ``optimizer``'s update (None without any)."""
+    return next(iter(optimizer._optimizer_step_post_hooks), None)
+
+
+_GRAD_SCALER_STEP = torch_grad_scaler.GradScaler._maybe_opt_step.__code__
+
+
+def stepped_by_grad_scaler(depth: int = 12) -> bool:
+    """Whether torch's ``GradScaler.step`` (``torch.amp``, also ``torch.cuda.amp``) is taking the
+    optimizer step that calls this (a frame of its ``_maybe_opt_step`` up the stack). Only reads."""
+    frame = sys._getframe(1)
+    try:
+        for _ in range(depth):
+            if frame is None:
+                return False
+            if frame.f_code is _GRAD_SCALER_STEP:
+                return True
+            frame = frame.f_back
+        return False
+    finally:
+        del frame
 
 
 class SplitterFinder:

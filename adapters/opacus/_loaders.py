@@ -8,7 +8,7 @@ import numbers
 import secrets
 import weakref
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +20,6 @@ from torch.utils.data import (
     RandomSampler,
     Sampler,
     SequentialSampler,
-    TensorDataset,
 )
 from torch.utils.data.distributed import DistributedSampler
 
@@ -69,13 +68,35 @@ class ShuffleOnceSampler(Sampler[int]):
         return self._digest
 
     def __iter__(self) -> Iterator[int]:
+        PERMUTATIONS.started(len(self._permutation), self._digest)
         return iter(self._permutation)
 
     def __len__(self) -> int:
         return len(self._permutation)
 
 
-_shuffle_once_len = ShuffleOnceSampler.__len__
+class PermutationLog:
+    """Which shuffle-once permutations have started an epoch, in order: a ``ShuffleOnceSampler``
+    reports each iteration, so that an accountant bound to one permutation sees another one
+    used for the same number of examples (a new sampler built every epoch reshuffles)."""
+
+    def __init__(self) -> None:
+        self.serial = 0
+        self._latest: dict[tuple[int, str], int] = {}  # (size, digest) -> serial of its latest epoch start
+
+    def started(self, size: int, digest: str) -> None:
+        self.serial += 1
+        self._latest[(size, digest)] = self.serial
+
+    def other_since(self, size: int, digest: str, serial: int) -> str | None:
+        """The digest of another permutation of ``size`` elements started after ``serial``, else None."""
+        for (n, other), latest in self._latest.items():
+            if n == size and other != digest and latest > serial:
+                return other
+        return None
+
+
+PERMUTATIONS = PermutationLog()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +228,11 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
         description = "RandomSampler (DataLoader(shuffle=True): new permutation every epoch)"
     elif isinstance(sampler, DistributedSampler):
         raise _refuse(
-            "DistributedSampler is not supported (it pads the dataset by repeating examples and its epochs depend on "
-            "set_epoch calls). For distributed training use make_private(poisson_sampling=True), sampling='poisson'."
+            "sampler must not be a DistributedSampler: it pads the dataset by repeating examples when the world "
+            "size does not divide n, each rank iterates its own shard, and its permutation comes from a seed "
+            f"(seed={sampler.seed}, public by default): without set_epoch the same permutation every epoch, with it "
+            "a new one per epoch (seed + epoch), neither secret as shuffle_once and reshuffle assume. For "
+            "distributed training use make_private(poisson_sampling=True) with sampling='poisson'."
         )
     else:
         raise _refuse(
@@ -288,90 +312,20 @@ def _signature(loader: DataLoader) -> tuple:
     return dataset, len(dataset), bs, None, None, None, None, None
 
 
-class FastLoaderPins(NamedTuple):
-    """See :meth:`LoaderWatch.fast_pins`."""
-
-    loader: Any  # weak reference
-    dataset: Any
-    tensors: tuple | None  # a TensorDataset's tensors (its length: the first one's)
-    dataset_size: int
-    batch_sampler: BatchSampler
-    sampler: Any
-    sampler_kind: type
-    batch_size: Any
-    drop_last: Any
-    permutation: tuple | None  # a ShuffleOnceSampler's (None: a SequentialSampler over the dataset)
-
-
 class LoaderWatch:
     """The loader bound at ``make_private``, re-read at every step: the same dataset of the
-    same size, the same batch sampler and sampler with the same parameters."""
+    same size, the same batch sampler and sampler with the same parameters; with a
+    ``ShuffleOnceSampler``, no other permutation of the dataset started since binding."""
 
-    __slots__ = ("_loader", "_signature", "_types", "batch_sampler", "facts")
+    __slots__ = ("_loader", "_serial", "_signature", "_types", "batch_sampler", "facts")
 
     def __init__(self, loader: DataLoader, facts: LoaderFacts) -> None:
         self.facts = facts
         self._loader = weakref.ref(loader)
         self._signature = _signature(loader)
         self._types = (type(loader.batch_sampler), type(self._signature[5]))  # they choose _signature's branches
+        self._serial = PERMUTATIONS.serial
         self.batch_sampler = weakref.ref(loader.batch_sampler)
-
-    def unchanged(self) -> bool:
-        """True only if the loader is alive and ``_signature(loader) == self._signature``, compared
-        in place (plain comparisons, as in ``SteadyOptimizer.holds``); False: ask :meth:`changed`."""
-        loader = self._loader()
-        if loader is None:
-            return False
-        dataset, n, bs, batch_size, drop_last, sampler, sampler_len, state = self._signature
-        now = loader.batch_sampler
-        kind, sampler_kind = self._types
-        if not (loader.dataset is dataset and now is bs and type(now) is kind and len(dataset) == n):
-            return False
-        if kind is BatchSampler:
-            current = now.sampler
-            if not (
-                current is sampler
-                and type(current) is sampler_kind
-                and now.batch_size == batch_size
-                and now.drop_last == drop_last
-            ):
-                return False
-            if sampler_kind is ShuffleOnceSampler:
-                # its state is its permutation, and its length len(permutation) (ShuffleOnceSampler.__len__):
-                # while the permutation is the very tuple recorded, len(sampler) is len of that tuple
-                permutation = current._permutation
-                if permutation is state and ShuffleOnceSampler.__len__ is _shuffle_once_len:
-                    return len(state) == sampler_len
-                return len(current) == sampler_len and permutation == state
-            return len(current) == sampler_len and _sampler_state(current) == state
-        if kind is UniformWithReplacementSampler:
-            return now.num_samples == sampler_len and now.sample_rate == state
-        return _signature(loader) == self._signature
-
-    def fast_pins(self) -> FastLoaderPins | None:
-        """What :mod:`._fast_step` compares, at every step, for the common loaders: a
-        ``BatchSampler`` over a ``SequentialSampler`` of the dataset itself or over a
-        ``ShuffleOnceSampler``; None for the others (``unchanged`` is then called).
-
-        While the loader holds these very objects and ``len(dataset)`` is n (for a
-        ``TensorDataset``, whose ``__len__`` is its first tensor's length: that length),
-        ``_signature(loader)`` is the recorded one (the classes' methods taken as fixed).
-        """
-        dataset, n, bs, batch_size, drop_last, sampler, _sampler_len, state = self._signature
-        batch_kind, sampler_kind = self._types
-        if batch_kind is not BatchSampler:
-            return None
-        if sampler_kind is ShuffleOnceSampler and type(state) is tuple:
-            permutation = state
-        elif sampler_kind is SequentialSampler and sampler.data_source is dataset:
-            permutation = None
-        else:
-            return None
-        tensors = getattr(dataset, "tensors", None) if type(dataset) is TensorDataset else None
-        if tensors is not None and not (type(tensors) is tuple and tensors and torch.is_tensor(tensors[0])):
-            tensors = None
-        return FastLoaderPins(self._loader, dataset, tensors, n, bs, sampler, sampler_kind, batch_size, drop_last,
-                              permutation)  # fmt: skip
 
     def changed(self) -> str | None:
         """None while the loader is unchanged, else what changed (for the error message)."""
@@ -389,18 +343,30 @@ class LoaderWatch:
                 f"{self._types[0].__name__}, {self._types[1].__name__} -> {kinds[0].__name__}, {kinds[1].__name__}): "
                 "its sampling scheme is no longer the one verified. Build a new loader, engine and accountant"
             )
-        if now == self._signature:
-            return None
-        diffs = [
-            f"{field}: {_show(a)} -> {_show(b)}"
-            for field, a, b in zip(_FIELDS, self._signature, now, strict=True)
-            if not (a is b or (_plain(a) and a == b))
-        ]
-        return (
-            f"the data loader changed after make_private ({'; '.join(diffs)}): the accountant's n, batch plan "
-            "and sampling scheme no longer describe the data a step uses. Build a new loader, engine and "
-            "accountant for new data"
-        )
+        if now != self._signature:
+            diffs = [
+                f"{field}: {_show(a)} -> {_show(b)}"
+                for field, a, b in zip(_FIELDS, self._signature, now, strict=True)
+                if not (a is b or (_plain(a) and a == b))
+            ]
+            return (
+                f"the data loader changed after make_private ({'; '.join(diffs)}): the accountant's n, batch plan "
+                "and sampling scheme no longer describe the data a step uses. Build a new loader, engine and "
+                "accountant for new data"
+            )
+        digest = self.facts.permutation_digest
+        other = None if digest is None else PERMUTATIONS.other_since(self.facts.dataset_size, digest, self._serial)
+        if other is not None:
+            return (
+                f"sampling='shuffle_once' must use one permutation for the whole run (the shuffle-once bound of "
+                f"Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2, assumes it). Found a second ShuffleOnceSampler over "
+                f"the {self.facts.dataset_size} examples iterated since make_private, with another permutation "
+                f"(digest {other[:12]} vs {digest[:12]}): building a new sampler or loader every epoch reshuffles. "
+                "Build the ShuffleOnceSampler once and iterate the loader make_private returned, or declare "
+                "sampling='reshuffle' with DataLoader(shuffle=True) (its last-iterate bound is "
+                "shifted-interpolation-reshuffle)"
+            )
+        return None
 
 
 def _plain(value: Any) -> bool:

@@ -7,11 +7,12 @@ import dataclasses
 import math
 import numbers
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+from torch.nn.utils.rnn import PackedSequence
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
@@ -163,59 +164,67 @@ def trainable(optim: Any) -> list[torch.Tensor]:
     return [p for group in optim.original_optimizer.param_groups for p in group["params"] if p.requires_grad]
 
 
-def _batch_sizes(value: Any, dim: int, depth: int = 0) -> Iterator[int]:
-    """Sizes along ``dim`` of the tensors in a forward call's (nested) arguments."""
-    if torch.is_tensor(value):
-        if value.dim() > dim:
-            yield int(value.shape[dim])
-    elif depth < 4 and isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _batch_sizes(item, dim, depth + 1)
-    elif depth < 4 and isinstance(value, Mapping):
-        for item in value.values():
-            yield from _batch_sizes(item, dim, depth + 1)
+def batch_size_of(value: Any, dim: int, depth: int = 0) -> int | None:
+    """Examples in a forward call's (nested) arguments: the size along ``dim`` of the first tensor
+    found (depth first: tuples, lists, dicts, dataclasses), or a ``PackedSequence``'s number of
+    sequences; None when there is no such tensor. The first tensor is taken as the batch, so that
+    further arguments (a public table, a mask of another shape) do not count as examples."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[dim]) if value.dim() > dim else None
+    if depth >= 4:
+        return None
+    if isinstance(value, PackedSequence):  # its data holds every time step of every sequence
+        return int(value.batch_sizes[0]) if value.batch_sizes.numel() else None
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = (getattr(value, field.name) for field in dataclasses.fields(value))
+    else:
+        return None
+    for item in items:
+        size = batch_size_of(item, dim, depth + 1)
+        if size is not None:
+            return size
+    return None
 
 
-_grad_enabled, _Tensor = torch.is_grad_enabled, torch.Tensor  # read at every forward call
+def _argument_types(args: Any, kwargs: Any) -> str:
+    names = [type(a).__name__ for a in args] + [f"{k}={type(v).__name__}" for k, v in kwargs.items()]
+    return ", ".join(names) or "no arguments"
 
 
 class ExampleCounter:
     """Counts the examples entering the private module in forward passes that record
     per-sample gradients (training mode, gradients enabled) since the last real step.
 
-    A forward pre-hook that only reads the arguments. The batch size of a call is the
-    largest size along the batch dimension among its tensors; a call without such a
-    tensor makes the count unknown. (It runs at every forward call: slots, and the usual
-    ``model(x)`` first.)
+    A forward pre-hook that only reads the arguments (:func:`batch_size_of`). A call whose
+    examples cannot be counted (no tensor with a batch dimension: a custom batch object)
+    sets ``unknown`` to the argument types, for the step's refusal.
     """
 
     __slots__ = ("_dim", "_handle", "_module", "count", "unknown")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.count = 0
-        self.unknown = False
+        self.unknown: str | None = None
         self._dim = 0 if getattr(module, "batch_first", True) else 1
         self._module = weakref.ref(module)
         self._handle = module.register_forward_pre_hook(self._seen, with_kwargs=True)
 
     def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        if module.training and _grad_enabled():  # else Opacus records no per-sample gradients for this call
-            if not kwargs and len(args) == 1 and isinstance(args[0], _Tensor):  # the usual model(x)
-                batch, dim = args[0], self._dim
-                if batch.ndim > dim:
-                    self.count += batch.shape[dim]
-                else:
-                    self.unknown = True
-            else:
-                sizes = list(_batch_sizes((args, kwargs), self._dim))
-                if sizes:
-                    self.count += max(sizes)
-                else:
-                    self.unknown = True
+        if not (module.training and torch.is_grad_enabled()):  # Opacus records no per-sample gradients then
+            return
+        size = batch_size_of((args, kwargs), self._dim)
+        if size is None:
+            self.unknown = _argument_types(args, kwargs)
+        else:
+            self.count += size
 
     def reset(self) -> None:
         self.count = 0
-        self.unknown = False
+        self.unknown = None
 
     def watches(self, module: Any) -> bool:
         return self._module is not None and self._module() is module
@@ -226,7 +235,7 @@ class ExampleCounter:
 
     def __getstate__(self) -> dict[str, Any]:
         # pickling or copying the model (torch.save(model)) carries a detached counter
-        return {"count": 0, "unknown": False, "_dim": self._dim, "_module": None, "_handle": None}
+        return {"count": 0, "unknown": None, "_dim": self._dim, "_module": None, "_handle": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
