@@ -8,7 +8,8 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from lastiter_plugins.api import Parameters, build, compute_epsilon, compute_rdp
+from lastiter_plugins import evaluation
+from lastiter_plugins.api import Parameters, build, compute_epsilon
 from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.errors import CalibrationError
 
@@ -81,7 +82,7 @@ def calibrate_noise(
     use_orders = None if orders is None else grid  # None keeps the library's lossless default conversion
     params.pop("noise_multiplier", None)
     config, assumptions = build(noise_multiplier=1.0, **params)
-    compute_rdp(bound, config, assumptions, grid[:1])  # raises NotApplicableError before any search
+    evaluation.require_applicable(bound, config, assumptions)  # raises NotApplicableError before any search
 
     def epsilon_at(z: float) -> float:
         return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders).epsilon

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import lastiter_plugins
-from lastiter_plugins import api, compare, plot, registry
+from lastiter_plugins import api, compare, plot, registry, scenarios
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import Relation, Sampling
 from lastiter_plugins.conversion import validate_delta
@@ -173,8 +173,8 @@ def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[st
     given = params_from_args(args)
     delta = None
     if args.config:
-        scenario = compare.load_scenario(args.config)
-        name, params, file_delta = compare.split_scenario(scenario)
+        scenario = scenarios.load_scenario(args.config)
+        name, params, file_delta = scenarios.split_scenario(scenario)
         if "delta" in scenario:
             delta = file_delta
         if name == "custom scenario":
@@ -352,7 +352,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=compare.FORMATS, default="table", help="output format (default table)")
     parser.add_argument(
-        "--delta", type=float, help=f"target delta (default: the scenario's, else {compare.DEFAULT_DELTA:g})"
+        "--delta", type=float, help=f"target delta (default: the scenario's, else {scenarios.DEFAULT_DELTA:g})"
     )
     parser.add_argument(
         "--plot", metavar="PATH", help="also write a PNG of epsilon against epochs (.png is added to a bare name)"
@@ -364,14 +364,14 @@ def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], 
     """(name, params, delta) for compare: the built-in scenario, a --config file, and/or the flags."""
     given = params_from_args(args)
     if not args.config and not given:
-        name, params, delta = compare.split_scenario(compare.BUILTIN_SCENARIO)
+        name, params, delta = scenarios.split_scenario(scenarios.BUILTIN_SCENARIO)
         if args.delta is not None:
             delta = validate_delta(args.delta)
         return name, params, delta
     if not args.config:
         # Flags never fill in from the built-in scenario: its loss assumptions
         # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
-        missing = _missing(given, (*compare.REQUIRED_KEYS, "steps"))
+        missing = _missing(given, (*scenarios.REQUIRED_KEYS, "steps"))
         if missing:
             raise ValueError(
                 f"{missing[0]} is required when compare is given flags without --config (flags describe your whole "
@@ -379,7 +379,7 @@ def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], 
                 "file and pass --config FILE (see examples/scenarios/)."
             )
     name, params, delta = _pipeline(args)
-    return name, params, compare.DEFAULT_DELTA if delta is None else delta
+    return name, params, scenarios.DEFAULT_DELTA if delta is None else delta
 
 
 def _cmd_compare(args: argparse.Namespace) -> str:

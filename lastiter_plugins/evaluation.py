@@ -13,9 +13,12 @@ Rules kept here:
 * An unproven bound (``Proof.proven`` False) is computed only when asked for by
   name; it never enters ``best``; its results carry ``unproven: <reason>``.
 * ``best`` is the smallest epsilon over the proven bounds that apply to the
-  pipeline with the declared relation. Each candidate is a valid (epsilon,
-  delta) guarantee for that relation, so the minimum is one too; it equals the
-  conversion of the per-order minimum of the RDP curves on the same orders.
+  pipeline with the declared relation (:func:`best_of`, the one function every
+  "best" line uses). Each candidate is a valid (epsilon, delta) guarantee for
+  that relation, so the minimum is one too.
+* A bound with a proven lower estimate (a PLD row) is computed for ``best`` only
+  when that estimate is not above the best so far: a bound whose epsilon is
+  provably larger cannot be the minimum (docs/decisions.md section 18 part 5).
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from lastiter_plugins import registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import epsilon_of_linear_rdp, refine_epsilon, validate_delta, validate_orders
 from lastiter_plugins.errors import NotApplicableError
-from lastiter_plugins.profiles import GaussianMixtureProfile
-from lastiter_plugins.registry import BoundSpec, Kind, Proof, Protects
+from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
 
 BEST = registry.BEST
 
@@ -118,10 +120,11 @@ class BoundEvaluation:
     """One bound of the table evaluated for one pipeline.
 
     ``result``, ``rdp`` and ``profile`` are None when the bound does not apply,
-    when no delta was asked for, or when the bound is unproven and was not asked
-    for by name. An RDP bound carries its curve on ``orders``; an f-DP (GDP) bound
-    carries its privacy ``profile``, and ``rdp`` is the RDP that profile implies
-    (computed when read: the epsilon does not need it).
+    when no delta was asked for, when the bound is unproven and was not asked
+    for by name, or when ``best`` did not need it (a note says why). An RDP bound
+    carries its curve on ``orders``; an f-DP (GDP) bound carries its privacy
+    ``profile``, and ``rdp`` is the RDP that profile implies (computed when read:
+    the epsilon does not need it); a PLD bound carries its profile and no RDP.
     """
 
     bound: str
@@ -137,14 +140,14 @@ class BoundEvaluation:
     covers: tuple[Sampling, ...]
     orders: tuple[float, ...] | None = None
     rdp_values: tuple[float, ...] | None = None
-    profile: GaussianMixtureProfile | None = None
+    profile: PrivacyProfile | None = None
     result: EpsilonResult | None = None
     notes: tuple[str, ...] = ()
 
     @property
     def rdp(self) -> tuple[float, ...] | None:
-        """The RDP curve on ``orders`` (nats); for a GDP bound, the RDP its profile implies."""
-        if self.profile is not None and self.orders is not None:
+        """The RDP curve on ``orders`` (nats); for a GDP bound, the RDP its profile implies; None for a PLD bound."""
+        if self.kind is Kind.GDP and self.profile is not None and self.orders is not None:
             return tuple(self.profile.rdp(np.asarray(self.orders)).tolist())
         return self.rdp_values
 
@@ -212,6 +215,7 @@ def evaluate_bound(
     *,
     compute_unproven: bool = False,
     under_own_relation: bool = False,
+    beat: float | None = None,
 ) -> BoundEvaluation:
     """Evaluate one bound for one pipeline (see :class:`BoundEvaluation`).
 
@@ -223,6 +227,8 @@ def evaluate_bound(
       compute_unproven: compute the numbers of an unproven bound (asked for by name).
       under_own_relation: evaluate the bound under the relation it is proven for
         with this sampling (compare shows every bound so), not the declared one.
+      beat: the best epsilon so far; a bound with a proven lower estimate above it
+        is not computed (it cannot be the minimum), and says so in its notes.
     """
     native = spec.relation_for(config.sampling)
     if under_own_relation and native is not None:
@@ -243,13 +249,23 @@ def evaluate_bound(
     )
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
+    if beat is not None and spec.lower_estimate is not None:
+        lower = spec.lower_estimate(config, assumptions, delta)
+        if lower > beat:
+            return dataclasses.replace(
+                base,
+                notes=(
+                    f"not computed: a proven lower bound on its epsilon ({lower:.4g}) is above the best so far "
+                    f"({beat:.4g}), so it cannot change best.",
+                ),
+            )
     default_orders = orders is None
     orders = validate_orders(orders)
-    if spec.kind is Kind.GDP:
+    if spec.profile is not None:
         profile = spec.profile(config, assumptions)
         return dataclasses.replace(
             base,
-            orders=tuple(orders.tolist()),
+            orders=tuple(orders.tolist()) if spec.kind is Kind.GDP else None,
             profile=profile,
             result=_result(spec, config, profile.epsilon(delta), delta, None),
         )
@@ -300,16 +316,24 @@ def evaluate_all(
 # ---------------------------------------------------------------- best
 
 
-def _best_candidates(evaluations: dict[str, BoundEvaluation], relation: Relation) -> list[BoundEvaluation]:
-    return [
-        e
-        for e in evaluations.values()
-        if e.applies and e.proof.proven and e.relation is relation and e.result is not None
-    ]
+def _best_candidates(evaluations: Iterable[BoundEvaluation], relation: Relation) -> list[BoundEvaluation]:
+    return [e for e in evaluations if e.applies and e.proof.proven and e.relation is relation and e.result is not None]
+
+
+def best_of(evaluations: Iterable[BoundEvaluation], relation: Relation) -> BoundEvaluation | None:
+    """The winner among evaluated bounds: the smallest epsilon over the proven ones that apply with
+    ``relation`` and carry a number (ties: the first bound id in alphabetical order); None if none.
+
+    The one definition of "best": :func:`best_result`, compare's best lines and the reports use it.
+    """
+    candidates = _best_candidates(evaluations, relation)
+    return min(candidates, key=lambda e: (e.result.epsilon, e.bound)) if candidates else None
 
 
 def _no_bound_applies(config: TrainingConfig, evaluations: dict[str, BoundEvaluation]) -> NotApplicableError:
-    reasons = [e.reason for e in evaluations.values() if not e.applies]
+    # the reason of a bound that covers this sampling says more than "sampling must be ..."
+    covering = [e.reason for e in evaluations.values() if not e.applies and config.sampling in e.covers]
+    reasons = covering or [e.reason for e in evaluations.values() if not e.applies]
     last = reasons[-1] if reasons else ""
     return NotApplicableError(
         f"no proven bound applies to sampling={config.sampling.value} with relation={config.relation.value} "
@@ -321,12 +345,32 @@ def best_result(
     config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
 ) -> EpsilonResult:
     """The smallest epsilon at ``delta`` over the proven bounds valid for the pipeline and its relation."""
-    evaluations = evaluate_all(config, assumptions, validate_delta(delta), orders)
-    candidates = _best_candidates(evaluations, config.relation)
-    if not candidates:
+    evaluations = evaluate_for_best(config, assumptions, validate_delta(delta), orders)
+    winner = best_of(evaluations.values(), config.relation)
+    if winner is None:
         raise _no_bound_applies(config, evaluations)
-    winner = min(candidates, key=lambda e: (e.result.epsilon, e.bound))
     return dataclasses.replace(winner.result, bound=BEST)
+
+
+def evaluate_for_best(
+    config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+) -> dict[str, BoundEvaluation]:
+    """Every bound of the table, in table order, as :func:`evaluate_all` with ``delta``, except that a
+    bound with a proven lower estimate (a PLD row) is computed last and only when that estimate is
+    not above the best so far (it says so in its notes otherwise). The minimum is the same.
+    """
+    delta = validate_delta(delta)
+    deferred = [bid for bid, spec in registry.BOUNDS.items() if spec.lower_estimate is not None]
+    out = {
+        bid: evaluate_bound(spec, config, assumptions, delta, orders)
+        for bid, spec in registry.BOUNDS.items()
+        if bid not in deferred
+    }
+    for bid in deferred:
+        so_far = best_of(out.values(), config.relation)
+        beat = math.inf if so_far is None else so_far.result.epsilon
+        out[bid] = evaluate_bound(registry.BOUNDS[bid], config, assumptions, delta, orders, beat=beat)
+    return {bid: out[bid] for bid in registry.BOUNDS}
 
 
 def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:
@@ -338,11 +382,29 @@ def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.nd
     curves = []
     for spec in registry.BOUNDS.values():
         check = registry.applicability(spec, config, assumptions)
-        if check.applies and spec.proof.proven:
+        if check.applies and spec.proof.proven and spec.compute is not None:
             curves.append(registry.rdp_curve(spec, config, assumptions, orders))
     if not curves:
-        raise _no_bound_applies(config, evaluate_all(config, assumptions))
+        evaluations = evaluate_all(config, assumptions)
+        pld = [e.bound for e in evaluations.values() if e.applies and e.kind is Kind.PLD]
+        if pld:
+            raise NotApplicableError(
+                f"no proven bound with a Renyi-DP curve applies to sampling={config.sampling.value} with "
+                f"relation={config.relation.value}: {', '.join(pld)} applies, but a privacy loss distribution has "
+                f"no Renyi curve (ask for its epsilon; see {registry.DOCS})."
+            )
+        raise _no_bound_applies(config, evaluations)
     return np.min(np.vstack(curves), axis=0)
+
+
+def require_applicable(bound: str, config: TrainingConfig, assumptions: LossAssumptions) -> None:
+    """Raise NotApplicableError unless ``bound`` (an id, or ``best``: some proven bound) applies."""
+    if bound != BEST:
+        registry.require(registry.get_spec(bound), config, assumptions)
+        return
+    evaluations = evaluate_all(config, assumptions)
+    if not any(e.applies and e.proof.proven and e.relation is config.relation for e in evaluations.values()):
+        raise _no_bound_applies(config, evaluations)
 
 
 # ---------------------------------------------------------------- by name

@@ -17,9 +17,11 @@ import dataclasses
 import enum
 import types
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 
+from lastiter_plugins import baselines
 from lastiter_plugins.bounds import (
     altschuler_talwar,
     bounded_domain,
@@ -37,7 +39,18 @@ from lastiter_plugins.profiles import GaussianMixtureProfile
 # A condition returns None when it holds, else (what is required, what was found).
 Condition = Callable[[TrainingConfig, LossAssumptions], "tuple[str, str] | None"]
 RdpFunction = Callable[[TrainingConfig, LossAssumptions, np.ndarray], np.ndarray]
-ProfileFunction = Callable[[TrainingConfig, LossAssumptions], GaussianMixtureProfile]
+ProfileFunction = Callable[[TrainingConfig, LossAssumptions], "PrivacyProfile"]
+# A proven lower bound on a bound's epsilon at delta, much cheaper than the bound itself.
+LowerEstimate = Callable[[TrainingConfig, LossAssumptions, float], float]
+
+
+class PrivacyProfile(Protocol):
+    """What a GDP or PLD bound returns: a privacy profile delta(eps) with its exact inverse."""
+
+    def epsilon(self, delta: float) -> float: ...
+
+    def delta(self, eps: float) -> float: ...
+
 
 ALL_SCHEMES = tuple(Sampling)
 EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
@@ -57,10 +70,14 @@ class Protects(str, enum.Enum):
 
 
 class Kind(str, enum.Enum):
-    """What a bound computes: a Renyi-DP curve, or a Gaussian privacy profile (mu-GDP)."""
+    """What a bound computes: a Renyi-DP curve, a Gaussian privacy profile (mu-GDP), or a
+    privacy loss distribution composed by dp-accounting (a profile without a Renyi curve;
+    its figures depend on dp-accounting's version and discretisation, docs/decisions.md
+    section 18)."""
 
     RDP = "rdp"
     GDP = "gdp"
+    PLD = "pld"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +116,15 @@ class BoundSpec:
       assumptions: what the bound assumes, in words.
       conditions: the preconditions, each a function returning None or (required, found).
       compute: the RDP curve at the given orders (nats); for a GDP bound, the RDP its
-        profile implies (mu-GDP implies RDP alpha mu^2/2; mixtures by joint convexity).
-      profile: for a GDP bound, its privacy profile (converted to epsilon exactly).
+        profile implies (mu-GDP implies RDP alpha mu^2/2; mixtures by joint convexity);
+        None for a PLD bound (no Renyi curve).
+      profile: for a GDP or PLD bound, its privacy profile (converted to epsilon exactly).
       proof: how the bound is justified.
       protects: what the number covers.
       kind: the kind of guarantee.
       linear_in_order: the RDP curve is exactly rho*alpha (converted at the continuous optimum).
+      lower_estimate: a proven lower bound on the bound's epsilon at delta, cheap; ``best``
+        computes an expensive bound only when this is not above the best so far.
     """
 
     id: str
@@ -113,16 +133,19 @@ class BoundSpec:
     covers: Mapping[Sampling, Relation]
     assumptions: str
     conditions: tuple[Condition, ...]
-    compute: RdpFunction
+    compute: RdpFunction | None
     profile: ProfileFunction | None = None
     proof: Proof = PROVEN
     protects: Protects = Protects.FINAL_MODEL
     kind: Kind = Kind.RDP
     linear_in_order: bool = False
+    lower_estimate: LowerEstimate | None = None
 
     def __post_init__(self) -> None:
-        if (self.kind is Kind.GDP) != (self.profile is not None):
-            raise ValueError(f"{self.id}: a GDP bound, and only a GDP bound, has a privacy profile.")
+        if (self.kind is Kind.RDP) != (self.profile is None):
+            raise ValueError(f"{self.id}: a GDP or PLD bound, and only those, has a privacy profile.")
+        if (self.kind is Kind.PLD) != (self.compute is None):
+            raise ValueError(f"{self.id}: a PLD bound, and only a PLD bound, has no Renyi curve.")
 
     @property
     def relations(self) -> frozenset[Relation]:
@@ -480,6 +503,16 @@ def _composition(cfg, a, orders):
     return composition.epoch_rdp(orders, noise_multiplier=cfg.noise_multiplier, epochs=cfg.epochs_started)
 
 
+def _pld_steps(cfg: TrainingConfig, a: LossAssumptions):
+    if cfg.steps > baselines.PLD_MAX_STEPS:
+        return (
+            f"steps must be <= {baselines.PLD_MAX_STEPS:.0e} (the composed privacy loss distribution is held in "
+            "memory; beyond, the Renyi-DP composition remains)",
+            f"{cfg.steps}",
+        )
+    return None
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -736,6 +769,51 @@ _TABLE: tuple[BoundSpec, ...] = (
         compute=_composition,
         protects=Protects.EVERY_ITERATE,
     ),
+    BoundSpec(
+        id="composition-gdp-epochs",
+        title="one Gaussian mechanism per epoch, composed exactly in mu-GDP (certifies every iterate)",
+        reference="exact composition of ceil(T/l) Gaussian mechanisms of shift 2/z: mu = 2 sqrt(ceil(T/l))/z "
+        "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; docs/decisions.md section 18",
+        covers=_covers(EPOCH_SCHEMES),
+        assumptions="every example in at most one batch per epoch; clipping only",
+        conditions=(),
+        compute=_profile_rdp(baselines.epoch_gdp_profile),
+        profile=baselines.epoch_gdp_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="composition-pld-poisson",
+        title="Poisson-sampled Gaussian composed by dp-accounting's privacy loss distribution (every iterate)",
+        reference="dp-accounting's PLDAccountant on PoissonSampledDpEvent(q, GaussianDpEvent(z)) x T (Zhu, Dong & "
+        "Wang 2022, arXiv 2106.08567; Doroshenko et al. 2022, arXiv 2207.04380): interval 1e-4, pessimistic; "
+        "figures per dp-accounting version; docs/decisions.md section 18",
+        covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
+        assumptions="clipping only; every example joins every step independently with probability q = b/n",
+        conditions=(_pld_steps,),
+        compute=None,
+        profile=baselines.poisson_pld_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.PLD,
+        lower_estimate=baselines.poisson_pld_lower_epsilon,
+    ),
+    BoundSpec(
+        id="composition-pld-poisson-replace-one",
+        title="Poisson-sampled Gaussian under replace-one: a dominating pair composed as a privacy loss "
+        "distribution (every iterate)",
+        reference="our dominating pair ((1-q)N(0,1) + qN(1/z,1), (1-q)N(0,1) + qN(-1/z,1)), proven for every "
+        "epsilon at once (docs/decisions.md section 18), composed by dominating-pair composition (Zhu, Dong & "
+        "Wang 2022, arXiv 2106.08567, Thm 10) in dp-accounting's PLD: interval 1e-4, pessimistic; figures per "
+        "dp-accounting version",
+        covers=_covers((Sampling.POISSON,)),
+        assumptions="clipping only; every example joins every step independently with probability q = b/n",
+        conditions=(_pld_steps,),
+        compute=None,
+        profile=baselines.poisson_pld_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.PLD,
+        lower_estimate=baselines.poisson_pld_lower_epsilon,
+    ),
 )
 
 #: bound id -> its row. Read-only.
@@ -783,7 +861,16 @@ def require(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions) -> None:
 
 
 def rdp_curve(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
-    """RDP of ``spec`` at ``orders`` for a pipeline whose applicability the caller has checked."""
+    """RDP of ``spec`` at ``orders`` for a pipeline whose applicability the caller has checked.
+
+    Raises:
+      NotApplicableError: ``spec`` is a PLD bound (a privacy profile without a Renyi curve).
+    """
+    if spec.compute is None:
+        raise NotApplicableError(
+            f"{spec.id} is a privacy loss distribution ({spec.reference}): it has an (epsilon, delta) profile "
+            f"but no Renyi-DP curve. Ask for its epsilon, or for the RDP of composition. See {DOCS}."
+        )
     values = np.asarray(spec.compute(cfg, a, orders), dtype=float)
     if np.isnan(values).any() or (values < 0).any():  # a defect of ours, never a user's error
         raise RuntimeError(f"internal error: {spec.id} produced an invalid RDP value: {values}")

@@ -146,6 +146,7 @@ def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
         "shifted-interpolation-cyclic",
         "shifted-interpolation-shuffle",
         "composition",
+        "composition-gdp-epochs",  # one Gaussian mechanism per epoch, composed exactly (decisions section 18)
         "best",
     }
     assert table["liang-bounded"].relation is lp.Relation.ADD_OR_REMOVE_ONE
@@ -177,7 +178,10 @@ def test_best_never_mixes_relations():
     # the replace-one-only kong-ribero-curvature-free and composition(SWOR) never enter this minimum
     replace_one = lp.applicable_bounds(**{**params, "relation": "replace_one"})
     assert not replace_one["liang-unbounded"].applies
-    assert result.winner in ("liang-bounded", "liang-unbounded", "composition")
+    assert result.winner in ("liang-bounded", "liang-unbounded", "composition", "composition-pld-poisson")
+    # the replace-one PLD row applies to the replace-one pipeline only
+    assert replace_one["composition-pld-poisson-replace-one"].applies
+    assert not lp.applicable_bounds(**params)["composition-pld-poisson-replace-one"].applies
 
 
 AT_PARAMS = pipeline(

@@ -15,7 +15,7 @@ import pytest
 from conftest import cli_flags, strongly_convex
 
 import lastiter_plugins as lp
-from lastiter_plugins import compare
+from lastiter_plugins import compare, scenarios
 from lastiter_plugins.cli import build_parser, main
 
 KWARGS = strongly_convex(sampling="shuffle_once")
@@ -224,7 +224,7 @@ def test_epsilon_from_a_config_equals_compare_on_the_same_file():
 
 
 def test_flags_override_the_config_file():
-    _, params, _ = compare.split_scenario(compare.load_scenario(GLM_SCENARIO))
+    _, params, _ = scenarios.split_scenario(scenarios.load_scenario(GLM_SCENARIO))
     proc = lastiter("epsilon", "--bound", "composition", "--config", GLM_SCENARIO, "--epochs", "10",
                     "--delta", "1e-6", "--noise-multiplier", "3", "--json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -365,7 +365,9 @@ def test_composition_with_anything_else_uses_the_rdp_grid():
 def test_statement_says_how_a_single_run_was_converted():
     assert "privacy profile converted exactly" in accountant().compose(SI_CYCLIC).statement(DELTA)
     assert "RDP order" in accountant().compose(SI_CYCLIC).compose(GAUSS).statement(DELTA)
-    assert "RDP order" in accountant().compose(KR).statement(DELTA)
+    assert "RDP order" in accountant(bound="kong-ribero-cyclic").compose(KR).statement(DELTA)
+    # best on KR: the exact per-epoch Gaussian composition (a profile) now beats kong-ribero-cyclic
+    assert "privacy profile converted exactly" in accountant().compose(KR).statement(DELTA)
 
 
 def test_default_orders_agree_with_lastiter_epsilon():
@@ -466,6 +468,9 @@ def test_relation_mismatch_is_refused_with_the_reason():
     with pytest.raises(dp_accounting.UnsupportedEventError, match="relation must be replace_one"):
         accountant(AOR).compose(KR)
     with pytest.raises(dp_accounting.UnsupportedEventError, match="relation must be add_or_remove_one"):
+        accountant(R1, bound="liang-bounded").compose(LIANG)
+    # best under replace-one: only the PLD row applies, and it has no Renyi curve to compose
+    with pytest.raises(dp_accounting.UnsupportedEventError, match="a privacy loss distribution has no Renyi curve"):
         accountant(R1).compose(LIANG)
 
 
@@ -646,7 +651,7 @@ class TestContractPld(AccountantContract):
     def invalid_events(self):
         bad_noise = attr.evolve(SI_CYCLIC, noise_multiplier=-1.0)
         return [
-            (KR, KR),  # no mu-GDP bound applies to it
+            (COMPOSITION_RB, COMPOSITION_RB),  # no mu-GDP bound applies to it (random batches)
             (bad_noise, bad_noise),
             (dp_event.GaussianDpEvent(-1.0),) * 2,
             (dp_event.PoissonSampledDpEvent(0.1, SI_CYCLIC), SI_CYCLIC),
@@ -772,7 +777,11 @@ def test_pld_is_tighter_than_rdp_for_a_run_composed_with_standard_events():
 
 def test_pld_refusals_say_why_and_what_to_use():
     with pytest.raises(dp_accounting.UnsupportedEventError, match="no proven mu-GDP bound"):
-        pld().compose(KR)
+        pld().compose(COMPOSITION_RB)
+    # a cyclic run without a last-iterate mu-GDP bound composes as its every-iterate Gaussian composition
+    assert pld().compose(KR).get_epsilon(DELTA) == pytest.approx(
+        lp.epsilon("composition-gdp-epochs", DELTA, **KR.to_params()).epsilon, rel=1e-3
+    )
     with pytest.raises(ValueError, match="Renyi-DP bound: use LastIterateAccountant"):
         LastIteratePldAccountant(bound="kong-ribero-cyclic")
     with pytest.raises(ValueError, match="value_discretization_interval must be a number > 0"):

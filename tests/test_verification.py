@@ -204,7 +204,7 @@ def test_fuzz_subset_fast():
     assert not report.violations, report.summary()
     assert set(report.checks) >= set(fuzz.TARGETS)
     assert all(report.checks[b] >= 4 for b in fuzz.TARGETS)
-    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind is lp.Kind.GDP]
+    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind in (lp.Kind.GDP, lp.Kind.PLD)]
     assert gdp and all(report.bounds[b].hockey_stick_checks >= 4 for b in gdp)
     record = report.to_dict()
     unproven = {bid for bid, spec in lp.BOUNDS.items() if not spec.proof.proven}
@@ -218,7 +218,7 @@ def test_fuzz_full():
     print("\n" + report.summary())
     assert not report.violations, report.summary()
     assert all(report.checks[b] >= 1000 for b in fuzz.TARGETS)
-    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind is lp.Kind.GDP]
+    gdp = [bid for bid, spec in lp.BOUNDS.items() if spec.kind in (lp.Kind.GDP, lp.Kind.PLD)]
     assert all(report.bounds[b].hockey_stick_checks >= 1000 for b in gdp)
 
 

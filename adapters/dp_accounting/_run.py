@@ -77,7 +77,7 @@ def delta(
 ) -> tuple[float, float | None]:
     """(delta, order) at ``eps`` >= 0 for the run: the smallest over the candidates of ``bound``.
 
-    Each candidate is converted as the core converts it for epsilon: a GDP
+    Each candidate is converted as the core converts it for epsilon: a GDP or PLD
     profile exactly (order None); an RDP curve linear in the order at the
     continuous optimum over all orders when ``orders`` is None; any other curve
     on the grid, refined by evaluating the bound at new orders. Every delta is
@@ -96,7 +96,7 @@ def delta(
 def _spec_delta(
     spec: BoundSpec, config: TrainingConfig, assumptions: LossAssumptions, eps: float, orders: np.ndarray, default: bool
 ) -> tuple[float, float | None]:
-    if spec.kind is Kind.GDP:
+    if spec.profile is not None:  # a GDP or PLD bound: its privacy profile, exactly
         return min(float(spec.profile(config, assumptions).delta(eps)), 1.0), None
     curve = registry.rdp_curve(spec, config, assumptions, orders)
     if spec.linear_in_order and default:

@@ -1,0 +1,102 @@
+r"""The standard every-iterate baselines of ``best``, as the registry's rows compute them.
+
+The tightest baselines whose validity is proven (docs/decisions.md, section 18):
+
+* epoch schemes (cyclic, shuffle_once, reshuffle), replace-one: one Gaussian mechanism
+  with shift ``2/z`` per epoch, ``ceil(T/l)`` epochs, composed exactly:
+  :math:`\mu = 2\sqrt{E}/z`-GDP (Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3),
+  converted exactly (:func:`epoch_gdp_profile`);
+* Poisson, add-or-remove: dp-accounting's privacy loss distribution of
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed T times
+  (:class:`PoissonPldProfile`);
+* Poisson, replace-one: the same construction for the dominating pair proven in
+  section 18 part 3.
+
+A PLD figure depends on the discretisation, pinned here (interval ``1e-4``,
+pessimistic connect-the-dots, dp-accounting's truncations), and, in its last digits,
+on dp-accounting's version. A composed distribution is cached per process on every
+input that determines it. :func:`poisson_pld_lower_epsilon` is the proven lower
+bound ``best`` uses to skip the composition when it cannot change the minimum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lastiter_plugins.bounds import sampled_gaussian_pld
+from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
+from lastiter_plugins.profiles import GaussianMixtureProfile
+
+#: A PLD row composes at most this many steps (memory and time grow with the support of
+#: the composed distribution, about sqrt(T)); beyond, it does not apply and the RDP rows remain.
+PLD_MAX_STEPS = 10**6
+
+
+#: A mu above this is vacuous at any delta of interest; rounded up to inf so that mu^2 never overflows.
+_MU_VACUOUS = 1e150
+
+
+def epoch_gdp_mu(noise_multiplier: float, epochs: int) -> float:
+    r""":math:`\mu = 2\sqrt{E}/z`: ``epochs`` Gaussian mechanisms of shift ``2/z`` composed
+    (Dong, Roth & Su 2019, Cor. 3.3); ``inf`` (vacuous) above 1e150."""
+    mu = 2.0 * math.sqrt(float(epochs)) / float(noise_multiplier)
+    return mu if mu <= _MU_VACUOUS else math.inf
+
+
+def epoch_gdp_profile(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    """The mu-GDP profile of every iterate of an epoch scheme under replace-one."""
+    return GaussianMixtureProfile.gaussian(epoch_gdp_mu(cfg.noise_multiplier, cfg.epochs_started))
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonPldProfile:
+    """The privacy profile of T Poisson-sampled Gaussian steps, from dp-accounting's PLD.
+
+    The composed distribution is built on first use and cached on every field
+    (:func:`lastiter_plugins.bounds.sampled_gaussian_pld.composed`).
+
+    Attributes:
+      sampling_probability: q.
+      noise_multiplier: z (noise std over the clip norm).
+      steps: T.
+      relation: add-or-remove (the remove and add pairs) or replace-one (the pair of
+        docs/decisions.md, section 18 part 3).
+    """
+
+    sampling_probability: float
+    noise_multiplier: float
+    steps: int
+    relation: Relation
+
+    def _pld(self):
+        return sampled_gaussian_pld.composed(
+            self.sampling_probability,
+            self.noise_multiplier,
+            self.steps,
+            self.relation is Relation.ADD_OR_REMOVE_ONE,
+        )
+
+    def epsilon(self, delta: float) -> float:
+        """Epsilon at ``delta`` (dp-accounting's ``get_epsilon_for_delta``; pessimistic)."""
+        return float(self._pld().get_epsilon_for_delta(float(delta)))
+
+    def delta(self, eps: float) -> float:
+        """Delta at ``eps`` (dp-accounting's ``get_delta_for_epsilon``; pessimistic)."""
+        return min(float(self._pld().get_delta_for_epsilon(float(eps))), 1.0)
+
+
+def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:
+    """The PLD profile of the pipeline's Poisson steps under its declared relation."""
+    return PoissonPldProfile(cfg.sampling_probability, cfg.noise_multiplier, cfg.steps, cfg.relation)
+
+
+def poisson_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float) -> float:
+    """A proven lower bound on the PLD row's epsilon at ``delta`` (one bit per step; section 18 part 5)."""
+    return sampled_gaussian_pld.binarised_lower_epsilon(
+        delta,
+        sampling_probability=cfg.sampling_probability,
+        noise_multiplier=cfg.noise_multiplier,
+        steps=cfg.steps,
+        add_or_remove=cfg.relation is Relation.ADD_OR_REMOVE_ONE,
+    )

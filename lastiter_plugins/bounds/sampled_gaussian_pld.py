@@ -1,0 +1,289 @@
+r"""Privacy loss distributions of the Poisson-sampled Gaussian mechanism, composed T times.
+
+One step of DP-SGD with Poisson sampling at rate :math:`q`, clipping to C and noise
+:math:`\mathcal N(0, (zC)^2 I)` on the sum is dominated (Zhu, Dong & Wang 2022, arXiv
+2106.08567, Def. 7) by a pair of one-dimensional laws; dp-accounting's conventions
+(sensitivity 1, noise standard deviation :math:`z`, privacy loss decreasing in x) are
+used throughout, so that every number can be compared with its ``PLDAccountant``:
+
+* ``remove`` (add-or-remove): :math:`\mu_{up} = (1-q)\mathcal N(0,z^2) + q\mathcal N(-1,z^2)`,
+  :math:`\mu_{low} = \mathcal N(0, z^2)`; ``add``: :math:`\mu_{up} = \mathcal N(0,z^2)`,
+  :math:`\mu_{low} = (1-q)\mathcal N(0,z^2) + q\mathcal N(1,z^2)`. The add-or-remove
+  accountant composes both and keeps the larger epsilon (Zhu, Dong & Wang 2022, Prop. 30).
+* ``replace`` (replace-one): :math:`\mu_{up} = (1-q)\mathcal N(0,z^2) + q\mathcal N(-1,z^2)`,
+  :math:`\mu_{low} = (1-q)\mathcal N(0,z^2) + q\mathcal N(1,z^2)`. That this pair dominates
+  the step for every epsilon at once, hence composes, is proven in docs/decisions.md,
+  section 18 part 3 (dp-accounting 0.4.3 refuses this relation; 0.5 and later use the
+  same pair).
+
+The single-step distribution is dp-accounting's pessimistic connect-the-dots
+discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, arXiv 2207.04380) on
+the host's own grid (noise truncated at :math:`\tfrac12 e^{-50}`, lower end shifted by the
+sensitivity, interval ``1e-4``), built from the closed-form hockey-stick divergence
+:math:`\delta(\varepsilon) = \mu_{up}(X \le x_\varepsilon) - e^\varepsilon \mu_{low}(X \le x_\varepsilon)`
+evaluated vectorised in log space; dp-accounting's ``pld_pmf`` builds the distribution
+and composes it (docs/decisions.md, section 18 part 2).
+
+:func:`binarised_lower_epsilon` is a proven lower bound on the exact epsilon of the T-fold
+composition (data processing: each step's output thresholded to one bit), used to skip
+the composition when it cannot change a minimum (section 18 part 5).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as _pld
+from scipy import special
+
+REMOVE, ADD, REPLACE = "remove", "add", "replace"
+ADJACENCIES = (REMOVE, ADD, REPLACE)
+
+#: The pinned discretisation: dp-accounting's defaults (``PLDAccountant`` and
+#: ``from_gaussian_mechanism``), so that the numbers are the host's.
+DISCRETIZATION = 1e-4
+LOG_MASS_TRUNCATION = -50.0
+TAIL_MASS_TRUNCATION = 1e-15
+#: Extreme noise. At most this many grid points per step: a wider privacy-loss range (noise
+#: multipliers below about 0.25) coarsens the interval to fit, still pessimistic; a range
+#: wider than MAX_GRID_POINTS * 0.01 (or one that overflows) uses the limiting pair of
+#: :func:`_limit_pmf`, which dominates the pair at every noise level. Noise above
+#: MAX_NOISE is accounted as MAX_NOISE: the pair with more noise is a post-processing of
+#: the one with less (add independent Gaussian noise), so this can only round epsilon up.
+MAX_GRID_POINTS = 500_000
+MAX_NOISE = 1e6
+
+
+def _log_ratio(eps: np.ndarray, q: float) -> np.ndarray:
+    r""":math:`\log((e^\varepsilon - 1 + q)/q)` for :math:`\varepsilon > \log(1-q)`, stably."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        big = eps + np.log1p(-(1.0 - q) * np.exp(-np.maximum(eps, 0.0)))
+        small = np.log(q + np.expm1(np.minimum(eps, 0.0)))
+        return np.where(eps > 0.0, big, small) - math.log(q)
+
+
+def _asinh_neg_scaled(log_alpha: float, eps: np.ndarray) -> np.ndarray:
+    r""":math:`\operatorname{asinh}(-\alpha \sinh(\varepsilon/2))` for any size of the argument."""
+    a = np.abs(eps) / 2.0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        log_y = log_alpha + a + np.log1p(-np.exp(-2.0 * a)) - math.log(2.0)  # log |alpha sinh(eps/2)|
+        large = log_y + np.log1p(np.sqrt(1.0 + np.exp(-2.0 * np.maximum(log_y, 0.0))))
+        small = np.arcsinh(np.exp(np.minimum(log_y, 0.0)))
+        value = np.where(log_y > 0.0, large, small)
+    value = np.where(a == 0.0, 0.0, value)
+    return -np.sign(eps) * value
+
+
+def _log_cdf_mixture(x: np.ndarray, q: float, z: float, shift: float) -> np.ndarray:
+    r""":math:`\log((1-q)\Phi(x/z) + q\Phi((x + \text{shift})/z))`."""
+    log_keep = math.log1p(-q) if q < 1.0 else -math.inf
+    return np.logaddexp(log_keep + special.log_ndtr(x / z), math.log(q) + special.log_ndtr((x + shift) / z))
+
+
+def privacy_loss(x: np.ndarray, *, sampling_probability: float, noise_multiplier: float, adjacency: str) -> np.ndarray:
+    r""":math:`\log(\mu_{up}(x)/\mu_{low}(x))` of the pair ``adjacency`` (decreasing in x)."""
+    q, z = float(sampling_probability), float(noise_multiplier)
+    x = np.asarray(x, dtype=float)
+    log_keep = math.log1p(-q) if q < 1.0 else -math.inf
+    remove = np.logaddexp(log_keep, math.log(q) - (2.0 * x + 1.0) / (2.0 * z * z))
+    add = -np.logaddexp(log_keep, math.log(q) + (2.0 * x - 1.0) / (2.0 * z * z))
+    return {REMOVE: remove, ADD: add, REPLACE: remove + add}[adjacency]
+
+
+def hockey_stick(eps, *, sampling_probability: float, noise_multiplier: float, adjacency: str) -> np.ndarray:
+    r""":math:`\delta(\varepsilon) = \int (\mu_{up} - e^\varepsilon\mu_{low})_+` of one step, at each epsilon.
+
+    The privacy loss is monotone, so the supremum is attained on
+    :math:`\{x \le x_\varepsilon\}` (dp-accounting's formula, ``AdditiveNoisePrivacyLoss.
+    get_delta_for_epsilon``), evaluated in log space. Clipped to [0, 1].
+    """
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return _hockey_stick(np.atleast_1d(np.asarray(eps, dtype=float)), float(sampling_probability),
+                             float(noise_multiplier), adjacency)  # fmt: skip
+
+
+def _hockey_stick(eps: np.ndarray, q: float, z: float, adjacency: str) -> np.ndarray:
+    delta = np.zeros(eps.shape)
+    if adjacency == REMOVE:
+        inside = eps > (math.log1p(-q) if q < 1.0 else -math.inf)
+        delta[~inside] = -np.expm1(eps[~inside])
+        x = -0.5 - z * z * _log_ratio(eps[inside], q)
+        log_up, log_low = _log_cdf_mixture(x, q, z, 1.0), special.log_ndtr(x / z)
+    elif adjacency == ADD:
+        inside = eps < (-math.log1p(-q) if q < 1.0 else math.inf)
+        x = 0.5 + z * z * _log_ratio(-eps[inside], q)
+        log_up, log_low = special.log_ndtr(x / z), _log_cdf_mixture(x, q, z, -1.0)
+    elif adjacency == REPLACE:
+        inside = np.ones(eps.shape, dtype=bool)
+        if q < 1.0:
+            log_alpha = 0.5 / (z * z) + math.log1p(-q) - math.log(q)
+            x = z * z * (_asinh_neg_scaled(log_alpha, eps) - eps / 2.0)
+        else:
+            x = -eps * z * z / 2.0
+        log_up, log_low = _log_cdf_mixture(x, q, z, 1.0), _log_cdf_mixture(x, q, z, -1.0)
+    else:
+        raise ValueError(f"adjacency must be one of {', '.join(ADJACENCIES)}. Found {adjacency!r}.")
+    e = eps[inside]
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = np.exp(log_up) * -np.expm1(np.minimum(e + log_low - log_up, 0.0))
+    delta[inside] = np.where(np.isfinite(value), value, 0.0)
+    return np.clip(delta, 0.0, 1.0)
+
+
+def _truncation(z: float, adjacency: str) -> tuple[float, float]:
+    """dp-accounting's x-range (``GaussianPrivacyLoss.privacy_loss_tail``)."""
+    lower = z * float(special.ndtri(0.5 * math.exp(LOG_MASS_TRUNCATION)))
+    upper = -lower
+    if adjacency == ADD:
+        upper += 1.0
+    else:
+        lower -= 1.0
+    return lower, upper
+
+
+def _loss_range(q: float, z: float, adjacency: str) -> tuple[float, float]:
+    """(lowest, highest) privacy loss on dp-accounting's truncated x-range (``connect_dots_bounds``)."""
+    lower_x, upper_x = _truncation(z, adjacency)
+    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return float(privacy_loss(np.array([upper_x]), **kw)[0]), float(privacy_loss(np.array([lower_x]), **kw)[0])
+
+
+def _limit_pmf(q: float, adjacency: str, discretization: float) -> pld_pmf.PLDPmf:
+    r"""The pair's limit without noise: given inclusion the record is revealed. It dominates the pair
+    at every noise level (for ``a >= 0``, :math:`H_a \le (1-q-a)_+ + q` (remove), :math:`(1-q)(1-a)_+ + q`
+    (replace), :math:`(1 - a(1-q))_+` (add), each the limit's), losses rounded up to the grid."""
+    log_keep = math.log1p(-q) if q < 1.0 else -math.inf
+    if adjacency == ADD:
+        return pld_pmf.create_pmf({math.ceil(-log_keep / discretization): 1.0}, discretization, 0.0, True)
+    if q == 1.0:  # always included: the two laws are disjoint
+        return pld_pmf.create_pmf({0: 0.0}, discretization, 1.0, True)
+    loss = 0.0 if adjacency == REPLACE else log_keep
+    return pld_pmf.create_pmf({math.ceil(loss / discretization): 1.0 - q}, discretization, q, True)
+
+
+def _discretization(q: float, z: float, adjacencies: tuple[str, ...]) -> float | None:
+    """The interval: DISCRETIZATION, coarser where the loss range needs more than MAX_GRID_POINTS;
+    None where even 100 x DISCRETIZATION is not enough (use the limiting pair)."""
+    width = max(hi - lo for lo, hi in (_loss_range(q, z, a) for a in adjacencies))
+    if not math.isfinite(width) or width > MAX_GRID_POINTS * 100.0 * DISCRETIZATION:
+        return None
+    return max(DISCRETIZATION, width / MAX_GRID_POINTS)
+
+
+def single_step_pmf(
+    *, sampling_probability: float, noise_multiplier: float, adjacency: str, discretization: float = DISCRETIZATION
+) -> pld_pmf.PLDPmf:
+    """dp-accounting's pessimistic connect-the-dots distribution of one step on the host's grid."""
+    q, z = float(sampling_probability), float(noise_multiplier)
+    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
+    eps_lower, eps_upper = _loss_range(q, z, adjacency)
+    lo, hi = math.floor(eps_lower / discretization), math.ceil(eps_upper / discretization)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        deltas = hockey_stick(np.arange(lo, hi + 1) * discretization, **kw)
+    # rounding can break monotonicity by an ulp: repair upwards (only more pessimistic)
+    deltas = np.maximum.accumulate(deltas[::-1])[::-1]
+    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, lo, hi, deltas)
+
+
+@functools.lru_cache(maxsize=16)
+def composed(sampling_probability: float, noise_multiplier: float, steps: int, add_or_remove: bool):
+    """The T-fold composition (a dp-accounting ``PrivacyLossDistribution``), cached on every input.
+
+    ``add_or_remove``: the remove and add pairs (the host's ``ADD_OR_REMOVE_ONE``); else the
+    replace-one pair. The cache key is every argument; the discretisation is pinned.
+    """
+    q, z = float(sampling_probability), min(float(noise_multiplier), MAX_NOISE)
+    adjacencies = ((REMOVE,) if q == 1.0 else (REMOVE, ADD)) if add_or_remove else (REPLACE,)
+    h = _discretization(q, z, adjacencies)
+    if h is None:
+        pmfs = [_limit_pmf(q, a, DISCRETIZATION) for a in adjacencies]
+        if q == 1.0:  # one step already reveals the record (delta 1 at every epsilon): so do T
+            return _pld.PrivacyLossDistribution(*pmfs)
+    else:
+        pmfs = [single_step_pmf(sampling_probability=q, noise_multiplier=z, adjacency=a, discretization=h)
+                for a in adjacencies]  # fmt: skip
+    return _pld.PrivacyLossDistribution(*pmfs).self_compose(int(steps), tail_mass_truncation=TAIL_MASS_TRUNCATION)
+
+
+@functools.lru_cache(maxsize=64)
+def binarised_lower_epsilon(
+    delta: float,
+    *,
+    sampling_probability: float,
+    noise_multiplier: float,
+    steps: int,
+    add_or_remove: bool,
+    thresholds: tuple[float, ...] = (0.5, 1.5, 2.5),
+) -> float:
+    r"""A proven lower bound on the exact epsilon at ``delta`` of the T-fold composition.
+
+    Post-processing: keep of each step's output only the bit :math:`Y_t > t z` (in the
+    dominating pair's units, mirrored so that the record pushes the output up). The
+    number of ones is :math:`\mathrm{Bin}(T, p)` in one world and :math:`\mathrm{Bin}(T, p')`
+    in the other, whose privacy profile
+    :math:`\sum_k (B_p(k) - e^\varepsilon B_{p'}(k))_+` (either direction) is computed
+    exactly in log space; terms below :math:`e^{-700}` of the mode are dropped, which only
+    lowers it. It is below the profile of the full release (data processing), so where it
+    exceeds ``delta`` the exact epsilon, and every upper bound on it, is larger. Returns the
+    largest epsilon found with profile above ``delta`` (bisection, relative margin 1e-9);
+    0 when none. docs/decisions.md, section 18 part 5.
+    """
+    q, s, steps = float(sampling_probability), 1.0 / float(noise_multiplier), int(steps)
+    log_keep = math.log1p(-q) if q < 1.0 else -math.inf
+    log_q = math.log(q)
+
+    def log_tails(t: float, shift: float) -> tuple[float, float]:
+        """log P(X > t), log P(X <= t) for X ~ (1-q) N(0,1) + q N(shift,1), without rounding p to 0 or 1."""
+        above = np.logaddexp(log_keep + special.log_ndtr(-t), log_q + special.log_ndtr(shift - t))
+        below = np.logaddexp(log_keep + special.log_ndtr(t), log_q + special.log_ndtr(t - shift))
+        return float(above), float(below)
+
+    best = 0.0
+    for t in thresholds:
+        one = log_tails(t, s)
+        other = (float(special.log_ndtr(-t)), float(special.log_ndtr(t))) if add_or_remove else log_tails(t, -s)
+        best = max(best, _binomial_lower_epsilon(delta, steps, one, other))
+    return best
+
+
+def _binomial_lower_epsilon(delta: float, steps: int, one: tuple[float, float], other: tuple[float, float]) -> float:
+    """Largest eps (bisection) where the profile of Bin(T, p) vs Bin(T, p') exceeds delta, either direction;
+    ``one``/``other``: (log p, log(1 - p)) of each."""
+    if one == other:
+        return 0.0
+    p, p_other = math.exp(one[0]), math.exp(other[0])
+    lo_k = max(0, int(steps * min(p, p_other) - 45.0 * math.sqrt(steps * max(p, p_other)) - 50.0))
+    hi_k = min(steps, int(steps * max(p, p_other) + 45.0 * math.sqrt(steps * max(p, p_other)) + 50.0))
+    k = np.arange(lo_k, hi_k + 1, dtype=float)
+    log_choose = special.gammaln(steps + 1.0) - special.gammaln(k + 1.0) - special.gammaln(steps - k + 1.0)
+    with np.errstate(invalid="ignore"):  # 0 * log 0 = 0 (a law that is 0 or 1)
+        log_pmf = [
+            log_choose + np.where(k > 0, k * a, 0.0) + np.where(steps - k > 0, (steps - k) * b, 0.0)
+            for a, b in (one, other)
+        ]
+    pairs = [(log_pmf[0], log_pmf[1]), (log_pmf[1], log_pmf[0])]
+
+    def profile(eps: float) -> float:
+        out = 0.0
+        for la, lb in pairs:
+            with np.errstate(invalid="ignore"):  # -inf - -inf: a count neither law reaches
+                gap = eps + lb - la
+                use = (gap < 0.0) & (la > la.max() - 700.0)
+            out = max(out, float(np.sum(np.exp(la[use]) * -np.expm1(gap[use]))))
+        return out * (1.0 - 1e-9)
+
+    if not profile(0.0) > delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while profile(hi) > delta:
+        lo, hi = hi, 2.0 * hi
+        if hi > 1e6:
+            return lo
+    while hi - lo > 1e-4 * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if profile(mid) > delta else (lo, mid)
+    return lo

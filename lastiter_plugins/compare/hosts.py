@@ -1,0 +1,257 @@
+r"""What the host libraries report for the pipeline, as a user would call them: display only.
+
+These rows are never counted in a best line (docs/decisions.md, section 18 part 6):
+
+* Opacus' ``RDPAccountant`` (the Poisson RDP of ``composition`` on Opacus' coarser
+  default orders: never below it), ``PRVAccountant`` (valid under add-or-remove, but
+  Opacus is optional: ``best`` must not change with the hosts installed) and
+  ``GaussianAccountant`` (a central-limit approximation, not a bound);
+* on a pipeline that is not Poisson, dp-accounting's Poisson accountants as a user
+  would call them with ``q = b/n``: the rows ``composition`` and
+  ``composition-pld-poisson`` evaluated on the Poisson pipeline with the same ``q``
+  (the same computation, never a second one). On a Poisson pipeline those rows are
+  the registry's own and appear there.
+
+A row whose sampling model is not the pipeline's is flagged NOT valid: the mistake
+the table exists to show. Host versions this was written against: dp-accounting
+0.4.3 (also 0.6), Opacus 1.5 and 1.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.metadata
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from lastiter_plugins import evaluation, registry
+from lastiter_plugins.compare.rows import EVERY_ITERATE, STANDARD, Row, catching
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+
+Compute = Callable[[TrainingConfig, float, "np.ndarray | None"], tuple[float, "float | None"]]
+
+#: Opacus' PRV composes a sampled Gaussian step by step on a discretised grid (~20 GiB at
+#: T = 1e12); above this many steps its row is shown without a number, with a note.
+HOST_COMPOSITION_MAX_STEPS = 10**6
+
+_POISSON_ASSUMES = (
+    "Poisson sampling: every example joins every step independently with probability q = b/n; "
+    "per-example clipping to C, noise std z*C on the sum"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostAccountant:
+    """A host library's accountant, with the sampling model it is proven for."""
+
+    id: str
+    label: str
+    host: str  # distribution name: "opacus" or "dp-accounting"
+    covers: tuple[Sampling, ...]
+    relation: Relation
+    assumptions: str
+    reference: str
+    compute: Compute
+    guarantee: bool = True  # False: an approximation that may under-estimate
+    caveat: str = ""  # why it is not a guarantee
+    max_steps: int | None = None  # above this the host's discretised composition needs too much memory or time
+    same_as: str = ""  # the registry row computing the same mechanism, where there is one
+    only_when_invalid: bool = False  # a registry row already shows it where it is valid
+
+
+def _opacus_rdp(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, float]:
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    alphas = list(RDPAccountant.DEFAULT_ALPHAS)  # what Opacus prints by default
+    rdp = opacus_rdp.compute_rdp(
+        q=cfg.sampling_probability, noise_multiplier=cfg.noise_multiplier, steps=cfg.steps, orders=alphas
+    )
+    eps, alpha = opacus_rdp.get_privacy_spent(orders=alphas, rdp=rdp, delta=delta)
+    return float(eps), float(alpha)
+
+
+def _opacus_prv(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, None]:
+    from opacus.accountants import PRVAccountant
+
+    accountant = PRVAccountant()  # a fresh instance of ours; Opacus' get_noise_multiplier fills it the same way
+    accountant.history = [(cfg.noise_multiplier, cfg.sampling_probability, cfg.steps)]
+    with warnings.catch_warnings():
+        # PRV sizes its discretisation domain with an internal RDP bound whose
+        # "optimal order is the largest alpha" warning is about that heuristic,
+        # not about the PRV epsilon (which the error bracket keeps an upper bound).
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+        return float(accountant.get_epsilon(delta=delta)), None
+
+
+def _opacus_gdp(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, None]:
+    from opacus.accountants.analysis import gdp
+
+    eps = gdp.compute_eps_poisson(
+        steps=cfg.steps, noise_multiplier=cfg.noise_multiplier, sample_rate=cfg.sampling_probability, delta=delta
+    )
+    return float(eps), None
+
+
+def _as_poisson(bound: str) -> Compute:
+    """The registry row ``bound`` on the Poisson pipeline with the same q (add-or-remove)."""
+
+    def compute(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, float | None]:
+        poisson = cfg.replace(sampling=Sampling.POISSON, relation=Relation.ADD_OR_REMOVE_ONE)
+        found = evaluation.evaluate_bound(registry.get_spec(bound), poisson, _NO_ASSUMPTIONS, delta, orders)
+        if found.result is None:
+            raise ValueError(" ".join(found.reasons) or f"{bound} gave no number")
+        return found.result.epsilon, found.result.order
+
+    return compute
+
+
+_NO_ASSUMPTIONS = LossAssumptions()  # the Poisson baselines assume nothing beyond clipping
+_POISSON = (Sampling.POISSON,)
+
+HOST_ACCOUNTANTS: tuple[HostAccountant, ...] = (
+    HostAccountant(
+        id="opacus-rdp",
+        label="Opacus RDPAccountant",
+        host="opacus",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES + "; Opacus' default orders 1.1 .. 63",
+        reference="opacus.accountants.RDPAccountant (Mironov, Talwar & Zhang 2019)",
+        compute=_opacus_rdp,
+        same_as="composition",
+    ),
+    HostAccountant(
+        id="opacus-prv",
+        label="Opacus PRVAccountant",
+        host="opacus",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES + "; upper end of the PRV error bracket (eps_error 0.01)",
+        reference="opacus.accountants.PRVAccountant (Gopi, Lee & Wutschitz 2021)",
+        compute=_opacus_prv,
+        max_steps=HOST_COMPOSITION_MAX_STEPS,
+        same_as="composition-pld-poisson",
+    ),
+    HostAccountant(
+        id="opacus-gdp",
+        label="Opacus GaussianAccountant (GDP)",
+        host="opacus",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES + "; central-limit approximation",
+        reference="opacus.accountants.GaussianAccountant (Bu, Dong, Long & Su 2020)",
+        compute=_opacus_gdp,
+        guarantee=False,
+        caveat="Opacus' GDP accountant is a central-limit approximation that can under-estimate epsilon "
+        "(Opacus warns so); it is not an upper bound.",
+    ),
+    HostAccountant(
+        id="dp-accounting-rdp-poisson",
+        label="dp-accounting RDP, Poisson",
+        host="dp-accounting",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES,
+        reference="dp_accounting.rdp.RdpAccountant, PoissonSampledDpEvent(q, GaussianDpEvent(z)) (the registry's "
+        "composition on the Poisson pipeline)",
+        compute=_as_poisson("composition"),
+        same_as="composition",
+        only_when_invalid=True,
+    ),
+    HostAccountant(
+        id="dp-accounting-pld-poisson",
+        label="dp-accounting PLD, Poisson",
+        host="dp-accounting",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES,
+        reference="dp_accounting.pld.PLDAccountant, PoissonSampledDpEvent(q, GaussianDpEvent(z)) (the registry's "
+        "composition-pld-poisson on the Poisson pipeline)",
+        compute=_as_poisson("composition-pld-poisson"),
+        max_steps=HOST_COMPOSITION_MAX_STEPS,
+        same_as="composition-pld-poisson",
+        only_when_invalid=True,
+    ),
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _host_available(host: str) -> bool:
+    if host == "dp-accounting":
+        return True
+    try:
+        importlib.import_module("opacus.accountants")
+    except (ImportError, OSError):  # not installed, or torch fails to load
+        return False
+    return True
+
+
+def host_versions() -> dict[str, str | None]:
+    """Installed versions of the host libraries (None: not importable)."""
+    out: dict[str, str | None] = {}
+    for host in ("dp-accounting", "opacus"):
+        try:
+            out[host] = importlib.metadata.version(host) if _host_available(host) else None
+        except importlib.metadata.PackageNotFoundError:
+            out[host] = None
+    return out
+
+
+def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> Row | None:
+    """The display-only row of ``acc`` for the pipeline, or None (host missing, or the registry shows it)."""
+    if not _host_available(acc.host):
+        return None
+    covered = cfg.sampling in acc.covers
+    if acc.only_when_invalid and covered:
+        return None
+    why_not: list[str] = []
+    if not covered:
+        name = acc.covers[0].value if len(acc.covers) == 1 else "one of " + ", ".join(s.value for s in acc.covers)
+        why_not.append(
+            f"sampling must be {name} for {acc.label}. Found {cfg.sampling.value}: "
+            "its number assumes a sampling your pipeline does not do."
+        )
+    if not acc.guarantee:
+        why_not.append(acc.caveat)
+    eps = order = None
+    notes: tuple[str, ...] = ()
+    if acc.max_steps is not None and cfg.steps > acc.max_steps:
+        notes = (
+            f"not computed: {acc.label} composes {cfg.steps} steps on a discretised grid, beyond the "
+            f"{acc.max_steps} steps this comparison runs it for (memory and time).",
+        )
+    else:
+        try:
+            (eps, order), notes = catching(functools.partial(acc.compute, cfg, delta, orders))
+        except Exception as exc:  # a host library's failure is reported in the row, not hidden
+            notes = (f"{acc.label} failed: {type(exc).__name__}: {exc}",)
+    if not why_not:
+        same = f" ({acc.same_as} is the registry's row for the same mechanism)" if acc.same_as else ""
+        notes = (f"display only: host accountants are never counted in a best line{same}.", *notes)
+    return Row(
+        id=acc.id,
+        label=acc.label,
+        kind=STANDARD,
+        valid=not why_not,
+        why_not=tuple(why_not),
+        covers=tuple(s.value for s in acc.covers),
+        relation=acc.relation.value,
+        assumptions=acc.assumptions,
+        epsilon=eps,
+        order=order,
+        protects=EVERY_ITERATE,
+        reference=acc.reference,
+        counted=False,
+        proof="proven" if acc.guarantee else "not a bound: an approximation",
+        notes=notes,
+    )
+
+
+def host_rows(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> list[Row]:
+    """The display-only rows of every installed host accountant."""
+    return [row for acc in HOST_ACCOUNTANTS if (row := host_row(acc, cfg, delta, orders)) is not None]

@@ -1,0 +1,133 @@
+r"""The comparison's data: rows, best lines and the whole table (what every format renders)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from lastiter_plugins.registry import Protects
+
+_T = TypeVar("_T")
+
+FINAL_MODEL = Protects.FINAL_MODEL.value
+EVERY_ITERATE = Protects.EVERY_ITERATE.value
+STANDARD = "standard accountant"
+
+FOOTER = (
+    "Last-iterate epsilons protect the final model only: intermediate checkpoints must not be released. "
+    "Composition rows and the host accountants protect every iterate. Host accountants are shown, never counted. "
+    "Relations are never mixed in one minimum."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One accountant in the comparison.
+
+    Attributes:
+      id: stable identifier (a registry bound id, or a host accountant such as ``opacus-rdp``).
+      label: human-readable name.
+      kind: ``last-iterate bound``, ``composition`` (registry rows that protect every
+        iterate) or ``standard accountant`` (a host library's, display only).
+      valid: True when every assumption of the accountant holds for the pipeline.
+      why_not: the violated conditions (empty when valid).
+      covers: sampling schemes the accountant is proven for.
+      relation: its neighbouring relation (for this pipeline's sampling).
+      assumptions: what it assumes, in words.
+      epsilon: epsilon at ``delta`` (None when there is no number: a registry
+        bound that does not apply, one best did not need, or a host error; ``inf`` is possible).
+      order: optimal Renyi order (RDP accountants only).
+      protects: ``the final model only`` or ``every iterate``.
+      reference: theorem or host-library API.
+      counted: whether it takes part in a best line (a registry row that applies, proven, with a number).
+      proof: ``proven`` or ``unproven: <reason>`` (host accountants: their own theorems).
+      notes: extra remarks (order at the grid's edge, host warnings, errors).
+    """
+
+    id: str
+    label: str
+    kind: str
+    valid: bool
+    why_not: tuple[str, ...]
+    covers: tuple[str, ...]
+    relation: str
+    assumptions: str
+    epsilon: float | None
+    order: float | None
+    protects: str
+    reference: str
+    counted: bool
+    proof: str = "proven"
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["why_not"] = list(self.why_not)
+        out["covers"] = list(self.covers)
+        out["notes"] = list(self.notes)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BestLine:
+    """The smallest valid epsilon for one neighbouring relation: the registry's ``best`` for it."""
+
+    relation: str
+    declared: bool  # the relation the user asked for
+    epsilon: float | None  # None: no valid accountant for this relation
+    winner: str | None
+    order: float | None
+    protects: str | None
+    how: str  # how the minimum was taken
+    every_iterate_epsilon: float | None = None  # smallest valid every-iterate number, same relation
+    every_iterate_winner: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["notes"] = list(self.notes)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The whole table: scenario, rows and the best lines."""
+
+    name: str
+    params: Mapping[str, Any]
+    delta: float
+    steps: int
+    steps_per_epoch: int
+    rows: tuple[Row, ...]
+    best: tuple[BestLine, ...]
+    hosts: Mapping[str, str | None]
+
+    def row(self, row_id: str) -> Row:
+        for r in self.rows:
+            if r.id == row_id:
+                return r
+        raise KeyError(row_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.name,
+            "params": dict(self.params),
+            "delta": self.delta,
+            "steps": self.steps,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": self.steps / self.steps_per_epoch,
+            "rows": [r.to_dict() for r in self.rows],
+            "best": [b.to_dict() for b in self.best],
+            "hosts": dict(self.hosts),
+            "note": FOOTER,
+        }
+
+
+def catching(fn: Callable[[], _T]) -> tuple[_T, tuple[str, ...]]:
+    """Run ``fn``; turn its warnings into notes instead of printing them."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = fn()
+    return value, tuple(dict.fromkeys(str(w.message).strip() for w in caught))

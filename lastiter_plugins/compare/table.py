@@ -1,0 +1,193 @@
+r"""The comparison itself: one row per bound of the registry (the one evaluation path), the
+host accountants a user would otherwise run (display only), and one best line per relation.
+
+Rules the table keeps:
+
+* A registry bound that does not apply has no number (it never returns one). Each
+  bound is shown under the relation it is proven for with this sampling.
+* The standard baselines are registry rows (``composition``,
+  ``composition-gdp-epochs``, ``composition-pld-poisson``,
+  ``composition-pld-poisson-replace-one``): the numbers ``best`` uses, computed once.
+* Host accountants (:mod:`.hosts`) are shown as a user would call them and never
+  counted: best must not change with the optional hosts installed.
+* An unproven bound is listed with its proof status and computed only when asked
+  for by name (``unproven=``); it never enters a best line.
+* The best line of each relation is :func:`lastiter_plugins.evaluation.best_of` over
+  the rows of that relation: for the declared relation it is ``lp.epsilon("best")``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lastiter_plugins import api, evaluation, registry
+from lastiter_plugins.compare import hosts
+from lastiter_plugins.compare.rows import BestLine, Comparison, Row, catching
+from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
+from lastiter_plugins.conversion import validate_delta, validate_orders
+from lastiter_plugins.evaluation import BoundEvaluation
+from lastiter_plugins.registry import Protects
+from lastiter_plugins.scenarios import DEFAULT_DELTA
+
+# ---------------------------------------------------------------- registry rows
+
+
+def evaluate_rows(
+    cfg: TrainingConfig, a: LossAssumptions, delta: float, orders: np.ndarray | None, unproven: Iterable[str] = ()
+) -> dict[str, tuple[BoundEvaluation, tuple[str, ...]]]:
+    """Every bound of the table, each under the relation it is proven for with this sampling, with the
+    warnings it raised (an optimal order at the grid's edge). One bound at a time, so each warning
+    reaches the row of the bound it concerns."""
+    asked = set(unproven)
+    out = {}
+    for spec in registry.BOUNDS.values():
+        out[spec.id] = catching(
+            functools.partial(
+                evaluation.evaluate_bound,
+                spec,
+                cfg,
+                a,
+                delta,
+                orders,
+                compute_unproven=spec.id in asked,
+                under_own_relation=True,
+            )
+        )
+    return out
+
+
+def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation) -> Row:
+    if e.applies and not e.proof.proven and e.result is None:
+        notes += (f"unproven: computed only when asked for by name (--unproven {e.bound}).",)
+    return Row(
+        id=e.bound,
+        label=e.bound,
+        kind="last-iterate bound" if e.protects is Protects.FINAL_MODEL else "composition",
+        valid=e.applies,
+        why_not=e.reasons,
+        covers=tuple(s.value for s in e.covers),
+        relation=(e.relation or declared).value,
+        assumptions=e.assumptions,
+        epsilon=e.epsilon,
+        order=e.order,
+        protects=e.protects.value,
+        reference=e.reference,
+        counted=e.applies and e.proof.proven and e.result is not None,
+        proof=str(e.proof),
+        notes=e.notes + notes,
+    )
+
+
+def _sorted(rows: list[Row]) -> list[Row]:
+    """Valid rows with a number first, by epsilon; the others keep the table's order."""
+
+    def key(item: tuple[int, Row]):
+        index, row = item
+        if row.valid and row.epsilon is not None:
+            return (0, row.epsilon, index)
+        return (1, 0.0, index)
+
+    return [row for _, row in sorted(enumerate(rows), key=key)]
+
+
+def _rows(
+    config: TrainingConfig,
+    evaluated: Mapping[str, tuple[BoundEvaluation, tuple[str, ...]]],
+    delta: float,
+    orders: np.ndarray | None,
+) -> tuple[Row, ...]:
+    bounds = [_registry_row(e, notes, config.relation) for e, notes in evaluated.values()]
+    return (*_sorted(bounds), *_sorted(hosts.host_rows(config, delta, orders)))
+
+
+def compare_rows(
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    unproven: Iterable[str] = (),
+) -> tuple[Row, ...]:
+    """Every registry bound and every installed host accountant, in a fixed order.
+
+    Registry bounds come first, then host accountants; within each group valid rows
+    are sorted by epsilon, the others keep the table's order. ``unproven`` names
+    unproven bounds whose numbers are asked for (shown, never counted).
+    """
+    delta = validate_delta(delta)
+    grid = None if orders is None else validate_orders(orders)
+    return _rows(config, evaluate_rows(config, assumptions, delta, grid, unproven), delta, grid)
+
+
+# ---------------------------------------------------------------- best lines
+
+
+def best_lines(config: TrainingConfig, evaluations: Iterable[BoundEvaluation]) -> tuple[BestLine, ...]:
+    """The best line of each neighbouring relation (declared relation first).
+
+    Each is :func:`lastiter_plugins.evaluation.best_of` over the registry's evaluations
+    of that relation (for the declared one: what ``lp.epsilon("best")`` returns), with the
+    smallest every-iterate number of the same relation beside it. A relation with no valid
+    bound is listed only when it is the declared one.
+    """
+    evaluations = list(evaluations)
+    out = []
+    for relation in (config.relation, *(r for r in Relation if r is not config.relation)):
+        winner = evaluation.best_of(evaluations, relation)
+        if winner is None:
+            if relation is config.relation:
+                out.append(BestLine(relation.value, True, None, None, None, None, "no valid accountant"))
+            continue
+        every = evaluation.best_of((e for e in evaluations if e.protects is Protects.EVERY_ITERATE), relation)
+        counted = [
+            e.bound
+            for e in evaluations
+            if e.applies and e.proof.proven and e.relation is relation and e.result is not None
+        ]
+        out.append(
+            BestLine(
+                relation=relation.value,
+                declared=relation is config.relation,
+                epsilon=winner.result.epsilon,
+                winner=winner.bound,
+                order=winner.result.order,
+                protects=winner.protects.value,
+                how="smallest epsilon of " + ", ".join(counted),
+                every_iterate_epsilon=None if every is None else every.result.epsilon,
+                every_iterate_winner=None if every is None else every.bound,
+            )
+        )
+    return tuple(out)
+
+
+def compare(
+    delta: float = DEFAULT_DELTA,
+    orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    name: str = "custom scenario",
+    unproven: Iterable[str] = (),
+    **params: Any,
+) -> Comparison:
+    """The side-by-side comparison for the keyword-API ``params`` (see :func:`lastiter_plugins.api.build`).
+
+    Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
+    unproven bounds whose numbers are shown (marked, never counted).
+    """
+    config, assumptions = api.build(**params)
+    delta = validate_delta(delta)
+    grid = None if orders is None else validate_orders(orders)  # None: the library's lossless default conversion
+    evaluated = evaluate_rows(config, assumptions, delta, grid, unproven)
+    return Comparison(
+        name=name,
+        params=dict(params),
+        delta=delta,
+        steps=config.steps,
+        steps_per_epoch=config.steps_per_epoch,
+        rows=_rows(config, evaluated, delta, grid),
+        best=best_lines(config, (e for e, _ in evaluated.values())),
+        hosts=hosts.host_versions(),
+    )
