@@ -5,7 +5,7 @@ Every epsilon computed here protects the FINAL model only (except the
 checkpoints must not be released. See README.md and docs/.
 """
 
-from lastiter_plugins.advice import Suggestion, advise, is_standard_baseline
+from lastiter_plugins.advice import Suggestion, advise, advise_config, baseline_note, is_standard_baseline
 from lastiter_plugins.api import (
     PARAMETERS,
     Parameters,
@@ -50,7 +50,9 @@ __all__ = [
     "TrainingConfig",
     "UnsupportedHostError",
     "advise",
+    "advise_config",
     "applicable_bounds",
+    "baseline_note",
     "build",
     "calibrate_noise",
     "compute_epsilon",

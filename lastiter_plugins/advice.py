@@ -18,7 +18,7 @@ from typing import Any
 from typing_extensions import Unpack
 
 from lastiter_plugins.api import Parameters, epsilon
-from lastiter_plugins.config import Relation, Sampling
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult
 from lastiter_plugins.registry import Protects
@@ -60,8 +60,9 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
     z = params.get("noise_multiplier")
     if relation is Relation.REPLACE_ONE and sampling is not Sampling.SHUFFLE_ONCE:
         yield (
-            "draw one secret permutation before training and keep its order every epoch "
-            "(lastiter_plugins.adapters.opacus.ShuffleOnceSampler; keep the seed secret)",
+            "draw one secret permutation before training and keep its order every epoch (Opacus: "
+            "lastiter_plugins.adapters.opacus.ShuffleOnceSampler; Keras: permute the data once, then "
+            "fit(shuffle=False); keep the seed secret)",
             {"sampling": Sampling.SHUFFLE_ONCE.value},
             True,
         )
@@ -132,6 +133,27 @@ def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]
             best_per_kind[kind] = suggestion
     ranked = sorted(best_per_kind.values(), key=lambda s: (s.epsilon, s.changes_training))
     return tuple(ranked[:top] if top is not None else ranked)
+
+
+def advise_config(
+    delta: float, config: TrainingConfig, assumptions: LossAssumptions, *, top: int | None = None
+) -> tuple[Suggestion, ...]:
+    """:func:`advise` for a pipeline given as the objects the adapters hold."""
+    params = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    params |= {f.name: getattr(assumptions, f.name) for f in dataclasses.fields(assumptions)}
+    return advise(delta, top=top, **params)
+
+
+def baseline_note(result: EpsilonResult, suggestions: tuple[Suggestion, ...]) -> str:
+    """What the reports print under a ``best`` that is a standard baseline (empty otherwise)."""
+    if result.bound != "best" or not is_standard_baseline(result):
+        return ""
+    lines = [
+        f"This is a standard baseline ({result.winner}) that certifies every iterate: no last-iterate bound "
+        "applies to this pipeline, or none is smaller. Single changes that would lower it (lastiter_plugins.advise):"
+    ]
+    lines += [f"  {s}" for s in suggestions] or ["  (no single change from the list lowers it)"]
+    return "\n".join(lines)
 
 
 def is_standard_baseline(result: EpsilonResult) -> bool:

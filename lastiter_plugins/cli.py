@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import lastiter_plugins
-from lastiter_plugins import api, compare, plot, registry, scenarios
+from lastiter_plugins import advice, api, compare, plot, registry, scenarios
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import Relation, Sampling
 from lastiter_plugins.conversion import validate_delta
@@ -268,7 +268,36 @@ def _cmd_rdp(args) -> str:
 def _cmd_epsilon(args) -> str:
     _, params, delta = _pipeline(args)
     result = api.epsilon(args.bound, _required_delta(delta), args.orders, **params)
-    return dump_json(result.to_dict()) if args.json else str(result)
+    if args.json:
+        return dump_json(result.to_dict())
+    if args.bound != registry.BEST or not advice.is_standard_baseline(result):
+        return str(result)
+    return f"{result}\n\n{advice.baseline_note(result, advice.advise(result.delta, top=3, **params))}"
+
+
+def _cmd_advise(args) -> str:
+    _, params, delta = _pipeline(args)
+    delta = _required_delta(delta)
+    current = api.epsilon(registry.BEST, delta, **params)
+    suggestions = advice.advise(delta, top=args.top, **params)
+    if args.json:
+        rows = [
+            {
+                "change": s.change,
+                "parameters": {k: getattr(v, "value", v) for k, v in s.parameters.items()},
+                "epsilon": s.epsilon,
+                "winner": s.winner,
+                "changes_training": s.changes_training,
+                "relation": s.result.relation.value,
+                "protects": s.result.protects.value,
+            }
+            for s in suggestions
+        ]
+        return dump_json({"best": current.to_dict(), "suggestions": rows})
+    head = f"best: {current}"
+    if not suggestions:
+        return f"{head}\nNo single change from the list (docs/choosing.md) lowers it."
+    return "\n".join([head, "Single changes that lower it, best first:", *(f"  {s}" for s in suggestions)])
 
 
 def _cmd_bounds(args) -> str:
@@ -308,7 +337,7 @@ def _cmd_bounds(args) -> str:
             )
     if args.json:
         return dump_json({"delta": delta, "bounds": rows})
-    lines = [f"{'bound':28} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
+    lines = [f"{'bound':36} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
     for row in rows:
         eps = "" if row.get("epsilon") is None else _fmt(row["epsilon"])
         if not row["applies"]:
@@ -320,7 +349,7 @@ def _cmd_bounds(args) -> str:
             if row.get("proof", "proven") != "proven":
                 note = f"{row['proof']}" + (f"; {note}" if note else "")
         relation = row.get("relation") or "-"
-        lines.append(f"{row['bound']:28} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
+        lines.append(f"{row['bound']:36} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
     lines.append(
         "Epsilons protect the final model only (composition: every iterate); never mix relations. "
         f"Unproven bounds have numbers only with --unproven ID. See {registry.DOCS}."
@@ -431,6 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     _orders_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_calibrate)
+
+    p = sub.add_parser("advise", help="single changes to the pipeline that would lower best, best first")
+    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
+    p.add_argument("--top", type=int, default=None, help="show at most this many suggestions (default: all)")
+    _json_argument(p)
+    p.set_defaults(run=_cmd_advise)
 
     p = sub.add_parser("compare", help="side-by-side comparison of every accountant")
     _compare_arguments(p)

@@ -74,6 +74,10 @@ class EpsilonResult:
     protects: Protects = Protects.FINAL_MODEL
     kind: Kind = Kind.RDP
 
+    def __float__(self) -> float:
+        """The epsilon, so ``float(result)`` works where a number is expected."""
+        return float(self.epsilon)
+
     def __iter__(self) -> Iterator[Any]:
         return iter((self.epsilon, self.order))
 

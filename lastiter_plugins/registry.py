@@ -14,7 +14,6 @@ docs/decisions.md.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import types
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -32,7 +31,7 @@ from lastiter_plugins.bounds import (
     ye_shokri,
 )
 from lastiter_plugins.bounds._common import gradient_step_contraction
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, ValueEnum
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.profiles import GaussianMixtureProfile
 
@@ -62,14 +61,14 @@ FIXED_BATCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE)
 AT_MOST_B_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE, Sampling.RANDOM_BATCH)
 
 
-class Protects(str, enum.Enum):
+class Protects(ValueEnum):
     """What a guarantee covers: the released final model, or every iterate."""
 
     FINAL_MODEL = "the final model only"
     EVERY_ITERATE = "every iterate"
 
 
-class Kind(str, enum.Enum):
+class Kind(ValueEnum):
     """What a bound computes: a Renyi-DP curve, a Gaussian privacy profile (mu-GDP), or a
     privacy loss distribution composed by dp-accounting (a profile without a Renyi curve;
     its figures depend on dp-accounting's version and discretisation, docs/decisions.md

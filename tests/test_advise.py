@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import lastiter_plugins as lp
@@ -68,3 +73,79 @@ def test_poisson_under_add_or_remove_gets_no_sampler_change():
 def test_the_pipeline_itself_is_validated():
     with pytest.raises(ValueError):
         lp.advise(1e-5, **{**RESHUFFLE_LR_TOO_LARGE, "batch_size": 0})
+
+
+# ---------------------------------------------------------------- the CLI (the installed console script)
+
+LASTITER = Path(sys.executable).with_name("lastiter")
+
+
+def _flags(learning_rate: str = "3") -> list[str]:
+    """RESHUFFLE_LR_TOO_LARGE as command-line flags."""
+    return [
+        "--sampling", "reshuffle", "--dataset-size", "60000", "--batch-size", "1500", "--noise-multiplier", "3",
+        "--learning-rate", learning_rate, "--epochs", "100", "--smoothness", "1", "--strong-convexity", "0.5",
+        "--gradient-norms-within-clip", "--delta", "1e-5",
+    ]  # fmt: skip
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LASTITER), *argv], capture_output=True, text=True, check=False)
+
+
+def test_lastiter_advise_json_is_the_api():
+    proc = _run("advise", *_flags(), "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    api = lp.advise(1e-5, **RESHUFFLE_LR_TOO_LARGE)
+    assert [row["epsilon"] for row in data["suggestions"]] == [s.epsilon for s in api]
+    assert data["suggestions"][0]["parameters"] == {"learning_rate": 1.5}
+    assert data["best"]["winner"] == lp.epsilon("best", 1e-5, **RESHUFFLE_LR_TOO_LARGE).winner
+
+
+def test_lastiter_epsilon_says_when_best_is_a_standard_baseline():
+    proc = _run("epsilon", "--bound", "best", *_flags())
+    assert proc.returncode == 0, proc.stderr
+    assert "standard baseline" in proc.stdout and "lower the learning rate to 1.5" in proc.stdout
+    shifted = _run("epsilon", "--bound", "best", *_flags(learning_rate="1.5"))
+    assert shifted.returncode == 0, shifted.stderr
+    assert "shifted-interpolation-reshuffle" in shifted.stdout and "standard baseline" not in shifted.stdout
+
+
+# ---------------------------------------------------------------- the adapters' reports say it too
+
+
+def test_opacus_report_says_when_best_is_a_standard_baseline():
+    pytest.importorskip("opacus")
+    from lastiter_plugins.adapters.opacus import _report
+
+    config, assumptions = lp.build(**RESHUFFLE_LR_TOO_LARGE)
+    report = _report.build_report("last-iterate", config, assumptions, 1e-5, None)
+    assert "standard baseline (composition" in str(report) and "lower the learning rate to 1.5" in str(report)
+    assert report.to_dict()["advice"] == report.advice
+    fine = _report.build_report(
+        "last-iterate", *lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}), 1e-5, None
+    )
+    assert fine.advice == "" and "standard baseline" not in str(fine)
+
+
+def test_keras_statement_says_when_best_is_a_standard_baseline():
+    pytest.importorskip("tensorflow_privacy")
+    from lastiter_plugins.adapters.tf_privacy import compute_last_iterate_privacy_statement
+
+    common = dict(
+        number_of_examples=60_000,
+        batch_size=1500,
+        num_epochs=100,
+        noise_multiplier=3.0,
+        l2_norm_clip=1.0,
+        delta=1e-5,
+        sampling="reshuffle",
+        smoothness=1.0,
+        strong_convexity=0.5,
+        gradient_norms_within_clip=True,
+    )
+    text = " ".join(compute_last_iterate_privacy_statement(learning_rate=3.0, **common).split())
+    assert "standard baseline (composition" in text and "lower the learning rate to 1.5" in text
+    fine = " ".join(compute_last_iterate_privacy_statement(learning_rate=1.5, **common).split())
+    assert "standard baseline" not in fine and "shifted-interpolation-reshuffle" in fine

@@ -300,19 +300,12 @@ def test_no_finite_epsilon_is_ever_returned_for_a_violated_precondition():
 
 # ---------------------------------------------------------------- small frictions: enums, float, typed parameters
 
-_ENUMS_HERE = [lp.Sampling, lp.Relation]
-_ENUMS_IN_REGISTRY = [lp.Kind, lp.Protects]  # registry.py: see the xfail reason
-_REGISTRY_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="Kind and Protects live in registry.py, which was being edited by another change; they should "
-    "subclass config.ValueEnum (then remove this mark)",
-)
+_ENUMS = [lp.Sampling, lp.Relation, lp.Kind, lp.Protects]
 
 
 @pytest.mark.parametrize(
     "member",
-    [m for cls in _ENUMS_HERE for m in cls]
-    + [pytest.param(m, marks=_REGISTRY_XFAIL) for cls in _ENUMS_IN_REGISTRY for m in cls],
+    [m for cls in _ENUMS for m in cls],
     ids=str,
 )
 def test_str_and_format_of_every_enum_give_its_value(member):
@@ -321,11 +314,6 @@ def test_str_and_format_of_every_enum_give_its_value(member):
     assert member == member.value  # still a str
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="EpsilonResult lives in evaluation.py, which was being edited by another change; it should "
-    "define __float__ (then remove this mark)",
-)
 def test_float_of_an_epsilon_result_is_its_epsilon():
     result = lp.epsilon("best", 1e-5, **strongly_convex(sampling="shuffle_once"))
     assert float(result) == result.epsilon and math.isfinite(float(result))

@@ -47,6 +47,7 @@ class Report:
     rows: tuple[ReportRow, ...]
     threat_model: str = THREAT_MODEL
     best: str = ""  # str() of the best result, as the core renders it
+    advice: str = ""  # when best is a standard baseline: why, and the single changes that would lower it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class Report:
             "relation": self.relation,
             "rows": [r.to_dict() for r in self.rows],
             "best": self.best,
+            "advice": self.advice,
             "threat_model": self.threat_model,
         }
 
@@ -83,6 +85,8 @@ class Report:
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
         if self.best:
             lines.append(f"best: {self.best}")
+        if self.advice:
+            lines.append(self.advice)
         lines.append(self.threat_model)
         return "\n".join(lines)
 
@@ -111,7 +115,7 @@ def build_report(
                 proof=str(ev.proof),
             )
         )
-    best_text = ""
+    best_text = advice = ""
     try:
         best = lp.compute_epsilon(lp.BEST, config, assumptions, delta, grid)
         rows.append(
@@ -128,6 +132,9 @@ def build_report(
             )
         )
         best_text = str(best)
+        if lp.is_standard_baseline(best):
+            advice = lp.baseline_note(best, lp.advise_config(delta, config, assumptions, top=3))
     except ValueError as exc:
         rows.append(ReportRow(lp.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
-    return Report(name, delta, config.steps, config.sampling.value, config.relation.value, tuple(rows), best=best_text)
+    sampling, relation = config.sampling.value, config.relation.value
+    return Report(name, delta, config.steps, sampling, relation, tuple(rows), best=best_text, advice=advice)

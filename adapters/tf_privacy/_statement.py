@@ -190,6 +190,9 @@ def compute_last_iterate_privacy_statement(
         for bid, result in rows:
             lines.append(f"    {bid:<28}{_format_eps(result.epsilon)}   ({_label(result)})")
         lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best)})")
+        if lp.is_standard_baseline(best):
+            suggestions = lp.advise_config(delta, config.replace(relation=relation), assumptions, top=3)
+            lines.append(textwrap.indent(lp.baseline_note(best, suggestions), "  "))
         if missing:
             lines.append("  Not applicable here:")
             lines.extend(
