@@ -22,6 +22,7 @@ bound ``best`` uses to skip the composition when it cannot change the minimum.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from lastiter_plugins.bounds import sampled_gaussian_pld
@@ -78,12 +79,18 @@ class PoissonPldProfile:
         )
 
     def epsilon(self, delta: float) -> float:
-        """Epsilon at ``delta`` (dp-accounting's ``get_epsilon_for_delta``; pessimistic)."""
-        return float(self._pld().get_epsilon_for_delta(float(delta)))
+        """Epsilon at ``delta`` (dp-accounting's ``get_epsilon_for_delta``; pessimistic), cached on every field
+        and ``delta`` (the host's search walks the whole composed distribution in Python)."""
+        return _pld_epsilon(self, float(delta))
 
     def delta(self, eps: float) -> float:
         """Delta at ``eps`` (dp-accounting's ``get_delta_for_epsilon``; pessimistic)."""
         return min(float(self._pld().get_delta_for_epsilon(float(eps))), 1.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
+    return float(profile._pld().get_epsilon_for_delta(delta))
 
 
 def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:

@@ -15,8 +15,9 @@
 #
 # Default selection: the tests whose results depend on dp-accounting's version: the
 # dp-accounting adapter and its shared contract tests, the baselines pinned to
-# dp-accounting (known values, Liang's sampled Gaussian), the conversion (dp-accounting's
-# formula) and the profiles (checked against its PLD). The rest of the core does not
+# dp-accounting (known values, Liang's sampled Gaussian, the PLD baseline rows and the
+# entry points that report them), the conversion (dp-accounting's formula) and the
+# profiles (checked against its PLD). The rest of the core does not
 # import dp-accounting and runs once, in .venv. Slow suites stay off unless --runslow
 # is passed. Exit status is pytest's.
 set -euo pipefail
@@ -43,7 +44,7 @@ esac
 
 if [ "$#" -eq 0 ]; then
   set -- -q tests/test_dp_accounting_adapter.py tests/test_known_values.py tests/test_liang_sensitivity.py \
-    tests/test_conversion.py tests/test_profiles.py
+    tests/test_conversion.py tests/test_profiles.py tests/test_baselines.py tests/test_one_best.py
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"
