@@ -30,7 +30,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "+ creating $venv with $python"
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest hypothesis
+"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest hypothesis "typing_extensions>=4.7,<5"
 "$venv/bin/python" -m pip install -q --no-deps -e .
 
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("dp-accounting"))')"
