@@ -386,7 +386,20 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", metavar="PATH", help="also write a PNG of epsilon against epochs (.png is added to a bare name)"
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also print what the host libraries logged while their accountants ran (hidden by default)",
+    )
     _unproven_argument(parser)
+
+
+#: The last two lines of a first run (no --config, no pipeline flags): how to go on.
+NEXT_STEPS = (
+    "Your own pipeline: lastiter compare --config FILE.toml (copy one of examples/scenarios/), or flags: "
+    "lastiter compare --dataset-size N --batch-size B --noise-multiplier Z --sampling S --epochs E ...",
+    "Read next: docs/choosing.md (which accountant fits your pipeline, and what each assumes).",
+)
 
 
 def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
@@ -416,11 +429,16 @@ def _cmd_compare(args: argparse.Namespace) -> str:
     name, params, delta = _scenario_from_args(args)
     plot_path = plot.check_can_plot(args.plot) if args.plot else None  # before the (slow) sweep
     comparison = compare.compare(delta, name=name, unproven=args.unproven, **params)
-    output = compare.format_comparison(comparison, args.format)
+    output = compare.format_comparison(comparison, args.format, verbose=args.verbose)
     if plot_path is not None:
-        written = compare.write_plot(params, delta, plot_path, title=name, unproven=args.unproven)
+        with compare.host_log() as log:  # the sweep's host-library log, printed with --verbose only
+            written = compare.write_plot(params, delta, plot_path, title=name, unproven=args.unproven)
         if args.format == "table":
             output += f"\n\nPlot written to {written}"
+        if args.verbose and log:
+            print("\n".join(["Host library log of the plot's sweep:", *log]), file=sys.stderr)
+    if args.format == "table" and not args.config and not params_from_args(args):
+        output += "\n\n" + "\n".join(NEXT_STEPS)
     return output
 
 

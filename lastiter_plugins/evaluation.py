@@ -147,6 +147,7 @@ class BoundEvaluation:
     profile: PrivacyProfile | None = None
     result: EpsilonResult | None = None
     notes: tuple[str, ...] = ()
+    unmet: tuple[registry.Unmet, ...] = ()  # the failed conditions as data (``reasons`` in words)
 
     @property
     def rdp(self) -> tuple[float, ...] | None:
@@ -243,6 +244,7 @@ def evaluate_bound(
         title=spec.title,
         applies=check.applies,
         reasons=check.reasons,
+        unmet=check.unmet,
         relation=check.relation,
         proof=spec.proof,
         protects=spec.protects,

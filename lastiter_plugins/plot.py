@@ -120,6 +120,16 @@ def check_can_plot(path: str | Path) -> Path:
     return path
 
 
+#: One marker per line, never reused: filled shapes first, then open ones; beyond them,
+#: numbered text markers (distinct for any number of lines).
+MARKERS = ("o", "s", "D", "^", "v", "<", ">", "p", "h", "*", "X", "P", "d", "H", "8", "x", "+", "1", "2", "3", "4")
+
+
+def marker(index: int) -> str:
+    """The marker of the ``index``-th line of a plot (distinct for every index)."""
+    return MARKERS[index] if index < len(MARKERS) else f"${index + 1}$"
+
+
 def draw_epsilon_vs_epochs(
     epochs: np.ndarray,
     curves: list[Curve],
@@ -142,8 +152,23 @@ def draw_epsilon_vs_epochs(
     Returns:
       The path written (``path``, with ``.png`` appended when it has no suffix).
     """
-    Figure, FigureCanvasAgg = _matplotlib()
     path = check_can_plot(path)
+    fig = figure_epsilon_vs_epochs(epochs, curves, config=config, delta=delta, title=title)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def figure_epsilon_vs_epochs(
+    epochs: np.ndarray,
+    curves: list[Curve],
+    *,
+    config: TrainingConfig,
+    delta: float,
+    title: str | None = None,
+):
+    """The matplotlib Figure :func:`draw_epsilon_vs_epochs` writes (one line per accountant,
+    each with its own marker; identical curves share one line)."""
+    Figure, FigureCanvasAgg = _matplotlib()
 
     finite = np.concatenate([c.epsilon[np.isfinite(c.epsilon) & (c.epsilon > 0)] for c in curves] or [np.ones(1)])
     reference = [c.epsilon for c in curves if c.kind != "last-iterate bound"]
@@ -156,9 +181,8 @@ def draw_epsilon_vs_epochs(
     ax = fig.add_subplot()
     valid_colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
     invalid_colors = ["#7f7f7f", "#bcbd22", "#c49c94", "#aec7e8", "#98df8a", "#ffbb78"]
-    markers = "osD^v<>p"
     n_valid = n_invalid = 0
-    for ids, curve in _merge_identical(curves):
+    for index, (ids, curve) in enumerate(_merge_identical(curves)):
         y = np.where(np.isfinite(curve.epsilon) & (curve.epsilon > 0), curve.epsilon, np.nan)
         scope = "final model" if curve.protects == Protects.FINAL_MODEL.value else "every iterate"
         label = f"{' = '.join(ids)} ({curve.relation}; {scope})"
@@ -169,13 +193,20 @@ def draw_epsilon_vs_epochs(
                 "color": valid_colors[n_valid % len(valid_colors)],
                 "linestyle": "-" if curve.kind == "last-iterate bound" else "-.",
                 "linewidth": 2.0,
-                "marker": markers[n_valid % len(markers)],
-                "markersize": 4,
+                "marker": marker(index),
+                "markersize": 5,
             }
             n_valid += 1
         else:
             label = f"NOT VALID here: {label}"
-            style = {"color": invalid_colors[n_invalid % len(invalid_colors)], "linestyle": ":", "linewidth": 2.0}
+            style = {
+                "color": invalid_colors[n_invalid % len(invalid_colors)],
+                "linestyle": ":",
+                "linewidth": 2.0,
+                "marker": marker(index),
+                "markersize": 5,
+                "fillstyle": "none",
+            }
             n_invalid += 1
         ax.plot(epochs, y, label=label, **style)
     ax.set_yscale("log")
@@ -193,5 +224,4 @@ def draw_epsilon_vs_epochs(
     )
     ax.grid(True, which="both", alpha=0.3)
     fig.legend(loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    fig.savefig(path, dpi=120)
-    return path
+    return fig

@@ -35,8 +35,9 @@ from lastiter_plugins.config import LossAssumptions, Relation, Sampling, Trainin
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.profiles import GaussianMixtureProfile
 
-# A condition returns None when it holds, else (what is required, what was found).
-Condition = Callable[[TrainingConfig, LossAssumptions], "tuple[str, str] | None"]
+# A condition returns None when it holds, else (what is required, what was found), optionally
+# with a third text saying why (kept out of the one-line form compare prints; see Unmet.short).
+Condition = Callable[[TrainingConfig, LossAssumptions], "tuple[str, str] | tuple[str, str, str] | None"]
 RdpFunction = Callable[[TrainingConfig, LossAssumptions, np.ndarray], np.ndarray]
 ProfileFunction = Callable[[TrainingConfig, LossAssumptions], "PrivacyProfile"]
 # A proven lower bound on a bound's epsilon at delta, much cheaper than the bound itself.
@@ -155,14 +156,38 @@ class BoundSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class Unmet:
+    """One failed precondition: what is required, what was found, and (optionally) why it is needed."""
+
+    required: str
+    found: str
+    why: str = ""
+
+    @property
+    def short(self) -> str:
+        """The condition in one short line, without the theorem: ``required (found X)``."""
+        return f"{self.required} (found {self.found})"
+
+    def message(self, where: str) -> str:
+        """The full sentence of an error message, naming the bound and its theorem (``where``)."""
+        why = f" ({self.why})" if self.why else ""
+        return f"{self.required}{why} for {where}. Found {self.found}."
+
+
+@dataclasses.dataclass(frozen=True)
 class Applicability:
-    """Whether a bound applies to a pipeline, and if not, every reason why."""
+    """Whether a bound applies to a pipeline, and if not, every reason why.
+
+    ``reasons`` are the full sentences (with the bound's reference); ``unmet`` the same
+    conditions as data, in the same order (the first is what compare prints).
+    """
 
     bound: str
     applies: bool
     reasons: tuple[str, ...]
     relation: Relation | None
     reference: str
+    unmet: tuple[Unmet, ...] = ()
 
     @property
     def reason(self) -> str:
@@ -187,8 +212,9 @@ def _needs_smoothness(cfg: TrainingConfig, a: LossAssumptions):
 def _needs_diameter(cfg: TrainingConfig, a: LossAssumptions):
     if a.diameter is None:
         return (
-            "diameter (D) must be declared: every step must project the parameters onto a convex set of that diameter",
+            "diameter (D) must be declared",
             "no projection",
+            "every step must project the parameters onto a convex set of that diameter",
         )
     return None
 
@@ -212,10 +238,11 @@ def _needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions):
     # the user's assertion that clipping is never active.
     if not a.update_is_gradient_step:
         return (
-            "gradient_norms_within_clip must be True (every per-example gradient norm <= C on the whole domain, so "
-            "clipping is never active) or clipped_loss_convex_smooth True (the scalar-GLM route), since the "
-            "contraction / non-expansiveness argument does not hold for clipped gradients in general",
-            "gradient_norms_within_clip=False, clipped_loss_convex_smooth=False",
+            "gradient_norms_within_clip must be True or clipped_loss_convex_smooth True",
+            "both False",
+            "gradient_norms_within_clip: every per-example gradient norm <= C on the whole domain, so clipping is "
+            "never active; clipped_loss_convex_smooth: the scalar-GLM route; the contraction / non-expansiveness "
+            "argument does not hold for clipped gradients in general",
         )
     return None
 
@@ -505,9 +532,9 @@ def _composition(cfg, a, orders):
 def _pld_steps(cfg: TrainingConfig, a: LossAssumptions):
     if cfg.steps > baselines.PLD_MAX_STEPS:
         return (
-            f"steps must be <= {baselines.PLD_MAX_STEPS:.0e} (the composed privacy loss distribution is held in "
-            "memory; beyond, the Renyi-DP composition remains)",
+            f"steps must be <= {baselines.PLD_MAX_STEPS:.0e}",
             f"{cfg.steps}",
+            "the composed privacy loss distribution is held in memory; beyond, the Renyi-DP composition remains",
         )
     return None
 
@@ -832,13 +859,17 @@ def get_spec(bound: str) -> BoundSpec:
 
 def applicability(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions) -> Applicability:
     """Check every precondition of ``spec`` for the declared pipeline."""
+    unmet: list[Unmet] = []
     reasons: list[str] = []
     where = f"{spec.id} ({spec.reference})"
     relation = spec.relation_for(cfg.sampling)
     if relation is None:
         covered = ", ".join(s.value for s in spec.covers)
+        schemes = covered if len(spec.covers) == 1 else "one of " + covered
+        unmet.append(Unmet(f"sampling must be {schemes}", cfg.sampling.value))
         reasons.append(f"sampling must be one of {covered} for {where}. Found {cfg.sampling.value}.")
     elif relation is not cfg.relation:
+        unmet.append(Unmet(f"relation must be {relation.value} with sampling={cfg.sampling.value}", cfg.relation.value))
         reasons.append(
             f"relation must be {relation.value} for {where} with sampling={cfg.sampling.value}. "
             f"Found {cfg.relation.value}."
@@ -846,10 +877,10 @@ def applicability(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions) -> A
     for condition in spec.conditions:
         failed = condition(cfg, a)
         if failed is not None:
-            required, found = failed
-            reasons.append(f"{required} for {where}. Found {found}.")
+            unmet.append(Unmet(*failed))
+            reasons.append(unmet[-1].message(where))
     shown_relation = next(iter(spec.relations)) if len(spec.relations) == 1 else relation
-    return Applicability(spec.id, not reasons, tuple(reasons), shown_relation, spec.reference)
+    return Applicability(spec.id, not unmet, tuple(reasons), shown_relation, spec.reference, tuple(unmet))
 
 
 def require(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions) -> None:

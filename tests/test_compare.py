@@ -252,7 +252,9 @@ def test_scenario_where_clipping_makes_the_cyclic_bound_useless(scenario_results
 def test_default_command_prints_the_builtin_table(capsys, builtin):
     code, out, err = run(capsys)
     assert code == 0, err
-    assert out.strip() == compare.format_table(builtin)
+    table, hint = out.strip().split("\n\nYour own pipeline: ", 1)  # a first run ends by saying how to go on
+    assert table == compare.format_table(builtin)
+    assert "--config" in hint and "docs/choosing.md" in hint
     assert "ye-shokri-shuffle" in out and "NOT VALID" in out and "final model only" in out
 
 

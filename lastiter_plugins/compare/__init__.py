@@ -26,7 +26,7 @@ from lastiter_plugins.compare.render import (
     format_markdown,
     format_table,
 )
-from lastiter_plugins.compare.rows import EVERY_ITERATE, FINAL_MODEL, BestLine, Comparison, Row
+from lastiter_plugins.compare.rows import EVERY_ITERATE, FINAL_MODEL, BestLine, Comparison, Row, host_log
 from lastiter_plugins.compare.sweep import DEFAULT_POINTS, epsilon_curves, sweep_epochs, write_plot
 from lastiter_plugins.compare.table import best_lines, compare, compare_rows
 
@@ -49,6 +49,7 @@ __all__ = [
     "format_csv",
     "format_markdown",
     "format_table",
+    "host_log",
     "host_versions",
     "sweep_epochs",
     "write_plot",

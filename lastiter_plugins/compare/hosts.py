@@ -210,14 +210,17 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
     if acc.only_when_invalid and covered:
         return None
     why_not: list[str] = []
+    first_unmet = ""
     if not covered:
         name = acc.covers[0].value if len(acc.covers) == 1 else "one of " + ", ".join(s.value for s in acc.covers)
         why_not.append(
             f"sampling must be {name} for {acc.label}. Found {cfg.sampling.value}: "
             "its number assumes a sampling your pipeline does not do."
         )
+        first_unmet = f"sampling must be {name} (found {cfg.sampling.value}): its number is for another sampling"
     if not acc.guarantee:
         why_not.append(acc.caveat)
+        first_unmet = first_unmet or acc.caveat
     eps = order = None
     notes: tuple[str, ...] = ()
     if acc.max_steps is not None and cfg.steps > acc.max_steps:
@@ -249,6 +252,7 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
         counted=False,
         proof="proven" if acc.guarantee else "not a bound: an approximation",
         notes=notes,
+        first_unmet=first_unmet,
     )
 
 

@@ -1,11 +1,14 @@
-r"""The comparison rendered for people and programs: a plain-text table with numbered notes,
-GitHub Markdown, JSON (never NaN/Infinity) and CSV."""
+r"""The comparison rendered for people and programs: a plain-text table with numbered rows (one
+short line per row that does not apply, the references once), GitHub Markdown, JSON (never
+NaN/Infinity) and CSV. People see "> 1e4" for an epsilon too large to mean anything; JSON and
+CSV keep every number and every failed condition in full."""
 
 from __future__ import annotations
 
 import csv
 import io
 import math
+import textwrap
 from collections.abc import Sequence
 
 from lastiter_plugins import api
@@ -21,6 +24,27 @@ def _num(x: float | None, digits: int = 4) -> str:
     if not math.isfinite(x):
         return "inf"
     return f"{x:.{digits}g}"
+
+
+#: Above this an epsilon protects nothing worth a digit: the table and Markdown print "> 1e4"
+#: (JSON and CSV keep the number).
+MEANINGLESS_EPSILON = 1e4
+TOO_LARGE = "> 1e4"
+#: Free text (scenario, notes, references) is wrapped to this width; table rows are shorter.
+WIDTH = 120
+
+
+def _eps(x: float | None) -> str:
+    """An epsilon for people: ``> 1e4`` above :data:`MEANINGLESS_EPSILON`."""
+    if x is not None and math.isfinite(x) and x > MEANINGLESS_EPSILON:
+        return TOO_LARGE
+    return _num(x)
+
+
+def _wrap(text: str, first: str = "  ", rest: str = "      ") -> list[str]:
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False, break_long_words=False
+    )
 
 
 def _valid_cell(row: Row) -> str:
@@ -40,12 +64,12 @@ def _best_text(b: BestLine) -> str:
     if b.epsilon is None:
         return f"{b.relation}{declared}: no valid accountant for this pipeline"
     order = f", order {b.order:g}" if b.order is not None else ""
-    text = f"{b.relation}{declared}: epsilon = {_num(b.epsilon)} via {b.winner}{order}, protects {b.protects}"
+    text = f"{b.relation}{declared}: epsilon = {_eps(b.epsilon)} via {b.winner}{order}, protects {b.protects}"
     if b.protects == FINAL_MODEL and b.every_iterate_epsilon is not None:
         ratio = b.every_iterate_epsilon / b.epsilon if b.epsilon > 0 else math.inf
         text += (
             f"; {ratio:.3g}x below the best valid every-iterate accountant "
-            f"({b.every_iterate_winner}: {_num(b.every_iterate_epsilon)})"
+            f"({b.every_iterate_winner}: {_eps(b.every_iterate_epsilon)})"
         )
     if b.notes:
         text += " [" + "; ".join(b.notes) + "]"
@@ -63,13 +87,18 @@ def _hosts_line(c: Comparison) -> str:
     return "Host libraries: " + ", ".join(parts) + "."
 
 
-def _notes(row: Row) -> list[str]:
-    out = [] if row.proof == "proven" else [row.proof]
-    if row.why_not:
-        out.append(("NOT valid here: " if row.epsilon is not None else "does not apply: ") + " ".join(row.why_not))
-    else:
-        out.append("assumes: " + row.assumptions)
-    out.extend(row.notes)
+def _why_not(row: Row) -> str:
+    """The first failed condition in one short line (every condition is in ``row.why_not``)."""
+    return row.first_unmet or (row.why_not[0] if row.why_not else "")
+
+
+def _references(c: Comparison) -> list[tuple[int, Row, int | None]]:
+    """(number, row, number of an earlier row with the same reference or None): each citation once."""
+    seen: dict[str, int] = {}
+    out = []
+    for i, row in enumerate(c.rows, start=1):
+        out.append((i, row, seen.get(row.reference)))
+        seen.setdefault(row.reference, i)
     return out
 
 
@@ -81,7 +110,7 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
         row.id + note,
         _valid_cell(row),
         row.relation,
-        _num(row.epsilon),
+        _eps(row.epsilon),
         _num(row.order, 4) if row.order is not None else "-",
         row.protects,
         "proven" if row.proof == "proven" else "UNPROVEN",
@@ -89,8 +118,12 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
     )
 
 
-def format_table(c: Comparison) -> str:
-    """Plain-text table with numbered notes (why not / assumptions)."""
+def format_table(c: Comparison, *, verbose: bool = False) -> str:
+    """Plain text: the table, the best lines, one line per row that does not apply (its first
+    failed condition), what the valid rows assume, notes, and the references, each once.
+
+    ``verbose`` adds the host libraries' log records captured while the rows were computed.
+    """
     body = [_cells(r, f" [{i}]") for i, r in enumerate(c.rows, start=1)]
     widths = [max(len(h), *(len(cells[i]) for cells in body)) for i, h in enumerate(_COLUMNS)]
     right = {3, 4}
@@ -100,10 +133,9 @@ def format_table(c: Comparison) -> str:
         parts = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in pairs]
         return "  ".join(parts).rstrip()
 
-    out = [f"lastiter compare: {c.name}", _scenario_line(c), f"epsilon at delta = {c.delta:g}", ""]
+    out = [f"lastiter compare: {c.name}", *_wrap(_scenario_line(c), "", "  "), f"epsilon at delta = {c.delta:g}", ""]
     out.append(line(_COLUMNS))
     out.append(line(["-" * w for w in widths]))
-    notes: list[str] = []
     previous_kind = None
     for row, cells in zip(c.rows, body, strict=True):
         group = row.kind == STANDARD
@@ -111,11 +143,36 @@ def format_table(c: Comparison) -> str:
             out.append("")
             out.append("What host libraries report for this pipeline (shown, never counted):")
         previous_kind = group
-        notes.append(f"[{len(notes) + 1}] {row.id}: " + " | ".join(_notes(row)))
         out.append(line(cells))
+    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in c.rows):
+        out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
     out += ["", "Best valid for this pipeline, per neighbouring relation:"]
-    out += [f"  {_best_text(b)}" for b in c.best]
-    out += ["", "Notes:", *notes, "", _hosts_line(c), FOOTER]
+    for b in c.best:
+        out += _wrap(_best_text(b), "  ", "    ")
+    numbered = list(enumerate(c.rows, start=1))
+    invalid = [(i, r) for i, r in numbered if not r.valid]
+    if invalid:
+        out += ["", "Why the other rows do not apply (the first failed condition; --format json lists all):"]
+        out += [f"  [{i}] {r.id}: {_why_not(r)}" for i, r in invalid]
+    valid = [(i, r) for i, r in numbered if r.valid]
+    if valid:
+        out += ["", "What the valid rows assume (your pipeline must do this too):"]
+        for i, r in valid:
+            out += _wrap(f"[{i}] {r.id}: {r.assumptions}")
+    noted = [(i, r) for i, r in valid if r.notes]
+    if noted:
+        out += ["", "Notes:"]
+        for i, r in noted:
+            out += _wrap(f"[{i}] {r.id}: " + " ".join(r.notes))
+    out += ["", "References:"]
+    for i, r, same in _references(c):
+        out += _wrap(f"[{i}] {r.id}: " + (f"as [{same}]" if same is not None else r.reference))
+    out += ["", *_wrap(_hosts_line(c), "", "  "), *_wrap(FOOTER, "", "")]
+    if c.host_log and verbose:
+        out += ["", f"Host library log ({len(c.host_log)} records, captured while the accountants ran):"]
+        out += [f"  {record}" for record in c.host_log]
+    elif c.host_log:
+        out.append(f"({len(c.host_log)} host library log records hidden; --verbose shows them.)")
     return "\n".join(out)
 
 
@@ -124,7 +181,8 @@ def _md_escape(text: str) -> str:
 
 
 def format_markdown(c: Comparison) -> str:
-    """GitHub-flavoured Markdown: the table, then the best-valid lines."""
+    """GitHub-flavoured Markdown: the table (why not: the first failed condition), the
+    best-valid lines and the references, each once."""
     head = (*_COLUMNS, "why not / assumptions")
     out = [
         f"**{_md_escape(c.name)}**: {_md_escape(_scenario_line(c))}; epsilon at delta = {c.delta:g}.",
@@ -132,15 +190,22 @@ def format_markdown(c: Comparison) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"] * 4) + "|",
     ]
-    for row in c.rows:
-        cells = list(_cells(row))
-        cells[0] = f"`{row.id}`"
+    for i, row in enumerate(c.rows, start=1):
+        cells = [_md_escape(x) for x in _cells(row)]
+        cells[0] = f"`{row.id}` [{i}]"
         if not row.valid:
             cells[1] = f"**{cells[1]}**"
-        cells.append("<br>".join(_md_escape(n) for n in _notes(row)))
-        out.append("| " + " | ".join(_md_escape(x) if i < len(head) - 1 else x for i, x in enumerate(cells)) + " |")
+            cells.append(_md_escape(_why_not(row)))
+        else:
+            cells.append("<br>".join(_md_escape(n) for n in ("assumes: " + row.assumptions, *row.notes)))
+        out.append("| " + " | ".join(cells) + " |")
+    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in c.rows):
+        out += ["", f"{_md_escape(TOO_LARGE)}: an epsilon above 1e4 protects nothing (JSON and CSV give the number)."]
     out += ["", "Best valid for this pipeline, per neighbouring relation:", ""]
     out += [f"- {_md_escape(_best_text(b))}" for b in c.best]
+    out += ["", "References:", ""]
+    for i, r, same in _references(c):
+        out.append(f"{i}. `{r.id}`: " + (f"as {same}" if same is not None else _md_escape(r.reference)))
     out += ["", _md_escape(_hosts_line(c)), "", f"_{FOOTER}_"]
     return "\n".join(out)
 
@@ -219,10 +284,11 @@ def format_csv(c: Comparison) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-def format_comparison(c: Comparison, fmt: str = "table") -> str:
-    """Render as ``table``, ``markdown``, ``json`` (never NaN/Infinity) or ``csv``."""
+def format_comparison(c: Comparison, fmt: str = "table", *, verbose: bool = False) -> str:
+    """Render as ``table``, ``markdown``, ``json`` (never NaN/Infinity) or ``csv``; ``verbose``
+    adds the captured host-library log to the table."""
     if fmt == "table":
-        return format_table(c)
+        return format_table(c, verbose=verbose)
     if fmt == "markdown":
         return format_markdown(c)
     if fmt == "json":

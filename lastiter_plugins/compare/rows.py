@@ -2,9 +2,11 @@ r"""The comparison's data: rows, best lines and the whole table (what every form
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from lastiter_plugins.registry import Protects
@@ -44,6 +46,9 @@ class Row:
       counted: whether it takes part in a best line (a registry row that applies, proven, with a number).
       proof: ``proven`` or ``unproven: <reason>`` (host accountants: their own theorems).
       notes: extra remarks (order at the grid's edge, host warnings, errors).
+      first_unmet: the first failed condition in one short line, without the reference
+        (empty when valid); what the table prints. Display only: not in JSON or CSV,
+        where ``why_not`` has every condition in full.
     """
 
     id: str
@@ -61,9 +66,11 @@ class Row:
     counted: bool
     proof: str = "proven"
     notes: tuple[str, ...] = ()
+    first_unmet: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
+        del out["first_unmet"]  # display only: why_not says it in full
         out["why_not"] = list(self.why_not)
         out["covers"] = list(self.covers)
         out["notes"] = list(self.notes)
@@ -103,6 +110,7 @@ class Comparison:
     rows: tuple[Row, ...]
     best: tuple[BestLine, ...]
     hosts: Mapping[str, str | None]
+    host_log: tuple[str, ...] = ()  # host libraries' log records while the rows were computed (not in JSON)
 
     def row(self, row_id: str) -> Row:
         for r in self.rows:
@@ -131,3 +139,42 @@ def catching(fn: Callable[[], _T]) -> tuple[_T, tuple[str, ...]]:
         warnings.simplefilter("always")
         value = fn()
     return value, tuple(dict.fromkeys(str(w.message).strip() for w in caught))
+
+
+_capturing: list[list[str]] = []  # the active capture (outermost first)
+
+
+class _Collect(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.NOTSET)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+        except Exception:  # a malformed record must not break the comparison
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def host_log() -> Iterator[list[str]]:
+    """Collect the log records host libraries emit (dp-accounting's absl warnings, Opacus'
+    loggers) instead of letting them reach the terminal; yields the list of lines.
+
+    While active, the root logger's handlers are replaced by one that collects (records
+    still pass each logger's level); they are restored on exit. Nested uses share the
+    outermost list. Not thread-safe: the root logger is process-wide.
+    """
+    if _capturing:
+        yield _capturing[0]
+        return
+    lines: list[str] = []
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    root.handlers = [_Collect(lines)]
+    _capturing.append(lines)
+    try:
+        yield lines
+    finally:
+        _capturing.pop()
+        root.handlers = saved

@@ -26,7 +26,7 @@ import numpy as np
 
 from lastiter_plugins import api, evaluation, registry
 from lastiter_plugins.compare import hosts
-from lastiter_plugins.compare.rows import BestLine, Comparison, Row, catching
+from lastiter_plugins.compare.rows import BestLine, Comparison, Row, catching, host_log
 from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
 from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.evaluation import BoundEvaluation
@@ -79,6 +79,7 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         counted=e.applies and e.proof.proven and e.result is not None,
         proof=str(e.proof),
         notes=e.notes + notes,
+        first_unmet=e.unmet[0].short if e.unmet else "",
     )
 
 
@@ -120,7 +121,8 @@ def compare_rows(
     """
     delta = validate_delta(delta)
     grid = None if orders is None else validate_orders(orders)
-    return _rows(config, evaluate_rows(config, assumptions, delta, grid, unproven), delta, grid)
+    with host_log():  # host libraries' log records are dropped here (compare() keeps them)
+        return _rows(config, evaluate_rows(config, assumptions, delta, grid, unproven), delta, grid)
 
 
 # ---------------------------------------------------------------- best lines
@@ -180,14 +182,17 @@ def compare(
     config, assumptions = api.build(**params)
     delta = validate_delta(delta)
     grid = None if orders is None else validate_orders(orders)  # None: the library's lossless default conversion
-    evaluated = evaluate_rows(config, assumptions, delta, grid, unproven)
+    with host_log() as log:  # kept in the Comparison: ``lastiter compare --verbose`` prints it
+        evaluated = evaluate_rows(config, assumptions, delta, grid, unproven)
+        rows = _rows(config, evaluated, delta, grid)
     return Comparison(
         name=name,
         params=dict(params),
         delta=delta,
         steps=config.steps,
         steps_per_epoch=config.steps_per_epoch,
-        rows=_rows(config, evaluated, delta, grid),
+        rows=rows,
         best=best_lines(config, (e for e, _ in evaluated.values())),
         hosts=hosts.host_versions(),
+        host_log=tuple(log),
     )
