@@ -15,7 +15,7 @@ THREAT_MODEL = (
     "advance; intermediate checkpoints (and any model saved during training) must not be released. Choosing the "
     "released model by looking at intermediate iterates (a best-validation checkpoint, early stopping that restores "
     "the best weights) or stopping at a data-dependent time is not covered by a last-iterate bound. The composition "
-    "row certifies every iterate."
+    "rows (the standard baselines) certify every iterate."
 )
 
 

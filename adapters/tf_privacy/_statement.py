@@ -173,7 +173,8 @@ def compute_last_iterate_privacy_statement(
             "intermediate checkpoints, models evaluated or published during training, or anything "
             "computed from them: they must stay private. (TF Privacy's statement below protects the "
             "release of all model checkpoints in addition to the final model, with different numbers; "
-            "the 'composition' rows below also protect every iterate.) It covers the model after the "
+            "the 'composition' rows below, the standard baselines, also protect every iterate.) It covers "
+            "the model after the "
             f"{steps} iterations stated, a number fixed before training: a stopping time chosen from the "
             "private data (early stopping on a training or validation metric) and a model selected among "
             "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not "
@@ -183,8 +184,8 @@ def compute_last_iterate_privacy_statement(
     ]
     for relation, (rows, best, missing) in sections.items():
         head = _fill(
-            f"Example-level DP with {_RELATION_WORDS[relation]} at delta = {delta:g}, Renyi-DP accounting "
-            "(lastiter-plugins):"
+            f"Example-level DP with {_RELATION_WORDS[relation]} at delta = {delta:g}, lastiter-plugins "
+            "accounting (Renyi-DP, f-DP and PLD bounds, each converted to (epsilon, delta)):"
         )
         lines = [head]
         for bid, result in rows:
