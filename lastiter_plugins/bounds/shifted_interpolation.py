@@ -206,20 +206,29 @@ def _position_layout(steps_per_epoch: int, steps: int, positions: np.ndarray) ->
     return uses.astype(np.int64), after.astype(np.int64)
 
 
-def _spaced_mu2(
-    log_c: float, step_mu: float, steps_per_epoch: int, uses: np.ndarray, gap, after: np.ndarray, d: float | None
+def _schedule_mus(
+    step_mu: float, c: float, steps_per_epoch: int, uses: np.ndarray, gaps, after: np.ndarray, d: float | None
 ) -> np.ndarray:
-    """mu^2 of schedules of ``uses`` >= 1 uses: all but the last spaced by l, the last ``gap`` steps
-    later and ``after`` steps before the end (the engine of docs/decisions.md, section 17); 0 < s < inf."""
-    return shift_schedules.spaced_uses_mu2(
+    """mu of schedules of ``uses`` uses: all but the last spaced by l, the last ``gaps`` steps later and
+    ``after`` steps before the end (the engine of docs/decisions.md, section 17); 0 where unused."""
+    mus = np.zeros(np.shape(uses))
+    used = uses > 0
+    if not used.any() or step_mu == 0.0:
+        return mus
+    if math.isinf(step_mu):
+        mus[used] = math.inf
+        return mus
+    mu2 = shift_schedules.spaced_uses_mu2(
         step_mu=step_mu,
-        log_contraction=log_c,
+        log_contraction=math.log(c),
         spacing=steps_per_epoch,
-        uses=uses,
-        gap=gap,
-        after=after,
-        diameter_ratio=d,
+        uses=uses[used],
+        gap=np.broadcast_to(gaps, np.shape(uses))[used],
+        after=after[used],
+        diameter_ratio=_usable_ratio(d),
     )
+    mus[used] = np.sqrt(mu2)
+    return mus
 
 
 def cyclic_position_mus(
@@ -259,7 +268,7 @@ def cyclic_position_mus(
       positions: batch indices j (default: all 0..l-1).
 
     Returns:
-      mu_j for each requested position. O(l) time (times about 130 restarts with a projection).
+      mu_j for each requested position. O(l) time (with a projection, times the restarts tried: section 17, part 3).
     """
     c = _check(step_mu, contraction, diameter_ratio)
     if steps_per_epoch < 1 or steps < 0:
@@ -268,17 +277,7 @@ def cyclic_position_mus(
     if pos.size and (pos.min() < 0 or pos.max() >= steps_per_epoch):
         raise ValueError(f"positions must be in [0, {steps_per_epoch}).")
     uses, after = _position_layout(steps_per_epoch, steps, pos)
-    out = np.zeros(pos.shape)
-    used = uses > 0
-    if not used.any() or step_mu == 0.0:
-        return out
-    if math.isinf(step_mu):
-        out[used] = math.inf
-        return out
-    d = _usable_ratio(diameter_ratio)
-    mu2 = _spaced_mu2(math.log(c), step_mu, steps_per_epoch, uses[used], steps_per_epoch, after[used], d)
-    out[used] = np.sqrt(mu2)
-    return out
+    return _schedule_mus(step_mu, c, steps_per_epoch, uses, steps_per_epoch, after, diameter_ratio)
 
 
 def cyclic_mu(
@@ -410,15 +409,7 @@ def shuffle_once_profile(
         uses.append(np.full(starts.size, n_uses, dtype=np.int64))
         after.append(starts)
     w, n_uses, r = np.concatenate(weights), np.concatenate(uses), np.concatenate(after)
-    mus = np.zeros(w.shape)
-    used = n_uses > 0
-    if used.any() and step_mu > 0.0:
-        if math.isinf(step_mu):
-            mus[used] = math.inf
-        else:
-            d = _usable_ratio(diameter_ratio)
-            mus[used] = np.sqrt(_spaced_mu2(math.log(c), step_mu, per_epoch, n_uses[used], per_epoch, r[used], d))
-    return w, mus
+    return w, _schedule_mus(step_mu, c, per_epoch, n_uses, per_epoch, r, diameter_ratio)
 
 
 def reshuffle_profile(
@@ -475,12 +466,4 @@ def reshuffle_profile(
         gaps.append(np.array([per_epoch]))
         after.append(np.array([rest]))
     w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
-    mus = np.zeros(w.shape)
-    used = n_uses > 0
-    if used.any() and step_mu > 0.0:
-        if math.isinf(step_mu):
-            mus[used] = math.inf
-        else:
-            d = _usable_ratio(diameter_ratio)
-            mus[used] = np.sqrt(_spaced_mu2(math.log(c), step_mu, per_epoch, n_uses[used], g[used], r[used], d))
-    return w, mus
+    return w, _schedule_mus(step_mu, c, per_epoch, n_uses, g, r, diameter_ratio)
