@@ -22,6 +22,18 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
+
+
+def _check_flag(name: str, value: Any) -> bool:
+    """A flag is True or False; numpy's bool (np.bool_(True), what an array comparison gives) is
+    accepted as the bool it is. Anything else (1, "yes", None) is refused."""
+    if isinstance(value, np.bool_):
+        value = bool(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False. Found {value!r} ({type(value).__name__}).")
+    return value
+
 
 class ValueEnum(str, enum.Enum):
     """A string enum that prints as its value: ``str()``, ``format()`` and f-strings give
@@ -255,14 +267,8 @@ class LossAssumptions:
         set_(self, "strong_convexity", _check_real("strong_convexity", self.strong_convexity, positive=False))
         if self.diameter is not None:
             set_(self, "diameter", _check_real("diameter", self.diameter, positive=True))
-        if not isinstance(self.gradient_norms_within_clip, bool):
-            raise ValueError(
-                f"gradient_norms_within_clip must be True or False. Found {self.gradient_norms_within_clip!r}."
-            )
-        if not isinstance(self.clipped_loss_convex_smooth, bool):
-            raise ValueError(
-                f"clipped_loss_convex_smooth must be True or False. Found {self.clipped_loss_convex_smooth!r}."
-            )
+        for flag in ("gradient_norms_within_clip", "clipped_loss_convex_smooth"):
+            set_(self, flag, _check_flag(flag, getattr(self, flag)))
         if self.strong_convexity > 0 and self.smoothness is not None and self.strong_convexity > self.smoothness:
             raise ValueError(
                 "strong_convexity must be <= smoothness (a lam-strongly convex, M-smooth function has "

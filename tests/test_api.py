@@ -333,3 +333,13 @@ def test_public_functions_type_their_keyword_parameters(function):
     hint = typing_extensions.get_type_hints(function, include_extras=True)["params"]
     assert typing_extensions.get_origin(hint) is typing_extensions.Unpack
     assert typing_extensions.get_args(hint) == (lp.Parameters,)
+
+
+def test_numpy_bool_flags_are_accepted_and_other_values_refused():
+    import numpy as np
+
+    _, a = lp.build(**strongly_convex(sampling="cyclic", gradient_norms_within_clip=np.bool_(True)))
+    assert a.gradient_norms_within_clip is True
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match="gradient_norms_within_clip must be True or False"):
+            lp.build(**strongly_convex(sampling="cyclic", gradient_norms_within_clip=bad))
