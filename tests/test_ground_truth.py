@@ -156,7 +156,9 @@ def test_g1_every_applicable_bound_is_above_the_truth():
     for k in range(300):
         sampling, relation = G1_SCHEMES[k % len(G1_SCHEMES)]
         instance = fuzz.draw_g1(rng, sampling, relation)
-        checks += fuzz.check_instance(instance, ORDERS, FAST)
+        # the PLD baselines' host-side delta takes ~10 s per Poisson instance here: they are checked
+        # against exact G1 laws in tests/test_baselines.py and by the fuzzing (docs/verification.md)
+        checks += fuzz.check_instance(instance, ORDERS, FAST, skip_kinds=(lp.Kind.PLD,))
     ratios = _summarise(checks, "G1")
     _assert_sound(checks)
     expected = {"kong-ribero-cyclic", "kong-ribero-curvature-free", "ye-shokri-convex", "ye-shokri-full-batch",
