@@ -121,12 +121,12 @@ def test_opacus_report_says_when_best_is_a_standard_baseline():
 
     config, assumptions = lp.build(**RESHUFFLE_LR_TOO_LARGE)
     report = _report.build_report("last-iterate", config, assumptions, 1e-5, None)
-    assert "standard baseline (composition" in str(report) and "lower the learning rate to 1.5" in str(report)
+    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.5" in str(report)
     assert report.to_dict()["advice"] == report.advice
     fine = _report.build_report(
         "last-iterate", *lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}), 1e-5, None
     )
-    assert fine.advice == "" and "standard baseline" not in str(fine)
+    assert fine.advice == "" and "This is a standard baseline" not in str(fine)
 
 
 def test_keras_statement_says_when_best_is_a_standard_baseline():
@@ -146,6 +146,6 @@ def test_keras_statement_says_when_best_is_a_standard_baseline():
         gradient_norms_within_clip=True,
     )
     text = " ".join(compute_last_iterate_privacy_statement(learning_rate=3.0, **common).split())
-    assert "standard baseline (composition" in text and "lower the learning rate to 1.5" in text
+    assert "This is a standard baseline (composition" in text and "lower the learning rate to 1.5" in text
     fine = " ".join(compute_last_iterate_privacy_statement(learning_rate=1.5, **common).split())
-    assert "standard baseline" not in fine and "shifted-interpolation-reshuffle" in fine
+    assert "This is a standard baseline" not in fine and "shifted-interpolation-reshuffle" in fine
