@@ -79,18 +79,20 @@ class PoissonPldProfile:
         )
 
     def epsilon(self, delta: float) -> float:
-        """Epsilon at ``delta`` (dp-accounting's ``get_epsilon_for_delta``; pessimistic), cached on every field
-        and ``delta`` (the host's search walks the whole composed distribution in Python)."""
+        """Epsilon at ``delta``: dp-accounting's ``get_epsilon_for_delta`` (pessimistic), computed vectorised
+        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.epsilon_for_delta`), cached on every field
+        and ``delta``."""
         return _pld_epsilon(self, float(delta))
 
     def delta(self, eps: float) -> float:
-        """Delta at ``eps`` (dp-accounting's ``get_delta_for_epsilon``; pessimistic)."""
-        return min(float(self._pld().get_delta_for_epsilon(float(eps))), 1.0)
+        """Delta at ``eps``: dp-accounting's ``get_delta_for_epsilon`` (pessimistic), computed vectorised
+        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.delta_for_epsilon`), at most 1."""
+        return min(sampled_gaussian_pld.delta_for_epsilon(self._pld(), float(eps)), 1.0)
 
 
 @functools.lru_cache(maxsize=64)
 def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
-    return float(profile._pld().get_epsilon_for_delta(delta))
+    return sampled_gaussian_pld.epsilon_for_delta(profile._pld(), delta)
 
 
 def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:

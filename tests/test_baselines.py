@@ -218,6 +218,50 @@ def test_single_step_profile_is_dp_accountings(adjacency):
     np.testing.assert_allclose(ours, host.get_delta_for_epsilon(eps), rtol=1e-9, atol=1e-15)
 
 
+def _hand_made_sparse_pld():
+    """A sparse PLD (dp-accounting keeps PMFs of at most 1000 losses sparse) with two PMFs and an infinite loss."""
+    pmf = dp_accounting.pld.pld_pmf.create_pmf
+    remove = pmf({-3: 0.2, 5: 0.5, 100: 0.2999}, 1e-2, 1e-4, True)
+    add = pmf({2: 0.7, 40: 0.25, 300: 0.05}, 1e-2, 0.0, True)
+    return dp_accounting.pld.privacy_loss_distribution.PrivacyLossDistribution(remove, add).self_compose(3)
+
+
+# (q, z, T, add_or_remove) of sgp.composed, or None: the hand-made sparse PLD
+VECTORISED_CASES = {
+    "aor-T10": (0.05, 2.0, 10, True),
+    "replace-T10": (0.05, 2.0, 10, False),
+    "aor-T1": (0.2, 3.0, 1, True),
+    "replace-T1": (0.2, 3.0, 1, False),
+    "aor-T100": (0.01, 5.0, 100, True),
+    "sparse-limit-pair": (1e-3, 0.01, 3, True),
+    "sparse-hand-made": None,
+}
+
+
+@pytest.mark.parametrize("case", list(VECTORISED_CASES.values()), ids=list(VECTORISED_CASES))
+def test_vectorised_delta_and_epsilon_are_dp_accountings(case):
+    """sgp.delta_for_epsilon / epsilon_for_delta (what the PLD rows use) equal dp-accounting's own
+    get_delta_for_epsilon / get_epsilon_for_delta on the installed version (0.4.3 in .venv, 0.6 in
+    .venv-dpa06), dense and sparse PMFs: to 1e-12 relative, never smaller."""
+    pld = _hand_made_sparse_pld() if case is None else sgp.composed(*case)
+    pmfs = sgp._host_pmfs(pld)
+    sparse = isinstance(pmfs[0], dp_accounting.pld.pld_pmf.SparsePLDPmf)
+    assert sparse == (case is None or case[1] < 0.1), [type(p) for p in pmfs]  # the cases cover both kinds
+    assert len(pmfs) == (2 if case is None or case[3] else 1)
+    for eps in [-1.0, 0.0, 0.05, 0.3, 1.0, 3.0, math.inf]:
+        host, ours = float(pld.get_delta_for_epsilon(eps)), sgp.delta_for_epsilon(pld, eps)
+        assert host <= ours <= host + 1e-12 * abs(host), (eps, host, ours)
+    for delta in [0.5, 1e-2, 1e-5, 1e-9, 1e-13, 0.0]:
+        host, ours = float(pld.get_epsilon_for_delta(delta)), sgp.epsilon_for_delta(pld, delta)
+        assert host <= ours <= host + 1e-12 * abs(host), (delta, host, ours)
+    if case is not None:  # the row's profile uses them (delta clipped to 1)
+        q, z, steps, add_or_remove = case
+        relation = lp.Relation.ADD_OR_REMOVE_ONE if add_or_remove else lp.Relation.REPLACE_ONE
+        profile = lp.baselines.PoissonPldProfile(q, z, steps, relation)
+        assert profile.epsilon(DELTA) == float(pld.get_epsilon_for_delta(DELTA))
+        assert profile.delta(0.3) == min(float(pld.get_delta_for_epsilon(0.3)), 1.0)
+
+
 # ---------------------------------------------------------------- evaluated only when they can change best
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -207,6 +208,160 @@ def composed(sampling_probability: float, noise_multiplier: float, steps: int, a
         pmfs = [single_step_pmf(sampling_probability=q, noise_multiplier=z, adjacency=a, discretization=h)
                 for a in adjacencies]  # fmt: skip
     return _pld.PrivacyLossDistribution(*pmfs).self_compose(int(steps), tail_mass_truncation=TAIL_MASS_TRUNCATION)
+
+
+# ---------------------------------------------------------------- delta and epsilon of a composed PLD
+#
+# dp-accounting's own ``get_delta_for_epsilon`` (0.4.x) and ``get_epsilon_for_delta`` (every version) walk
+# the composed distribution in a Python loop (seconds per call at T = 1e3..1e6). The functions below compute
+# the same numbers vectorised: the host's running sums, highest loss first, are prefix sums in the same order
+# (``np.cumsum`` adds sequentially, as the loop does), so every value is the host's to the last bit.
+
+
+def _host_pmfs(pld) -> tuple:
+    """The remove and add PMFs of a dp-accounting ``PrivacyLossDistribution`` (one when symmetric).
+
+    Host internals (``_pmf_remove``, ``_pmf_add``, ``_symmetric``: dp-accounting 0.4.3 to 0.6); None when
+    they are missing (another version): the callers then use the host's own methods.
+    """
+    try:
+        return (pld._pmf_remove,) if pld._symmetric else (pld._pmf_remove, pld._pmf_add)
+    except AttributeError:
+        return None
+
+
+class _HostPmf(NamedTuple):
+    """One host PMF as its methods see it: losses ascending, as the host computes them."""
+
+    infinity_mass: float
+    losses: np.ndarray
+    probs: np.ndarray
+    dense_step: float | None  # the grid interval of a DensePLDPmf; None for a SparsePLDPmf
+
+    def descending(self) -> tuple[np.ndarray, np.ndarray]:
+        """(losses, probabilities) from the top loss down, as ``get_epsilon_for_delta`` walks them: a
+        dense PMF counts down from its top loss by repeated subtraction (``itertools.count``)."""
+        probs = np.ascontiguousarray(self.probs[::-1])
+        if self.dense_step is None:
+            return np.ascontiguousarray(self.losses[::-1]), probs
+        steps = np.full(self.losses.size, -self.dense_step)
+        steps[0] = self.losses[-1] if self.losses.size else 0.0
+        return np.cumsum(steps), probs
+
+
+def _host_pmf(pmf) -> _HostPmf | None:
+    """A host PMF's data (``DensePLDPmf``: the grid; ``SparsePLDPmf``: ``_get_losses_probs``); None for
+    an unknown representation (the callers then use the host's own methods)."""
+    if isinstance(pmf, pld_pmf.DensePLDPmf):
+        probs = np.asarray(pmf._probs, dtype=float)
+        losses = (np.arange(probs.size) + pmf._lower_loss) * pmf._discretization
+        return _HostPmf(pmf._infinity_mass, losses, probs, pmf._discretization)
+    if isinstance(pmf, pld_pmf.SparsePLDPmf):
+        keys = sorted(pmf._loss_probs)
+        probs = np.array([pmf._loss_probs[k] for k in keys], dtype=float)
+        return _HostPmf(pmf._infinity_mass, np.array([k * pmf._discretization for k in keys], dtype=float), probs, None)
+    return None
+
+
+#: dp-accounting 0.5 and later compute one epsilon's delta as ``inf + dot(-expm1(eps - l), p)`` over
+#: l > eps; 0.4.x as the running sums ``U - e^eps L`` of its multi-epsilon loop (different roundings).
+_HOST_DOT_DELTA = hasattr(pld_pmf, "_get_delta_for_epsilon")
+
+
+def _pmf_delta(infinity_mass: float, losses: np.ndarray, probs: np.ndarray, eps: float) -> float:
+    r"""The hockey-stick divergence :math:`\delta(\varepsilon) = m_\infty + \sum_{l > \varepsilon} p_l
+    (1 - e^{\varepsilon - l})` of one PMF (losses ascending), rounded as the installed dp-accounting rounds it."""
+    if _HOST_DOT_DELTA:  # pld_pmf._get_delta_for_epsilon, the same expression
+        above = losses > eps
+        return float(infinity_mass + np.dot(-np.expm1(eps - losses[above]), probs[above]))
+    if math.isinf(eps) and eps > 0:
+        return float(infinity_mass)
+    # pld_pmf._get_delta_for_epsilon_vectorized: running sums from the highest loss down to the first l <= eps
+    k = losses.size - int(np.searchsorted(losses, eps, side="right"))
+    if k == 0:
+        return float(infinity_mass - np.exp(eps) * 0.0)
+    top_probs, top_losses = probs[::-1][:k], losses[::-1][:k]
+    upper = np.cumsum(np.concatenate(([infinity_mass], top_probs)))[-1]
+    with np.errstate(over="ignore"):
+        lower = np.cumsum(top_probs * np.exp(-top_losses))[-1]
+    return float(upper - np.exp(eps) * lower)
+
+
+#: Slack of the vectorised search for the host's stopping index (log scale). The approximate running
+#: sums (numpy's exp) differ from the host's (math.exp) by far less; the exact test then runs in Python.
+_LOG_SLACK = 1e-6
+
+
+def _pmf_epsilon(infinity_mass: float, losses_desc: np.ndarray, probs_desc: np.ndarray, delta: float) -> float:
+    """dp-accounting's ``_get_epsilon_for_delta`` (losses descending), vectorised, returning the host's value.
+
+    The host adds the PMF from the top loss down and stops at the first loss ``l`` with
+    ``log((U - delta) / L) >= l`` (U, L: the masses of mu_upper and mu_lower added so far), or returns
+    ``l`` where the lower mass is still 0. A vectorised test with slack, on growing top slices, finds an
+    index at or before the host's stop; the running sums up to there are the host's prefix sums (its
+    ``math.exp`` terms); from there the host's own loop body runs (a few steps).
+    """
+    if infinity_mass > delta:
+        return math.inf
+    size, start, end = losses_desc.size, None, 0
+    while start is None and end < size:
+        end = min(size, max(4 * end, 4096))
+        losses, probs = losses_desc[:end], probs_desc[:end]
+        upper = np.cumsum(np.concatenate(([infinity_mass], probs)))  # the host's mass_upper before each step
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+            approx_lower = np.cumsum(np.concatenate(([0.0], np.exp(-losses) * probs)))
+            gap = np.log((upper[:-1] - delta) / approx_lower[:-1]) - losses
+        may_stop = (upper[:-1] > delta) & (approx_lower[:-1] > 0.0) & (gap >= -_LOG_SLACK)
+        may_return = (upper[1:] >= delta) & (approx_lower[1:] <= 1e-290)
+        hits = np.flatnonzero(may_stop | may_return)
+        start = int(hits[0]) if hits.size else None
+    start = size if start is None else start
+    # the host's running sums after `start` steps: its terms (math.exp), added in its order
+    terms = np.fromiter(map(math.exp, (-losses_desc[:start]).tolist()), dtype=float, count=start) * probs_desc[:start]
+    mass_upper = float(np.cumsum(np.concatenate(([infinity_mass], probs_desc[:start])))[-1])
+    mass_lower = float(np.cumsum(terms)[-1]) if start else 0.0
+    for loss, prob in zip(losses_desc[start:], probs_desc[start:], strict=True):  # the host's loop from here
+        if mass_upper > delta and mass_lower > 0 and math.log((mass_upper - delta) / mass_lower) >= loss:
+            break
+        mass_upper += prob
+        mass_lower += math.exp(-loss) * prob
+        if mass_upper >= delta and mass_lower == 0:
+            return max(0.0, float(loss))
+    if mass_upper <= mass_lower + delta:
+        return 0.0
+    return math.log((mass_upper - delta) / mass_lower)
+
+
+def _host_tables(pld) -> list[_HostPmf] | None:
+    pmfs = _host_pmfs(pld)
+    tables = None if pmfs is None else [_host_pmf(pmf) for pmf in pmfs]
+    return None if tables is None or any(t is None for t in tables) else tables
+
+
+def delta_for_epsilon(pld, eps: float) -> float:
+    """dp-accounting's ``PrivacyLossDistribution.get_delta_for_epsilon(eps)``, vectorised.
+
+    The same number as the installed dp-accounting (0.4.3 and 0.6 round differently; each is
+    matched): the maximum over the remove and add PMFs of the hockey-stick divergence of the
+    pessimistic discretisation, dense or sparse. Not clipped to 1 (as the host).
+    """
+    tables = _host_tables(pld)
+    if tables is None:
+        return float(pld.get_delta_for_epsilon(float(eps)))
+    return max(_pmf_delta(t.infinity_mass, t.losses, t.probs, float(eps)) for t in tables)
+
+
+def epsilon_for_delta(pld, delta: float) -> float:
+    """dp-accounting's ``PrivacyLossDistribution.get_epsilon_for_delta(delta)``, vectorised.
+
+    The same number as the host (the maximum over the remove and add PMFs of the smallest
+    epsilon whose hockey-stick divergence is at most ``delta``; inf where the infinite loss
+    alone exceeds it), dense or sparse.
+    """
+    tables = _host_tables(pld)
+    if tables is None:
+        return float(pld.get_epsilon_for_delta(float(delta)))
+    return float(max(_pmf_epsilon(t.infinity_mass, *t.descending(), float(delta)) for t in tables))
 
 
 @functools.lru_cache(maxsize=64)
