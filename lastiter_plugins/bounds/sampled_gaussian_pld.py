@@ -238,14 +238,14 @@ class _HostPmf(NamedTuple):
     probs: np.ndarray
     dense_step: float | None  # the grid interval of a DensePLDPmf; None for a SparsePLDPmf
 
-    def descending(self) -> tuple[np.ndarray, np.ndarray]:
-        """(losses, probabilities) from the top loss down, as ``get_epsilon_for_delta`` walks them: a
-        dense PMF counts down from its top loss by repeated subtraction (``itertools.count``)."""
-        probs = np.ascontiguousarray(self.probs[::-1])
+    def descending(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``count`` (losses, probabilities) from the top loss down, as ``get_epsilon_for_delta``
+        walks them: a dense PMF counts down from its top loss by repeated subtraction (``itertools.count``)."""
+        probs = self.probs[::-1][:count]
         if self.dense_step is None:
-            return np.ascontiguousarray(self.losses[::-1]), probs
-        steps = np.full(self.losses.size, -self.dense_step)
-        steps[0] = self.losses[-1] if self.losses.size else 0.0
+            return self.losses[::-1][:count], probs
+        steps = np.full(min(count, self.losses.size), -self.dense_step)
+        steps[:1] = self.losses[-1:]
         return np.cumsum(steps), probs
 
 
@@ -292,35 +292,47 @@ def _pmf_delta(infinity_mass: float, losses: np.ndarray, probs: np.ndarray, eps:
 _LOG_SLACK = 1e-6
 
 
-def _pmf_epsilon(infinity_mass: float, losses_desc: np.ndarray, probs_desc: np.ndarray, delta: float) -> float:
-    """dp-accounting's ``_get_epsilon_for_delta`` (losses descending), vectorised, returning the host's value.
+def _pmf_epsilon(pmf: _HostPmf, delta: float) -> float:
+    """dp-accounting's ``_get_epsilon_for_delta`` on one PMF, vectorised, returning the host's value.
 
     The host adds the PMF from the top loss down and stops at the first loss ``l`` with
     ``log((U - delta) / L) >= l`` (U, L: the masses of mu_upper and mu_lower added so far), or returns
-    ``l`` where the lower mass is still 0. A vectorised test with slack, on growing top slices, finds an
-    index at or before the host's stop; the running sums up to there are the host's prefix sums (its
-    ``math.exp`` terms); from there the host's own loop body runs (a few steps).
+    ``l`` where the lower mass is still 0. A vectorised test with slack, on growing top slices (each
+    loss looked at once), finds an index at or before the host's stop; the running sums up to there
+    are the host's prefix sums (its ``math.exp`` terms); from there the host's own loop body runs (a
+    few steps).
     """
-    if infinity_mass > delta:
+    if pmf.infinity_mass > delta:
         return math.inf
-    size, start, end = losses_desc.size, None, 0
-    while start is None and end < size:
-        end = min(size, max(4 * end, 4096))
-        losses, probs = losses_desc[:end], probs_desc[:end]
-        upper = np.cumsum(np.concatenate(([infinity_mass], probs)))  # the host's mass_upper before each step
+    size = pmf.losses.size
+    done, start, last_upper, last_lower = 0, None, float(pmf.infinity_mass), 0.0
+    while start is None and done < size:
+        end = min(size, max(2 * done, 8192))
+        losses, probs = (x[done:] for x in pmf.descending(end))
+        upper = np.cumsum(np.concatenate(([last_upper], probs)))  # the host's mass_upper before each step
         with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
-            approx_lower = np.cumsum(np.concatenate(([0.0], np.exp(-losses) * probs)))
+            approx_lower = np.cumsum(np.concatenate(([last_lower], np.exp(-losses) * probs)))
             gap = np.log((upper[:-1] - delta) / approx_lower[:-1]) - losses
         may_stop = (upper[:-1] > delta) & (approx_lower[:-1] > 0.0) & (gap >= -_LOG_SLACK)
         may_return = (upper[1:] >= delta) & (approx_lower[1:] <= 1e-290)
         hits = np.flatnonzero(may_stop | may_return)
-        start = int(hits[0]) if hits.size else None
+        start = done + int(hits[0]) if hits.size else None
+        done, last_upper, last_lower = end, upper[-1], approx_lower[-1]
     start = size if start is None else start
+    head = min(size, start + 64)
+    losses_desc, probs_desc = pmf.descending(head)
     # the host's running sums after `start` steps: its terms (math.exp), added in its order
     terms = np.fromiter(map(math.exp, (-losses_desc[:start]).tolist()), dtype=float, count=start) * probs_desc[:start]
-    mass_upper = float(np.cumsum(np.concatenate(([infinity_mass], probs_desc[:start])))[-1])
+    mass_upper = float(np.cumsum(np.concatenate(([pmf.infinity_mass], probs_desc[:start])))[-1])
     mass_lower = float(np.cumsum(terms)[-1]) if start else 0.0
-    for loss, prob in zip(losses_desc[start:], probs_desc[start:], strict=True):  # the host's loop from here
+
+    def walk():
+        yield from zip(losses_desc[start:], probs_desc[start:], strict=True)
+        if head < size:  # the host's loop runs on past the first 64 (rare)
+            more_losses, more_probs = pmf.descending(size)
+            yield from zip(more_losses[head:], more_probs[head:], strict=True)
+
+    for loss, prob in walk():  # the host's loop from here
         if mass_upper > delta and mass_lower > 0 and math.log((mass_upper - delta) / mass_lower) >= loss:
             break
         mass_upper += prob
@@ -361,7 +373,7 @@ def epsilon_for_delta(pld, delta: float) -> float:
     tables = _host_tables(pld)
     if tables is None:
         return float(pld.get_epsilon_for_delta(float(delta)))
-    return float(max(_pmf_epsilon(t.infinity_mass, *t.descending(), float(delta)) for t in tables))
+    return float(max(_pmf_epsilon(t, float(delta)) for t in tables))
 
 
 @functools.lru_cache(maxsize=64)
