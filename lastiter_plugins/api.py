@@ -46,6 +46,7 @@ class Parameters(TypedDict, total=False):
     diameter: float | None
     gradient_norms_within_clip: bool
     clipped_loss_convex_smooth: bool
+    l2_outside_clip: bool
 
 
 _TRAINING_KEYS = (
@@ -64,6 +65,7 @@ _ASSUMPTION_KEYS = (
     "diameter",
     "gradient_norms_within_clip",
     "clipped_loss_convex_smooth",
+    "l2_outside_clip",
 )
 __all__ = [
     "PARAMETERS",

@@ -119,6 +119,15 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "lastiter_plugins.glm.certify_linear_model); default no",
         },
     ),
+    "l2_outside_clip": (
+        _ASSUMPTIONS,
+        {
+            "action": argparse.BooleanOptionalAction,
+            "help": "assert that strong_convexity is an l2 term added after clipping and averaging (torch "
+            "SGD(weight_decay=w) under Opacus), so it does not grow with the batch size (Poisson sampling); "
+            "default no",
+        },
+    ),
 }
 
 

@@ -250,6 +250,12 @@ class LossAssumptions:
         convex and no smoother than phi) plus an l2 term applied outside the clip
         (torch SGD weight_decay under Opacus); false for vector outputs (softmax).
         :func:`lastiter_plugins.glm.certify_linear_model` derives it.
+      l2_outside_clip: True asserts that the strong convexity is an l2 term w x
+        added to the noisy clipped mean (torch SGD(weight_decay=w) under Opacus),
+        so it does not grow with the number of examples in a batch, and that
+        smoothness is the data term's plus w. Used where batch sizes vary
+        (Poisson sampling); False (default): every constant is per example.
+        :func:`lastiter_plugins.glm.certify_linear_model` derives it.
     """
 
     smoothness: float | None = None
@@ -258,6 +264,7 @@ class LossAssumptions:
     diameter: float | None = None
     gradient_norms_within_clip: bool = False
     clipped_loss_convex_smooth: bool = False
+    l2_outside_clip: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -267,7 +274,7 @@ class LossAssumptions:
         set_(self, "strong_convexity", _check_real("strong_convexity", self.strong_convexity, positive=False))
         if self.diameter is not None:
             set_(self, "diameter", _check_real("diameter", self.diameter, positive=True))
-        for flag in ("gradient_norms_within_clip", "clipped_loss_convex_smooth"):
+        for flag in ("gradient_norms_within_clip", "clipped_loss_convex_smooth", "l2_outside_clip"):
             set_(self, flag, _check_flag(flag, getattr(self, flag)))
         if self.strong_convexity > 0 and self.smoothness is not None and self.strong_convexity > self.smoothness:
             raise ValueError(

@@ -153,6 +153,8 @@ class LinearModelCertificate:
         plus an l2 term outside the clip) is the gradient step of a convex loss
         with these smoothness and strong-convexity constants, whether or not
         clipping is active.
+      l2_outside_clip: the strong convexity is the l2 term added outside the clip
+        (it covers every parameter), so it does not grow with a batch's size.
       not_certified: why no valid assumptions can be returned (None when they can).
     """
 
@@ -169,6 +171,7 @@ class LinearModelCertificate:
     scalar_glm: bool
     clipped_loss_convex_smooth: bool
     not_certified: str | None
+    l2_outside_clip: bool = False
 
     @property
     def certified(self) -> bool:
@@ -206,6 +209,7 @@ class LinearModelCertificate:
             "diameter": self.diameter,
             "gradient_norms_within_clip": not self.clipping_can_be_active,
             "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
+            "l2_outside_clip": self.l2_outside_clip,
         }
 
 
@@ -334,6 +338,7 @@ def certify_linear_model(
         scalar_glm=family.scalar,
         clipped_loss_convex_smooth=convex_smooth_when_clipped or not can_be_active,
         not_certified=not_certified,
+        l2_outside_clip=w > 0 and covers_all and placement is L2Placement.OUTSIDE_CLIP,
     )
 
 

@@ -27,6 +27,7 @@ from lastiter_plugins.bounds import (
     composition,
     kong_ribero,
     liang,
+    membership_mixtures,
     shifted_interpolation,
     ye_shokri,
 )
@@ -431,6 +432,62 @@ def _si_reshuffle(cfg, a) -> GaussianMixtureProfile:
     return GaussianMixtureProfile.mixture(weights, mus)
 
 
+def _si_random_batch(cfg, a) -> GaussianMixtureProfile:
+    c = membership_mixtures.step_contraction(
+        cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        strong_convexity=a.strong_convexity,
+        smoothness=a.smoothness,
+        batch_size=cfg.batch_size,
+        l2_outside_clip=a.l2_outside_clip,
+    )
+    return membership_mixtures.membership_profile(
+        step_mu=shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier),
+        contraction=c,
+        use_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+    )
+
+
+def _poisson_events(cfg: TrainingConfig, a: LossAssumptions):
+    return membership_mixtures.poisson_size_events(**_poisson_inputs(cfg, a))
+
+
+def _poisson_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
+    return {
+        "dataset_size": cfg.dataset_size,
+        "batch_size": cfg.batch_size,
+        "sampling_probability": cfg.sampling_probability,
+        "steps": cfg.steps,
+        "learning_rate": cfg.learning_rate,
+        "strong_convexity": a.strong_convexity,
+        "smoothness": a.smoothness,
+        "l2_outside_clip": a.l2_outside_clip,
+    }
+
+
+def _si_poisson(cfg, a) -> GaussianMixtureProfile:
+    # replace-one moves the clipped sum by 2C, add-or-remove by C (the divisor b is fixed)
+    s = shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier)
+    if cfg.relation is Relation.ADD_OR_REMOVE_ONE:
+        s /= 2.0
+    return membership_mixtures.poisson_profile(step_mu=s, **_poisson_inputs(cfg, a))
+
+
+def _poisson_sizes_contract(cfg: TrainingConfig, a: LossAssumptions):
+    if cfg.learning_rate is None or a.smoothness is None:
+        return None
+    if _poisson_events(cfg, a):
+        return None
+    return (
+        "a step non-expansive (c <= 1) for every batch size between the low tail quantile and b + 1",
+        f"learning_rate={cfg.learning_rate:g} expands at batch size b + 1 = {cfg.batch_size + 1}",
+        "the Poisson bounds condition on the batch sizes staying in a range (its complement's probability, "
+        "at most 1e-12 unless the step size forces a narrower range, is added to delta) and need every step "
+        "there to be a contraction; see docs/decisions.md",
+    )
+
+
 def _profile_rdp(profile: ProfileFunction) -> RdpFunction:
     def rdp(cfg, a, orders):
         return profile(cfg, a).rdp(orders)
@@ -582,6 +639,19 @@ _CONVEX_UNCLIPPED = (
     _needs_convexity,
     _needs_inactive_clipping,
     _non_expansive_step,
+)
+_POISSON_CONVEX_UNCLIPPED = (
+    _needs_learning_rate,
+    _needs_smoothness,
+    _needs_convexity,
+    _needs_inactive_clipping,
+    _poisson_sizes_contract,
+)
+_POISSON_SI_ASSUMES = (
+    f"per-example losses convex (lam-strongly convex, lam >= 0) and M-smooth; {_WITHIN_CLIP}; the sum of "
+    "clipped gradients is divided by the fixed b (Opacus: the expected batch size); contraction over the "
+    "batch sizes of a range around b (l2_outside_clip=True: lam does not grow with the batch size); each "
+    "example joins each step independently with probability q = b/n, from a secret seed"
 )
 _SI_ASSUMES = (
     f"per-example losses convex (lam-strongly convex, lam >= 0) and M-smooth; eta <= 2/M; {_WITHIN_CLIP}; "
@@ -777,6 +847,46 @@ _TABLE: tuple[BoundSpec, ...] = (
         conditions=_CONVEX_UNCLIPPED,
         compute=_profile_rdp(_si_reshuffle),
         profile=_si_reshuffle,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-random-batch",
+        title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
+        "allocation whose cost is a sum of independent block terms, its exact law on a lattice (rounded up), "
+        "averaged by joint convexity of the hockey-stick divergence; derivation in docs/decisions.md",
+        covers=_covers((Sampling.RANDOM_BATCH,)),
+        assumptions=_SI_ASSUMES + "; every step draws b of the n examples without replacement, independently, "
+        "from a secret seed",
+        conditions=_CONVEX_UNCLIPPED,
+        compute=_profile_rdp(_si_random_batch),
+        profile=_si_random_batch,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-poisson",
+        title="f-DP, Poisson sampling, add-or-remove (Opacus' default): schedule mixture over the memberships",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
+        "docs/decisions.md",
+        covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
+        assumptions=_POISSON_SI_ASSUMES,
+        conditions=_POISSON_CONVEX_UNCLIPPED,
+        compute=_profile_rdp(_si_poisson),
+        profile=_si_poisson,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-poisson-replace-one",
+        title="f-DP, Poisson sampling, replace-one: schedule mixture over the memberships",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
+        "docs/decisions.md",
+        covers=_covers((Sampling.POISSON,)),
+        assumptions=_POISSON_SI_ASSUMES,
+        conditions=_POISSON_CONVEX_UNCLIPPED,
+        compute=_profile_rdp(_si_poisson),
+        profile=_si_poisson,
         kind=Kind.GDP,
     ),
     BoundSpec(

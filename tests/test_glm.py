@@ -391,6 +391,7 @@ def test_certificate_values_and_kwargs_logistic_with_weight_decay():
         "diameter": 10.0,
         "gradient_norms_within_clip": False,
         "clipped_loss_convex_smooth": True,
+        "l2_outside_clip": True,  # torch weight_decay under Opacus: lam does not grow with a Poisson batch
     }
     assumptions = LossAssumptions(**kwargs)
     # the scalar-GLM route opens the bounds that need a gradient step, with clipping possibly active
@@ -437,12 +438,14 @@ def test_softmax_with_active_clipping_is_refused_with_the_fix():
         "diameter": None,
         "gradient_norms_within_clip": True,
         "clipped_loss_convex_smooth": True,
+        "l2_outside_clip": True,
     }
 
 
 def test_l2_inside_the_clip_needs_a_projection():
     """Section 4: the l2 term inside the clip makes the clipped vector phi' a~ + w x, bounded by G + w B on a ball."""
     args = dict(feature_norm_bound=1.0, bias=False, l2=0.1, l2_placement="inside_clip")
+    assert not glm.certify_linear_model("binary_logistic", clip_norm=100.0, **args).l2_outside_clip
     free = glm.certify_linear_model("binary_logistic", clip_norm=100.0, **args)
     assert free.max_gradient_norm is None and free.scalar_glm and not free.clipped_loss_convex_smooth
     with pytest.raises(ValueError, match="projection"):

@@ -411,9 +411,42 @@ def g2_position_shifts(params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
     return shifts, sigma_p**2 * float(np.sum(prods**2))
 
 
-def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12) -> GaussianLaws:
-    r"""G2 (strongly convex quadratics): the two laws of the last iterate (see :func:`g2_divergence`)."""
+def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12) -> GaussianLaws:
+    r"""Poisson sampling, both relations (docs/decisions.md, section 19, part 5): linear losses with
+    gradient ``+-C`` for the differing record and 0 for the others, plus an l2 term ``lam x`` outside
+    the clip (``l2_outside_clip=True``; the step contracts by ``rho = 1 - eta lam`` whatever the batch
+    size). Given the memberships u the last iterate is Gaussian with mean
+    ``(eta C / b) sum_t u_t rho^(T-1-t)`` (replace-one: against its negative; add-or-remove: against
+    the record's absence, mean 0), so the laws are mixtures over the ``2^T`` patterns."""
     cfg, assumptions = _params(params)
+    if cfg.sampling is not Sampling.POISSON or not assumptions.l2_outside_clip:
+        raise ValueError("g2_poisson_laws needs sampling=poisson and l2_outside_clip=True.")
+    if cfg.steps > max_enumerated_steps:
+        raise ValueError(f"steps must be <= {max_enumerated_steps} (2^T enumeration). Found {cfg.steps}.")
+    rho = 1.0 - cfg.learning_rate * assumptions.strong_convexity
+    prods = rho ** np.arange(cfg.steps - 1, -1, -1, dtype=float)  # step t contracted to the end
+    a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
+    sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+    variance = sigma_p**2 * float(np.sum(prods**2))
+    patterns = (np.arange(2**cfg.steps)[:, None] >> np.arange(cfg.steps)[None, :]) & 1
+    q = cfg.sampling_probability
+    k = patterns.sum(axis=1)
+    weights = np.exp(k * math.log(q) + (cfg.steps - k) * math.log1p(-q)) if q < 1 else (k == cfg.steps) * 1.0
+    means = a * patterns @ prods
+    keep = weights > 0
+    w, m = weights[keep], means[keep]
+    if cfg.relation is Relation.REPLACE_ONE:
+        return GaussianLaws(w, m, w, -m, variance, detail=f"G2 poisson replace-one, {keep.sum()} patterns")
+    one = np.array([1.0])
+    return GaussianLaws(w, m, one, np.zeros(1), variance, detail=f"G2 poisson add-or-remove, {keep.sum()} patterns")
+
+
+def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12) -> GaussianLaws:
+    r"""G2 (strongly convex quadratics): the two laws of the last iterate (see :func:`g2_divergence`;
+    Poisson sampling: :func:`g2_poisson_laws`)."""
+    cfg, assumptions = _params(params)
+    if cfg.sampling is Sampling.POISSON:
+        return g2_poisson_laws(params, max_enumerated_steps=max_enumerated_steps)
     if cfg.relation is not Relation.REPLACE_ONE:
         raise ValueError(f"relation must be replace_one for G2. Found {cfg.relation.value}.")
     if cfg.learning_rate is None or assumptions.strong_convexity <= 0:

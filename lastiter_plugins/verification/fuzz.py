@@ -264,6 +264,27 @@ def draw_g2(rng: np.random.Generator, sampling: str, shape: str = "any") -> Inst
     return Instance("G2", params)
 
 
+def draw_g2_poisson(rng: np.random.Generator, relation: str = "replace_one") -> Instance:
+    """Poisson sampling with linear data losses and an l2 term outside the clip (``l2_outside_clip``):
+    the contraction 1 - eta lam holds at every batch size (exact laws: 2^T patterns, T <= 8)."""
+    b = int(rng.integers(1, 9))
+    n = b * int(rng.integers(2, 8)) + int(rng.integers(0, b))
+    lam = _log_uniform(rng, 1e-3, 2.0)
+    params = g2_params(
+        strong_convexity=lam,
+        l2_outside_clip=True,
+        dataset_size=n,
+        batch_size=b,
+        noise_multiplier=_log_uniform(rng, 0.3, 5.0),
+        steps=int(rng.integers(1, 9)),
+        learning_rate=float(rng.uniform(0.01, 0.99)) / lam,
+        clip_norm=_log_uniform(rng, 0.1, 10.0),
+        sampling="poisson",
+        relation=relation,
+    )
+    return Instance("G2", params)
+
+
 def draw_g3(
     rng: np.random.Generator,
     sampling: str,
@@ -311,6 +332,10 @@ def _g1(sampling: str, relation: str = "replace_one", shape: str = "any") -> Dra
 
 def _g2(sampling: str, shape: str = "any") -> Drawer:
     return lambda r: draw_g2(r, sampling, shape)
+
+
+def _g2p(relation: str = "replace_one") -> Drawer:
+    return lambda r: draw_g2_poisson(r, relation)
 
 
 def _g3(sampling: str, relation: str = "replace_one", shape: str = "any") -> Drawer:
@@ -403,6 +428,21 @@ TARGETS: dict[str, list[tuple[str, Drawer]]] = {
         ("G2 reshuffle", _g2("reshuffle")),
         ("G2 reshuffle, short last batch", _g2("reshuffle", "short")),
         ("G3 reshuffle", _g3("reshuffle")),
+    ],
+    "shifted-interpolation-random-batch": [
+        ("G1 random_batch", _g1("random_batch")),
+        ("G2 random_batch", _g2("random_batch")),
+        ("G3 random_batch", _g3("random_batch")),
+    ],
+    "shifted-interpolation-poisson": [
+        ("G1 poisson add/remove", _g1("poisson", _ADD_REMOVE)),
+        ("G2 poisson add/remove, l2 outside the clip", _g2p(_ADD_REMOVE)),
+        ("G3 poisson add/remove", _g3("poisson", _ADD_REMOVE)),
+    ],
+    "shifted-interpolation-poisson-replace-one": [
+        ("G1 poisson", _g1("poisson")),
+        ("G2 poisson, l2 outside the clip", _g2p()),
+        ("G3 poisson", _g3("poisson")),
     ],
     "composition-gdp-epochs": [
         ("G1 cyclic", _g1("cyclic")),

@@ -1,0 +1,278 @@
+"""Random batches and Poisson sampling (docs/decisions.md, section 19): the schedule mixture over
+independent memberships with the additive allocation.
+
+Ground truth, from the inside out: (1) the allocation's cost (2) of section 19, computed here
+independently for every membership pattern, is never below the exact per-schedule optimum;
+(2) the module's lattice law stochastically dominates the exact law of that cost over all 2^T
+patterns; (3) the rows' privacy profiles are never below the certified hockey-stick divergence
+of exact instances (noisy GD on linear losses with an l2 term: Gaussian mixtures over every
+pattern) for random batches and for Poisson sampling in both relations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import lastiter_plugins as lp
+from lastiter_plugins.bounds import membership_mixtures as mm
+from lastiter_plugins.bounds import shift_schedules as ss
+from lastiter_plugins.verification.exact import g2_laws, g2_params
+
+EPS_GRID = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0]
+
+
+def _capacity(c, m):
+    return sum(c ** (2 * j) for j in range(m))
+
+
+def _allocation_mu2(layout: mm.Layout, u: np.ndarray, s: float, c: float) -> float:
+    """Section 19, (2), written out per pattern (no lattice)."""
+    t = 0
+    z = 0.0
+    for step in range(layout.prefix):
+        z = c * z + s * u[step]
+    t = layout.prefix
+    cost = 0.0
+    counts = []
+    blocks = list(layout.head) + [layout.repeat] * layout.count + list(layout.tail)
+    for m in blocks:
+        counts.append(int(u[t : t + m].sum()))
+        t += m
+    if blocks:
+        cost += c ** (2 * blocks[0]) * z * z / _capacity(c, blocks[0])
+        for i in range(len(blocks) - 1):
+            nxt = blocks[i + 1]
+            cost += c ** (2 * nxt) * (s * counts[i]) ** 2 / _capacity(c, nxt)
+        residual = s * counts[-1]
+    else:
+        residual = z
+    f = layout.window
+    window = residual * c**f / math.sqrt(_capacity(c, f)) if f else 0.0
+    for r in range(f):
+        window += u[layout.steps - 1 - r] * s * c**r / math.sqrt(_capacity(c, r + 1))
+    return cost + window * window
+
+
+def _random_layout(rng, max_steps):
+    """A random layout of at most ``max_steps`` steps (its .steps is T): a prefix or not, explicit
+    blocks and sometimes a run of equal blocks, a window of at least one step."""
+    window = int(rng.integers(1, 4))
+    prefix = int(rng.integers(1, 3)) if rng.uniform() < 0.4 else 0
+    head = tuple(int(x) for x in rng.integers(1, 3, size=int(rng.integers(0, 2))))
+    repeat, count = int(rng.integers(1, 3)), int(rng.integers(0, 3))
+    tail = tuple(int(x) for x in rng.integers(1, 3, size=int(rng.integers(0, 2))))
+    layout = mm.Layout(prefix, head, repeat, count, tail, window)
+    while layout.steps > max_steps:
+        layout = mm.Layout(0, (), 1, 0, (), min(window, max_steps))
+    return layout
+
+
+def _patterns(steps):
+    return ((np.arange(2**steps)[:, None] >> np.arange(steps)[None, :]) & 1).astype(float)
+
+
+def test_allocation_is_never_below_the_optimum():
+    """(2) is the cost of one feasible allocation, so it is >= the optimum of Theorem A."""
+    rng = np.random.default_rng(19)
+    for _ in range(60):
+        layout = _random_layout(rng, 9)
+        steps = layout.steps
+        s, c = float(rng.uniform(0.1, 2.0)), float(rng.choice([1.0, rng.uniform(0.3, 1.0)]))
+        for u in _patterns(steps):
+            optimum = ss.schedule_mu(use_times=np.flatnonzero(u), steps=steps, contraction=c, step_mu=s) ** 2
+            assert _allocation_mu2(layout, u, s, c) >= optimum * (1 - 1e-9) - 1e-12, (layout, u, s, c)
+
+
+def test_lattice_law_dominates_the_exact_law_of_the_allocation():
+    """P(mu >= x) of the module's mixture is >= that of the exact law of (2) over all patterns."""
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        layout = _random_layout(rng, 11)
+        steps = layout.steps
+        s, q = float(rng.uniform(0.1, 2.0)), float(rng.uniform(0.02, 0.9))
+        c = float(rng.choice([1.0, rng.uniform(0.3, 1.0)]))
+        u = _patterns(steps)
+        k = u.sum(axis=1)
+        weights = q**k * (1 - q) ** (steps - k)
+        mus = np.sqrt([_allocation_mu2(layout, row, s, c) for row in u])
+        w, m = mm.layout_mixture(layout, step_mu=s, contraction=c, use_probability=q, cells=1000)
+        assert abs(w.sum() - 1.0) < 1e-9 and np.isinf(m[-1])
+        for x in np.unique(mus):
+            exact_tail = weights[mus >= x * (1 - 1e-12)].sum()
+            assert w[m >= x].sum() >= exact_tail - 1e-12, (layout, s, q, c, x)
+
+
+def test_the_lattice_is_close_to_the_exact_law():
+    """Rounding up loses little: the profile's delta is within 10% (or 1e-4) of the exact law's."""
+    s, q, c, steps = 0.7, 0.2, 0.95, 10
+    layout = mm.Layout.of(2, (3, 2), 3)
+    u = _patterns(steps)
+    k = u.sum(axis=1)
+    weights = q**k * (1 - q) ** (steps - k)
+    mus = np.sqrt([_allocation_mu2(layout, row, s, c) for row in u])
+    w, m = mm.layout_mixture(layout, step_mu=s, contraction=c, use_probability=q)
+    for eps in (0.1, 0.5, 1.0):
+        exact = lp.profiles.mixture_delta(weights, mus, eps)
+        lattice = lp.profiles.mixture_delta(w, m, eps)
+        assert exact <= lattice <= exact * 1.1 + 1e-4, (eps, exact, lattice)
+
+
+def _random_batch_params(rng):
+    lam = float(np.exp(rng.uniform(np.log(1e-3), np.log(2.0))))
+    b = int(rng.integers(1, 6))
+    return g2_params(
+        strong_convexity=lam,
+        dataset_size=b * int(rng.integers(2, 8)),
+        batch_size=b,
+        noise_multiplier=float(rng.uniform(0.4, 4.0)),
+        steps=int(rng.integers(1, 11)),
+        learning_rate=float(rng.uniform(0.01, 0.99)) / lam,
+        clip_norm=float(rng.uniform(0.2, 5.0)),
+        sampling="random_batch",
+    )
+
+
+def _poisson_params(rng, relation):
+    lam = float(np.exp(rng.uniform(np.log(1e-3), np.log(2.0))))
+    b = int(rng.integers(1, 6))
+    return g2_params(
+        strong_convexity=lam,
+        l2_outside_clip=True,
+        dataset_size=b * int(rng.integers(2, 8)) + int(rng.integers(0, b)),
+        batch_size=b,
+        noise_multiplier=float(rng.uniform(0.4, 4.0)),
+        steps=int(rng.integers(1, 11)),
+        learning_rate=float(rng.uniform(0.01, 0.99)) / lam,
+        clip_norm=float(rng.uniform(0.2, 5.0)),
+        sampling="poisson",
+        relation=relation,
+    )
+
+
+@pytest.mark.parametrize(
+    ("bound", "draw"),
+    [
+        ("shifted-interpolation-random-batch", _random_batch_params),
+        ("shifted-interpolation-poisson", lambda rng: _poisson_params(rng, "add_or_remove_one")),
+        ("shifted-interpolation-poisson-replace-one", lambda rng: _poisson_params(rng, "replace_one")),
+    ],
+)
+def test_never_below_the_exact_mixture_over_every_pattern(bound, draw):
+    """Noisy GD on linear losses with an l2 term: the last iterate is a Gaussian mixture over the
+    2^T membership patterns (exact laws, certified quadrature). The bound must dominate it."""
+    rng = np.random.default_rng(len(bound))
+    ratios = []
+    for _ in range(10):
+        params = draw(rng)
+        assert lp.applicable_bounds(**params)[bound].applies, params
+        profile = lp.BOUNDS[bound].profile(*lp.build(**params))
+        lower, _ = g2_laws(params).hockey_stick().delta(np.array(EPS_GRID))
+        for eps, low in zip(EPS_GRID, lower, strict=True):
+            value = profile.delta(eps)
+            assert low <= value * (1 + 1e-9) + 1e-13, (params, eps, low, value)
+            if low > 1e-6:
+                ratios.append(value / low)
+    assert ratios and min(ratios) >= 1.0
+
+
+@pytest.mark.parametrize(("epochs", "expected"), [(50, 5.09), (100, 6.31), (200, 8.36)])
+def test_random_batch_on_the_shifted_interpolation_paper_setting(epochs, expected):
+    """n = 60000, b = 1500, z = 3, c = 0.9999: at most half of composition at E = 100 and 200."""
+    params = dict(
+        dataset_size=60000,
+        batch_size=1500,
+        noise_multiplier=3.0,
+        epochs=epochs,
+        sampling="random_batch",
+        learning_rate=1.0,
+        smoothness=1.0,
+        strong_convexity=1e-4,
+        gradient_norms_within_clip=True,
+    )
+    eps = lp.epsilon("shifted-interpolation-random-batch", 1e-5, **params).epsilon
+    assert eps == pytest.approx(expected, abs=0.02)
+    if epochs >= 100:
+        assert eps <= 0.5 * lp.epsilon("composition", 1e-5, **params).epsilon
+
+
+_GLM = dict(
+    dataset_size=450,
+    batch_size=45,
+    noise_multiplier=3.2,
+    sampling="poisson",
+    relation="add_or_remove_one",
+    learning_rate=1 / 0.26,
+    smoothness=0.26,
+    strong_convexity=0.01,
+    clipped_loss_convex_smooth=True,
+    l2_outside_clip=True,
+)
+
+
+def test_poisson_glm_stops_growing_and_beats_the_pld():
+    """The certified logistic regression with weight decay (issue's setting): the bound no longer
+    grows with the epochs and is far below dp-accounting's PLD (every iterate)."""
+    at80 = lp.epsilon("shifted-interpolation-poisson", 1e-5, epochs=80, **_GLM).epsilon
+    at200 = lp.epsilon("shifted-interpolation-poisson", 1e-5, epochs=200, **_GLM).epsilon
+    assert at200 <= at80 * 1.01
+    assert at80 <= 0.61 * 3.97 and at200 <= 0.4 * 6.74
+    assert lp.epsilon("best", 1e-5, epochs=200, **_GLM).epsilon == pytest.approx(at200)
+
+
+def test_poisson_without_l2_outside_the_clip_is_more_conservative():
+    """Without the declaration lam may be per example: smaller batches contract less."""
+    outside = lp.epsilon("shifted-interpolation-poisson", 1e-5, epochs=20, **_GLM).epsilon
+    inside = lp.epsilon("shifted-interpolation-poisson", 1e-5, epochs=20, **{**_GLM, "l2_outside_clip": False})
+    assert inside.epsilon > outside
+
+
+def test_poisson_refuses_a_step_that_expands():
+    """eta M (b + 1)/b > 2: no range of batch sizes keeps the step non-expansive."""
+    params = {**_GLM, "learning_rate": 2.0 / 0.26, "epochs": 5}
+    app = lp.applicable_bounds(**params)["shifted-interpolation-poisson"]
+    assert not app.applies and any("non-expansive" in r for r in app.reasons), app.reasons
+    with pytest.raises(lp.NotApplicableError, match="non-expansive"):
+        lp.epsilon("shifted-interpolation-poisson", 1e-5, **params)
+
+
+def test_size_event_probability_is_the_binomial_tails():
+    """P(not G) <= T (P(Bin(n-1, q) < r_lo) + P(Bin(n, q) > r_hi)); the contraction is the step's
+    constant at the range's ends."""
+    kw = dict(dataset_size=450, batch_size=45, sampling_probability=0.1, steps=800, learning_rate=1 / 0.26,
+              strong_convexity=0.01, smoothness=0.26, l2_outside_clip=True)  # fmt: skip
+    events = mm.poisson_size_events(**kw)
+    assert events
+    for c, mass in events:
+        assert 0.0 < mass < 1e-6 and 1 - 0.01 / 0.26 - 1e-12 <= c <= 1.0
+    # the tightest contraction: 1 - eta lam, held up to the largest batch where the upper curvature allows it
+    c0, mass0 = min(events)
+    assert c0 == pytest.approx(1 - 0.01 / 0.26)
+    r_hi = max(r for r in range(45, 451) if (0.01 + (r + 1) / 45 * 0.25) / 0.26 <= 2 - 0.01 / 0.26)
+    assert mass0 >= 800 * stats.binom.sf(r_hi, 450, 0.1)
+
+
+def test_rows_enter_best_and_name_their_relation():
+    params = dict(
+        dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=100, sampling="random_batch",
+        learning_rate=1.0, smoothness=1.0, strong_convexity=1e-4, gradient_norms_within_clip=True,
+    )  # fmt: skip
+    apps = lp.applicable_bounds(**params)
+    assert apps["shifted-interpolation-random-batch"].applies
+    best = lp.epsilon("best", 1e-5, **params)
+    assert best.epsilon == pytest.approx(lp.epsilon("shifted-interpolation-random-batch", 1e-5, **params).epsilon)
+    assert lp.BOUNDS["shifted-interpolation-poisson"].covers == {lp.Sampling.POISSON: lp.Relation.ADD_OR_REMOVE_ONE}
+    assert lp.BOUNDS["shifted-interpolation-poisson-replace-one"].covers == {
+        lp.Sampling.POISSON: lp.Relation.REPLACE_ONE
+    }
+
+
+def test_profile_is_cached_on_every_argument():
+    a = mm.membership_profile(step_mu=0.5, contraction=0.99, use_probability=0.1, steps=100)
+    b = mm.membership_profile(step_mu=0.5, contraction=0.99, use_probability=0.1, steps=101)
+    c = mm.membership_profile(step_mu=0.5, contraction=0.99, use_probability=0.1, steps=100, extra_mass=1e-3)
+    assert a is not b and a is not c
+    assert c.delta(1.0) >= a.delta(1.0) and b.delta(1.0) >= a.delta(1.0) * (1 - 1e-9)
