@@ -276,3 +276,13 @@ def test_profile_is_cached_on_every_argument():
     c = mm.membership_profile(step_mu=0.5, contraction=0.99, use_probability=0.1, steps=100, extra_mass=1e-3)
     assert a is not b and a is not c
     assert c.delta(1.0) >= a.delta(1.0) and b.delta(1.0) >= a.delta(1.0) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("contraction", [1.0, 0.9, 0.5])
+def test_every_run_gets_layouts_covering_its_steps(contraction):
+    """Short and long runs, rare and certain memberships: at least one layout, each of T steps."""
+    for steps in [*range(1, 60), 1000, 3000, 10**6, 10**12]:
+        for q in (1e-9, 0.01, 0.25, 1.0):
+            layouts = mm.candidate_layouts(steps=steps, use_probability=q, contraction=contraction)
+            assert layouts and all(lay.steps == steps for lay in layouts), (steps, q)
+            assert all(lay.count <= 64 for lay in layouts)

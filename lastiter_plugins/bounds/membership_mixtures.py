@@ -217,17 +217,29 @@ def layout_mixture(
     layout: Layout, *, step_mu: float, contraction: float, use_probability: float, cells: int = _FINE_CELLS
 ):
     """(weights, mus) of the mixture for one layout (module docstring), on lattices of ``cells``
-    cells; weights sum to 1, the mass the lattices leave out as a component with mu = inf."""
-    s, c, q = float(step_mu), float(contraction), float(use_probability)
+    cells; weights sum to 1, the mass the lattices leave out as a component with mu = inf.
+
+    Every term of (2) is s times a term that does not depend on s, so the law is computed once
+    for s = 1 (cached on the layout, c, q and the lattice) and its mus are multiplied by s."""
+    weights, nus = _unit_mixture(layout, float(contraction), float(use_probability), int(cells))
+    with np.errstate(over="ignore"):
+        return weights, nus * float(step_mu)
+
+
+@functools.lru_cache(maxsize=512)
+def _unit_mixture(layout: Layout, c: float, q: float, cells: int) -> tuple[np.ndarray, np.ndarray]:
+    s = 1.0
     # the mu^2 lattice reaches 8x the uniform-density cost (over the steps a shift survives) plus a
     # few uses at the end; four times further while more than _LEFT_OUT of the mass falls beyond
     horizon = layout.steps if c == 1.0 else min(layout.steps, 1.0 / (1.0 - c))
     reach = 8.0 * s * s * (q * q * horizon + 4.0 * q + 1.0)
     for _ in range(4):
-        weights, mus, beyond = _layout_mixture(layout, s, c, q, int(cells), reach)
+        weights, mus, beyond = _layout_mixture(layout, s, c, q, cells, reach)
         if beyond <= _LEFT_OUT:
             break
         reach *= 4.0
+    weights.setflags(write=False)
+    mus.setflags(write=False)
     return weights, mus
 
 
@@ -313,10 +325,10 @@ def candidate_layouts(
             while length < m:
                 tail.append(length)
                 length = math.ceil(length / _SHRINK)
+            while tail and sum(tail) > steps - f:  # a short run: drop the largest tail blocks
+                tail.pop()
             tail = tuple(tail[::-1])
             room = steps - f - sum(tail)
-            if room < 0:
-                continue
             full, first = divmod(room, m)
             if full <= _MAX_REPEAT:
                 out.append(Layout(0, (first,) if first else (), m, full, tail, f))
