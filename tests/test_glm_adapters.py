@@ -624,6 +624,107 @@ def test_opacus_examples_run_with_their_defaults(name, capsys):
     assert result["accuracy"] >= (0.9 if "logistic" in name else 0.8)
 
 
+# Opacus' default sampling (make_private(poisson_sampling=True)) under add-or-remove-one: the
+# shifted-interpolation Poisson row (docs/decisions.md, section 19) on a certified logistic regression
+# whose weight decay is the l2 term added after the noisy clipped mean (l2_outside_clip).
+POISSON_W, POISSON_Z, POISSON_EPOCHS, POISSON_BATCHES = 0.05, 2.0, 40, 10
+
+
+def _breast_cancer():
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    x = (data.data - data.data.mean(axis=0)) / data.data.std(axis=0)
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(data.target, dtype=torch.float32)
+
+
+def _poisson_run(name: str, *, weight_decay: float, lr: float, glm: bool):
+    """Train a logistic regression with make_private(poisson_sampling=True) for POISSON_EPOCHS epochs."""
+    x, y = _breast_cancer()
+    torch.manual_seed(0)
+    model = nn.Sequential(lo.FeatureNormClip(A), nn.Linear(x.shape[1], 1, bias=False)) if glm else nn.Linear(30, 1)
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=lr, weight_decay=weight_decay),
+        criterion=CRITERIA["logistic"],
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=math.ceil(len(y) / POISSON_BATCHES)),  # q = 1/10
+        noise_multiplier=POISSON_Z,
+        max_grad_norm=1.0,
+        poisson_sampling=True,
+    )
+    _train(model, optimizer, loader, _loss_fn("logistic"), epochs=POISSON_EPOCHS)
+    return engine, len(y)
+
+
+def _poisson_params(n: int, lr: float, steps: int) -> dict:
+    """The run in the core's terms, by hand (docs/opacus.md): Opacus divides by int(n q); the core's
+    b = ceil(n q) with the step size rescaled to that divisor."""
+    b, divisor = math.ceil(n / POISSON_BATCHES), int(n * (1.0 / POISSON_BATCHES))
+    return dict(
+        dataset_size=n, batch_size=b, noise_multiplier=POISSON_Z, sampling="poisson",
+        relation="add_or_remove_one", steps=steps, learning_rate=lr * b / divisor, clip_norm=1.0,
+    )  # fmt: skip
+
+
+@needs_opacus
+@needs_sklearn
+def test_opacus_poisson_weight_decay_gets_the_shifted_interpolation_poisson_row(request):
+    w = POISSON_W
+    m = A**2 / 4.0 + w  # logistic, no bias (docs/decisions.md, section 15)
+    lr = 1.0 / (m + w)
+    name = lo.register(
+        "glm-" + request.node.name, force=True, sampling="poisson", relation="add_or_remove_one",
+        dataset_size=569, learning_rate=lr, model="glm", loss="logistic", feature_norm=A,
+    )  # fmt: skip
+    engine, n = _poisson_run(name, weight_decay=w, lr=lr, glm=True)
+    params = _poisson_params(n, lr, engine.accountant.steps)
+    lam = w * 56 / 57  # w N / b in the core's terms: Opacus divides by N = int(569 / 10) = 56, the core by b = 57
+    derived = engine.accountant.registration.assumptions
+    assert derived.l2_outside_clip is True  # torch's weight_decay is added after Opacus' noisy clipped mean
+    assert derived.strong_convexity == pytest.approx(lam, rel=1e-12)
+    assert derived.smoothness == pytest.approx(A**2 / 4.0 + lam, rel=1e-12)
+    config = engine.accountant.training_config()
+    assert config.sampling is lp.Sampling.POISSON and config.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    assert config.batch_size == params["batch_size"] == 57
+    assert config.learning_rate == pytest.approx(params["learning_rate"], rel=1e-15)
+    assumptions = dict(
+        smoothness=A**2 / 4.0 + lam, strong_convexity=lam, clipped_loss_convex_smooth=True, l2_outside_clip=True
+    )
+    expected = lp.epsilon("best", DELTA, **params, **assumptions)
+    result = engine.accountant.epsilon_result(DELTA)
+    assert result.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    assert result.winner == expected.winner == "shifted-interpolation-poisson"
+    assert result.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    baseline = lp.epsilon("composition-pld-poisson", DELTA, **params, **assumptions).epsilon
+    assert result.epsilon < 0.75 * baseline  # about 3.34 against 4.91 at 400 steps
+    # without the l2_outside_clip fact the row allows any split of lam and M between the example and the step
+    weaker = lp.epsilon("shifted-interpolation-poisson", DELTA, **params, **{**assumptions, "l2_outside_clip": False})
+    assert result.epsilon < weaker.epsilon
+    row = next(r for r in engine.accountant.report(DELTA).rows if r.bound == "shifted-interpolation-poisson")
+    assert row.applies and row.epsilon == pytest.approx(result.epsilon, rel=1e-12)
+
+
+@needs_opacus
+@needs_sklearn
+def test_opacus_poisson_without_convexity_gets_the_standard_baseline(request):
+    lr = 0.5
+    name = lo.register(
+        "plain-" + request.node.name, force=True, sampling="poisson", relation="add_or_remove_one",
+        dataset_size=569, learning_rate=lr,
+    )  # fmt: skip
+    engine, n = _poisson_run(name, weight_decay=0.0, lr=lr, glm=False)
+    params = _poisson_params(n, lr, engine.accountant.steps)
+    result = engine.accountant.epsilon_result(DELTA)
+    assert result.winner == "composition-pld-poisson"
+    assert result.epsilon == pytest.approx(lp.epsilon("best", DELTA, **params).epsilon, rel=1e-12)
+    rows = {r.bound: r for r in engine.accountant.report(DELTA).rows}
+    for bound in ("shifted-interpolation-poisson", "shifted-interpolation-poisson-replace-one"):
+        assert not rows[bound].applies and rows[bound].epsilon is None and rows[bound].reasons
+    assert any("smooth" in reason for reason in rows["shifted-interpolation-poisson"].reasons)
+
+
 # ================================================================ Keras / TF Privacy
 
 if HAVE_TF:

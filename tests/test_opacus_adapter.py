@@ -21,7 +21,13 @@ from opacus import PrivacyEngine  # noqa: E402
 from opacus.accountants import RDPAccountant  # noqa: E402
 from opacus.accountants.analysis.rdp import compute_rdp  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset, WeightedRandomSampler  # noqa: E402
+from torch.utils.data import (  # noqa: E402
+    BatchSampler,
+    DataLoader,
+    RandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
@@ -274,6 +280,27 @@ def test_describe_data_loader_mapping(make, scheme):
 def test_describe_data_loader_refuses_unknown_schemes(make, match):
     with pytest.raises(lo.LastIterateConfigurationError, match=match):
         lo.describe_data_loader(make(_dataset()))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, replacement=True)),
+        lambda ds: DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds, replacement=True, num_samples=10), 10, False)),
+        lambda ds: DataLoader(ds, batch_size=10, sampler=RandomSampler(ds, num_samples=10)),
+    ],
+    ids=["with-replacement", "batch-sampler-with-replacement", "one-batch-per-pass"],
+)  # fmt: skip
+def test_fixed_size_random_loaders_are_never_taken_for_another_scheme(make):
+    # with replacement an example can sit twice in a batch: not random_batch (b distinct of n), nor any other
+    # covered law. One batch of 10 distinct examples per pass draws a random batch, but the adapter maps no loader
+    # to random_batch (registration refuses it): refused too, never read as reshuffle
+    loader = make(_dataset())
+    for sampling in ("cyclic", "shuffle_once", "reshuffle", "poisson", "random_batch"):
+        with pytest.raises(lo.LastIterateConfigurationError, match="RandomSampler must draw one permutation"):
+            lo.check_data_loader(loader, sampling, N)
+    with pytest.raises(ValueError, match="no PyTorch or Opacus data loader draws a uniformly random batch"):
+        lo.register("random-batch", sampling="random_batch", dataset_size=N, learning_rate=0.1)
 
 
 def test_shuffle_once_sampler_reuses_one_permutation():

@@ -564,6 +564,27 @@ def test_statement_lists_both_relations_for_poisson():
 
 
 @pytest.mark.parametrize(
+    ("sampling", "relation", "row"),
+    [
+        ("random_batch", "replace_one", "shifted-interpolation-random-batch"),
+        ("poisson", "add_or_remove_one", "shifted-interpolation-poisson"),
+        ("poisson", "replace_one", "shifted-interpolation-poisson-replace-one"),
+    ],
+    ids=["random-batch", "poisson", "poisson-replace-one"],
+)
+def test_statement_for_independent_memberships_lists_their_last_iterate_rows(sampling, relation, row):
+    # Keras fit passes over the data in epochs (the callback refuses random_batch and poisson); a pipeline
+    # that samples this way is described through the statement (or lp.epsilon), where the rows are taken up
+    changes = dict(sampling=sampling, learning_rate=2.5, diameter=None)
+    text = " ".join(compute_last_iterate_privacy_statement(**{**STATEMENT, **changes}).split())
+    eps = lp.epsilon(row, DELTA, relation=relation, **_keyword(**changes)).epsilon
+    assert f"{row} {eps:.3f} (protects the final model only;" in text
+    declared_inside = {**STATEMENT, **changes, "strong_convexity": 0.0, "gradient_norms_within_clip": False}
+    text = " ".join(compute_last_iterate_privacy_statement(**declared_inside).split())
+    assert f"- {row}: gradient_norms_within_clip must be True or clipped_loss_convex_smooth True" in text
+
+
+@pytest.mark.parametrize(
     ("changes", "fragment"),
     [
         (dict(num_epochs=2.5 + 1 / 32), "must be a whole number of steps"),
