@@ -54,6 +54,8 @@ _Z_PER_SHIFT = 1000
 _COUNT_TAIL = 1e-16
 #: The layout is chosen at this delta (every layout is a valid bound: the choice only affects tightness).
 REFERENCE_DELTA = 1e-5
+#: A law with at most this many atoms is convolved atom by atom.
+_SPARSE_ATOMS = 64
 #: A layout repeats a block at most this often (every block's term is rounded up once).
 _MAX_REPEAT = 64
 #: Tail blocks before the window shrink by this factor (block i + 1 is at least this times block i).
@@ -142,8 +144,19 @@ def _onto_lattice(values: np.ndarray, probs: np.ndarray, unit: float, cells: int
 
 def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> np.ndarray:
     """Law of the sum of two independent lattice variables, truncated to ``cells`` (exact sums of
-    non-negative terms: no cancellation)."""
-    return np.convolve(a, b)[:cells]
+    non-negative terms: no cancellation). A law with few atoms (a block of few expected uses) is
+    added atom by atom."""
+    atoms_a, atoms_b = np.flatnonzero(a), np.flatnonzero(b)
+    if min(atoms_a.size, atoms_b.size) > _SPARSE_ATOMS:
+        return np.convolve(a, b)[:cells]
+    if atoms_b.size > atoms_a.size:  # b: the law with fewer atoms
+        a, b, atoms_b = b, a, atoms_a
+    out = np.zeros(min(cells, a.size + b.size - 1))
+    for j in atoms_b:
+        if j < out.size:
+            width = min(a.size, out.size - j)
+            out[j : j + width] += b[j] * a[:width]
+    return out
 
 
 def _power(law: np.ndarray, count: int, cells: int) -> np.ndarray:
