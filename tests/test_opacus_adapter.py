@@ -299,7 +299,7 @@ def test_fixed_size_random_loaders_are_never_taken_for_another_scheme(make):
     for sampling in ("cyclic", "shuffle_once", "reshuffle", "poisson", "random_batch"):
         with pytest.raises(lo.LastIterateConfigurationError, match="RandomSampler must draw one permutation"):
             lo.check_data_loader(loader, sampling, N)
-    with pytest.raises(ValueError, match="no PyTorch or Opacus data loader draws a uniformly random batch"):
+    with pytest.raises(ValueError, match="does not observe fixed-size random batches"):
         lo.register("random-batch", sampling="random_batch", dataset_size=N, learning_rate=0.1)
 
 

@@ -192,8 +192,10 @@ def register(
             )
     if sampling is lp.Sampling.RANDOM_BATCH:
         raise ValueError(
-            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson for the Opacus adapter: no PyTorch or "
-            "Opacus data loader draws a uniformly random batch of fixed size every step. Found random_batch."
+            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson for the Opacus adapter: it does not "
+            "observe fixed-size random batches (a loader of one batch, DataLoader(ds, sampler=RandomSampler(ds, "
+            "num_samples=b), batch_size=b), iterated afresh every step, would be one; account it with "
+            "lp.epsilon(..., sampling='random_batch')). Found random_batch."
         )
     frozen_orders = None if orders is None else tuple(float(o) for o in validate_orders(orders))
     reg = Registration(
