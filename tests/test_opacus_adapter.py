@@ -157,7 +157,7 @@ def test_register_refuses_taking_over_opacus_names():
     [
         ({"bound": "nope", "sampling": "cyclic"}, "bound must be one of"),
         ({"sampling": "sometimes"}, "sampling must be one of"),
-        ({"sampling": "random_batch"}, "no PyTorch or Opacus data loader"),
+        ({"sampling": "random_batch"}, "does not observe fixed-size random batches"),
         ({"bound": "liang-bounded", "sampling": "cyclic"}, "sampling must be one of poisson"),
         ({"bound": "liang-unbounded", "sampling": "poisson"}, "relation must be add_or_remove_one"),
         ({"sampling": "cyclic", "learning_rate": -1.0}, "learning_rate must be"),
