@@ -120,13 +120,20 @@ def compute_rdp(bound: str, config: TrainingConfig, assumptions: LossAssumptions
 
 
 def compute_epsilon(
-    bound: str, config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders=None
+    bound: str,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    orders=None,
+    *,
+    lower_bound: bool = False,
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` (an id, or ``best``) for a validated configuration, labelled.
 
-    Returns the same kind of value as :func:`epsilon`: an :class:`EpsilonResult`.
+    Returns the same kind of value as :func:`epsilon`: an :class:`EpsilonResult` (with its
+    ``lower_bound`` when ``lower_bound`` is True).
     """
-    return evaluation.epsilon_result(bound, config, assumptions, delta, orders)
+    return evaluation.epsilon_result(bound, config, assumptions, delta, orders, lower_bound=lower_bound)
 
 
 def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Parameters]) -> np.ndarray:
@@ -147,17 +154,25 @@ def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Param
 
 
 def epsilon(
-    bound: str, delta: float, orders: Sequence[float] | np.ndarray | None = None, **params: Unpack[Parameters]
+    bound: str,
+    delta: float,
+    orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    lower_bound: bool = False,
+    **params: Unpack[Parameters],
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` at ``delta`` for the pipeline described by ``params``.
 
     Returns an :class:`EpsilonResult`: epsilon, the optimal order, the neighbouring
     relation, the winning bound, its proof status and what it protects (the final
     model only; ``composition``: every iterate). It unpacks as ``(epsilon, order)``.
-    Raises like :func:`rdp`.
+    With ``lower_bound=True`` it also carries ``lower_bound``: the exact epsilon of an
+    instance meeting every declaration (or None, and ``lower_bound_note`` says why), so that
+    the worst case over the models meeting the declarations lies in ``[lower_bound, epsilon]``
+    (docs/decisions.md, section 20; up to about a second more). Raises like :func:`rdp`.
     """
     config, assumptions = build(**params)
-    return compute_epsilon(bound, config, assumptions, delta, orders)
+    return compute_epsilon(bound, config, assumptions, delta, orders, lower_bound=lower_bound)
 
 
 def applicable_bounds(**params: Unpack[Parameters]) -> dict[str, BoundEvaluation]:

@@ -276,12 +276,14 @@ def _cmd_rdp(args) -> str:
 
 def _cmd_epsilon(args) -> str:
     _, params, delta = _pipeline(args)
-    result = api.epsilon(args.bound, _required_delta(delta), args.orders, **params)
+    best = args.bound == registry.BEST
+    result = api.epsilon(args.bound, _required_delta(delta), args.orders, lower_bound=best, **params)
     if args.json:
         return dump_json(result.to_dict())
-    if args.bound != registry.BEST or not advice.is_standard_baseline(result):
-        return str(result)
-    return f"{result}\n\n{advice.baseline_note(result, advice.advise(result.delta, top=3, **params))}"
+    head = f"{result}\n{result.tightness_line}" if best else str(result)
+    if not best or not advice.is_standard_baseline(result):
+        return head
+    return f"{head}\n\n{advice.baseline_note(result, advice.advise(result.delta, top=3, **params))}"
 
 
 def _cmd_advise(args) -> str:

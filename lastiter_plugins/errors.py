@@ -31,3 +31,9 @@ class UnsupportedHostError(NotApplicableError):
 
 class CalibrationError(ValueError):
     """No noise multiplier up to the cap reaches the target epsilon."""
+
+
+class BoundBelowTruthError(ValueError):
+    """A proven bound's epsilon is below the exact epsilon of an instance that meets every
+    declaration (docs/decisions.md, section 20): a bug in that bound, never a user error.
+    Raised instead of reporting a number known to be wrong."""

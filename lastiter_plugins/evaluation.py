@@ -33,7 +33,7 @@ import numpy as np
 from lastiter_plugins import registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import epsilon_of_linear_rdp, refine_epsilon, validate_delta, validate_orders
-from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
 
 BEST = registry.BEST
@@ -59,6 +59,11 @@ class EpsilonResult:
       proof: how the winner is justified.
       protects: what the number covers (the final model only, or every iterate).
       kind: the kind of guarantee the winner computes.
+      lower_bound: when asked for (``lower_bound=True``), the exact epsilon at ``delta`` of an explicit
+        instance meeting every declaration for the same pipeline (the lower end of its certified
+        interval): the worst case over the models meeting the declarations lies in
+        ``[lower_bound, epsilon]``. None when not asked for or when no instance fits.
+      lower_bound_note: the instance, or why ``lower_bound`` is None (empty when not asked for).
     """
 
     bound: str
@@ -73,6 +78,8 @@ class EpsilonResult:
     proof: Proof = registry.PROVEN
     protects: Protects = Protects.FINAL_MODEL
     kind: Kind = Kind.RDP
+    lower_bound: float | None = None
+    lower_bound_note: str = ""
 
     def __float__(self) -> float:
         """The epsilon, so ``float(result)`` works where a number is expected."""
@@ -102,6 +109,8 @@ class EpsilonResult:
             "proof": str(self.proof),
             "kind": self.kind.value,
             "reference": self.reference,
+            "lower_bound": None if self.lower_bound is None else float(self.lower_bound),
+            "lower_bound_note": self.lower_bound_note or None,
         }
 
     def __str__(self) -> str:
@@ -112,6 +121,19 @@ class EpsilonResult:
             f"({self.epsilon:.4g}, {self.delta:g})-DP for {self.protects.value}{proof} "
             f"[{self.bound}{via}; {self.relation.value} neighbours; sampling {self.sampling.value}; "
             f"{self.steps} steps{order}; {self.reference}]"
+        )
+
+    @property
+    def tightness_line(self) -> str:
+        """ "the worst case over models meeting your declarations lies in [lower, upper]", or why no lower
+        end is known; empty when the lower bound was not asked for."""
+        if not self.lower_bound_note:
+            return ""
+        if self.lower_bound is None:
+            return f"How tight: no lower end ({self.lower_bound_note})."
+        return (
+            f"How tight: the worst case over models meeting your declarations lies in "
+            f"[{self.lower_bound:.4g}, {self.epsilon:.4g}] (lower end: {self.lower_bound_note})."
         )
 
 
@@ -416,18 +438,47 @@ def require_applicable(bound: str, config: TrainingConfig, assumptions: LossAssu
 # ---------------------------------------------------------------- by name
 
 
+def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions) -> EpsilonResult:
+    """``result`` with its ``lower_bound`` (docs/decisions.md, section 20).
+
+    Raises:
+      BoundBelowTruthError: the lower bound is above a proven bound's epsilon (a bug in that bound).
+    """
+    from lastiter_plugins.verification.lower_bounds import lower_bound
+
+    lower = lower_bound(config, assumptions, result.delta)
+    if lower.epsilon is not None and result.proof.proven and lower.epsilon > result.epsilon * (1 + 1e-9) + 1e-12:
+        raise BoundBelowTruthError(
+            f"{result.winner} gives epsilon {result.epsilon!r} at delta {result.delta:g}, below the exact epsilon "
+            f"{lower.epsilon!r} of an instance meeting every declaration ({lower.note}): a bug in that bound; "
+            f"please report it with the pipeline {config} and {assumptions}."
+        )
+    return dataclasses.replace(result, lower_bound=lower.epsilon, lower_bound_note=lower.note)
+
+
 def epsilon_result(
-    bound: str, config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+    bound: str,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    orders: np.ndarray | None = None,
+    *,
+    lower_bound: bool = False,
 ) -> EpsilonResult:
-    """(epsilon, delta) of ``bound`` (an id, or ``best``); raises NotApplicableError when it does not apply."""
+    """(epsilon, delta) of ``bound`` (an id, or ``best``); raises NotApplicableError when it does not apply.
+
+    ``lower_bound``: also compute the result's ``lower_bound`` (:func:`with_lower_bound`).
+    """
     delta = validate_delta(delta)
     if bound == BEST:
-        return best_result(config, assumptions, delta, orders)
-    spec = registry.get_spec(bound)
-    registry.require(spec, config, assumptions)
-    evaluation = evaluate_bound(spec, config, assumptions, delta, orders, compute_unproven=True)
-    assert evaluation.result is not None  # it applies and was asked for by name
-    return evaluation.result
+        result = best_result(config, assumptions, delta, orders)
+    else:
+        spec = registry.get_spec(bound)
+        registry.require(spec, config, assumptions)
+        evaluation = evaluate_bound(spec, config, assumptions, delta, orders, compute_unproven=True)
+        assert evaluation.result is not None  # it applies and was asked for by name
+        result = evaluation.result
+    return with_lower_bound(result, config, assumptions) if lower_bound else result
 
 
 def rdp_of(bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:

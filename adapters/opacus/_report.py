@@ -48,6 +48,8 @@ class Report:
     threat_model: str = THREAT_MODEL
     best: str = ""  # str() of the best result, as the core renders it
     advice: str = ""  # when best is a standard baseline: why, and the single changes that would lower it
+    tightness: str = ""  # best's lower bound: "the worst case ... lies in [lower, upper]", or why none
+    lower_bound: float | None = None  # the exact epsilon of an instance meeting the declarations
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +61,8 @@ class Report:
             "rows": [r.to_dict() for r in self.rows],
             "best": self.best,
             "advice": self.advice,
+            "lower_bound": self.lower_bound,
+            "tightness": self.tightness,
             "threat_model": self.threat_model,
         }
 
@@ -85,6 +89,8 @@ class Report:
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
         if self.best:
             lines.append(f"best: {self.best}")
+        if self.tightness:
+            lines.append(self.tightness)
         if self.advice:
             lines.append(self.advice)
         lines.append(self.threat_model)
@@ -115,9 +121,10 @@ def build_report(
                 proof=str(ev.proof),
             )
         )
-    best_text = advice = ""
+    best_text = advice = tightness = ""
+    lower = None
     try:
-        best = lp.compute_epsilon(lp.BEST, config, assumptions, delta, grid)
+        best = lp.compute_epsilon(lp.BEST, config, assumptions, delta, grid, lower_bound=True)
         rows.append(
             ReportRow(
                 lp.BEST,
@@ -131,10 +138,21 @@ def build_report(
                 str(best.proof),
             )
         )
-        best_text = str(best)
+        best_text, tightness, lower = str(best), best.tightness_line, best.lower_bound
         if lp.is_standard_baseline(best):
             advice = lp.baseline_note(best, lp.advise_config(delta, config, assumptions, top=3))
     except ValueError as exc:
         rows.append(ReportRow(lp.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
     sampling, relation = config.sampling.value, config.relation.value
-    return Report(name, delta, config.steps, sampling, relation, tuple(rows), best=best_text, advice=advice)
+    return Report(
+        name,
+        delta,
+        config.steps,
+        sampling,
+        relation,
+        tuple(rows),
+        best=best_text,
+        advice=advice,
+        tightness=tightness,
+        lower_bound=lower,
+    )

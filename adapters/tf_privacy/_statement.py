@@ -148,7 +148,7 @@ def compute_last_iterate_privacy_statement(
         rows = [(bid, e.result) for bid, e in evaluations.items() if e.applies and e.result is not None]
         if rows:
             try:
-                best = lp.compute_epsilon(lp.BEST, cfg, assumptions, delta)
+                best = lp.compute_epsilon(lp.BEST, cfg, assumptions, delta, lower_bound=True)
             except lp.NotApplicableError:
                 continue
             missing = [f"{bid}: {e.reason}" for bid, e in evaluations.items() if not e.applies]
@@ -191,6 +191,7 @@ def compute_last_iterate_privacy_statement(
         for bid, result in rows:
             lines.append(f"    {bid:<28}{_format_eps(result.epsilon)}   ({_label(result)})")
         lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best)})")
+        lines.append(textwrap.fill(best.tightness_line, width=80, initial_indent="  ", subsequent_indent="    "))
         if lp.is_standard_baseline(best):
             suggestions = lp.advise_config(delta, config.replace(relation=relation), assumptions, top=3)
             lines.append(textwrap.indent(lp.baseline_note(best, suggestions), "  "))

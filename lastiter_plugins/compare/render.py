@@ -73,7 +73,20 @@ def _best_text(b: BestLine) -> str:
         )
     if b.notes:
         text += " [" + "; ".join(b.notes) + "]"
-    return text
+    tight = _tightness_text(b)
+    return f"{text}. {tight}" if tight else text
+
+
+def _tightness_text(b: BestLine) -> str:
+    """The lower bound next to best (docs/decisions.md, section 20); empty when not computed."""
+    if not b.lower_bound_note or b.epsilon is None:
+        return ""
+    if b.lower_bound is None:
+        return f"How tight: no lower end ({b.lower_bound_note})"
+    return (
+        "How tight: the worst case over models meeting your declarations lies in "
+        f"[{_eps(b.lower_bound)}, {_eps(b.epsilon)}] (lower end: {b.lower_bound_note})"
+    )
 
 
 def _hosts_line(c: Comparison) -> str:
@@ -278,7 +291,7 @@ def format_csv(c: Comparison) -> str:
                 "why_not": "" if b.epsilon is not None else b.how,
                 "assumptions": "",
                 "reference": b.winner or "",
-                "notes": b.how,
+                "notes": " ".join(filter(None, (b.how, _tightness_text(b)))),
             }
         )
     return buffer.getvalue().rstrip("\n")

@@ -128,13 +128,17 @@ def compare_rows(
 # ---------------------------------------------------------------- best lines
 
 
-def best_lines(config: TrainingConfig, evaluations: Iterable[BoundEvaluation]) -> tuple[BestLine, ...]:
+def best_lines(
+    config: TrainingConfig, evaluations: Iterable[BoundEvaluation], assumptions: LossAssumptions | None = None
+) -> tuple[BestLine, ...]:
     """The best line of each neighbouring relation (declared relation first).
 
     Each is :func:`lastiter_plugins.evaluation.best_of` over the registry's evaluations
     of that relation (for the declared one: what ``lp.epsilon("best")`` returns), with the
     smallest every-iterate number of the same relation beside it. A relation with no valid
-    bound is listed only when it is the declared one.
+    bound is listed only when it is the declared one. With ``assumptions``, each line also
+    carries its lower bound (:func:`lastiter_plugins.evaluation.with_lower_bound`, under that
+    line's relation).
     """
     evaluations = list(evaluations)
     out = []
@@ -150,8 +154,15 @@ def best_lines(config: TrainingConfig, evaluations: Iterable[BoundEvaluation]) -
             for e in evaluations
             if e.applies and e.proof.proven and e.relation is relation and e.result is not None
         ]
+        lower = (
+            None
+            if assumptions is None
+            else evaluation.with_lower_bound(winner.result, config.replace(relation=relation), assumptions)
+        )
         out.append(
             BestLine(
+                lower_bound=None if lower is None else lower.lower_bound,
+                lower_bound_note="" if lower is None else lower.lower_bound_note,
                 relation=relation.value,
                 declared=relation is config.relation,
                 epsilon=winner.result.epsilon,
@@ -172,12 +183,15 @@ def compare(
     *,
     name: str = "custom scenario",
     unproven: Iterable[str] = (),
+    lower_bound: bool = True,
     **params: Any,
 ) -> Comparison:
     """The side-by-side comparison for the keyword-API ``params`` (see :func:`lastiter_plugins.api.build`).
 
     Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
-    unproven bounds whose numbers are shown (marked, never counted).
+    unproven bounds whose numbers are shown (marked, never counted). ``lower_bound``: each
+    best line carries the exact epsilon of an instance meeting the declarations (up to about
+    a second per relation; docs/decisions.md, section 20).
     """
     config, assumptions = api.build(**params)
     delta = validate_delta(delta)
@@ -192,7 +206,7 @@ def compare(
         steps=config.steps,
         steps_per_epoch=config.steps_per_epoch,
         rows=rows,
-        best=best_lines(config, (e for e, _ in evaluated.values())),
+        best=best_lines(config, (e for e, _ in evaluated.values()), assumptions if lower_bound else None),
         hosts=hosts.host_versions(),
         host_log=tuple(log),
     )

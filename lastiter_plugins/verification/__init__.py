@@ -1,7 +1,9 @@
 r"""Verification suite: exact divergences on instances with computable laws
 (docs/verification.md), soundness fuzzing and the tightness report.
 
-Nothing in the accountant imports this subpackage; it imports the public API
+Nothing in the accountant imports this subpackage, except that a result asked for
+with ``lower_bound=True`` imports :mod:`~lastiter_plugins.verification.lower_bounds`
+when it is computed (docs/decisions.md, section 20); it imports the public API
 only (``import lastiter_plugins as lp``) and the math modules (bounds,
 profiles); timings against host libraries live in benchmarks/. See
 docs/verification.md for the mathematics and the commands.
