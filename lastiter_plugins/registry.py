@@ -14,6 +14,7 @@ docs/decisions.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -450,7 +451,14 @@ def _si_random_batch(cfg, a) -> GaussianMixtureProfile:
 
 
 def _poisson_events(cfg: TrainingConfig, a: LossAssumptions):
-    return membership_mixtures.poisson_size_events(**_poisson_inputs(cfg, a))
+    return _poisson_events_of(**_poisson_inputs(cfg, a))
+
+
+@functools.lru_cache(maxsize=256)
+def _poisson_events_of(**inputs) -> tuple[tuple[float, float], ...]:
+    # keyed on every input of poisson_size_events; its binomial-tail bisections cost ~35 ms, asked by the
+    # applicability of both Poisson rows at every evaluation (a calibration evaluates dozens)
+    return tuple(membership_mixtures.poisson_size_events(**inputs))
 
 
 def _poisson_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
@@ -475,7 +483,8 @@ def _si_poisson(cfg, a) -> GaussianMixtureProfile:
 
 
 def _poisson_sizes_contract(cfg: TrainingConfig, a: LossAssumptions):
-    if cfg.learning_rate is None or a.smoothness is None:
+    # only Poisson sampling has random batch sizes; a row with this condition fails any other scheme on its sampling
+    if cfg.sampling is not Sampling.POISSON or cfg.learning_rate is None or a.smoothness is None:
         return None
     if _poisson_events(cfg, a):
         return None
