@@ -414,12 +414,16 @@ def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.nd
             curves.append(registry.rdp_curve(spec, config, assumptions, orders))
     if not curves:
         evaluations = evaluate_all(config, assumptions)
-        pld = [e.bound for e in evaluations.values() if e.applies and e.kind is Kind.PLD]
+        pld = [
+            e.bound
+            for e in evaluations.values()
+            if e.applies and e.bound in registry.BOUNDS and not registry.BOUNDS[e.bound].has_renyi_curve
+        ]
         if pld:
             raise NotApplicableError(
                 f"no proven bound with a Renyi-DP curve applies to sampling={config.sampling.value} with "
-                f"relation={config.relation.value}: {', '.join(pld)} applies, but a privacy loss distribution has "
-                f"no Renyi curve (ask for its epsilon; see {registry.DOCS})."
+                f"relation={config.relation.value}: {', '.join(pld)} applies, but it has no Renyi curve (a privacy "
+                f"loss distribution, or a profile with truncated tails; ask for its epsilon; see {registry.DOCS})."
             )
         raise _no_bound_applies(config, evaluations)
     return np.min(np.vstack(curves), axis=0)

@@ -119,7 +119,8 @@ class BoundSpec:
       conditions: the preconditions, each a function returning None or (required, found).
       compute: the RDP curve at the given orders (nats); for a GDP bound, the RDP its
         profile implies (mu-GDP implies RDP alpha mu^2/2; mixtures by joint convexity);
-        None for a PLD bound (no Renyi curve).
+        None for a PLD bound, and for a GDP bound whose profile truncates rare events (no
+        Renyi curve).
       profile: for a GDP or PLD bound, its privacy profile (converted to epsilon exactly).
       proof: how the bound is justified.
       protects: what the number covers.
@@ -146,8 +147,14 @@ class BoundSpec:
     def __post_init__(self) -> None:
         if (self.kind is Kind.RDP) != (self.profile is None):
             raise ValueError(f"{self.id}: a GDP or PLD bound, and only those, has a privacy profile.")
-        if (self.kind is Kind.PLD) != (self.compute is None):
-            raise ValueError(f"{self.id}: a PLD bound, and only a PLD bound, has no Renyi curve.")
+        if (self.kind is Kind.PLD and self.compute is not None) or (self.kind is Kind.RDP and self.compute is None):
+            raise ValueError(f"{self.id}: a PLD bound has no Renyi curve, an RDP bound has one.")
+
+    @property
+    def has_renyi_curve(self) -> bool:
+        """Whether the bound gives a Renyi-DP curve (a PLD row never does, nor a profile whose tails
+        are truncated: mass negligible for delta can dominate a Renyi divergence)."""
+        return self.compute is not None
 
     @property
     def relations(self) -> frozenset[Relation]:
@@ -868,7 +875,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         assumptions=_SI_ASSUMES + "; every step draws b of the n examples without replacement, independently, "
         "from a secret seed",
         conditions=_CONVEX_UNCLIPPED,
-        compute=_profile_rdp(_si_random_batch),
+        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
         profile=_si_random_batch,
         kind=Kind.GDP,
     ),
@@ -881,7 +888,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=_POISSON_CONVEX_UNCLIPPED,
-        compute=_profile_rdp(_si_poisson),
+        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
         profile=_si_poisson,
         kind=Kind.GDP,
     ),
@@ -894,7 +901,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.POISSON,)),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=_POISSON_CONVEX_UNCLIPPED,
-        compute=_profile_rdp(_si_poisson),
+        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
         profile=_si_poisson,
         kind=Kind.GDP,
     ),
@@ -1016,8 +1023,14 @@ def rdp_curve(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: 
       NotApplicableError: ``spec`` is a PLD bound (a privacy profile without a Renyi curve).
     """
     if spec.compute is None:
+        what = (
+            "a privacy loss distribution"
+            if spec.kind is Kind.PLD
+            else "a privacy profile whose rarest schedules are given delta = 1 (negligible for delta, not for a "
+            "Renyi divergence)"
+        )
         raise NotApplicableError(
-            f"{spec.id} is a privacy loss distribution ({spec.reference}): it has an (epsilon, delta) profile "
+            f"{spec.id} is {what} ({spec.reference}): it has an (epsilon, delta) profile "
             f"but no Renyi-DP curve. Ask for its epsilon, or for the RDP of composition. See {DOCS}."
         )
     values = np.asarray(spec.compute(cfg, a, orders), dtype=float)

@@ -321,3 +321,28 @@ def test_every_run_gets_layouts_covering_its_steps(contraction):
             layouts = mm.candidate_layouts(steps=steps, use_probability=q, contraction=contraction)
             assert layouts and all(lay.steps == steps for lay in layouts), (steps, q)
             assert all(lay.count <= 64 for lay in layouts)
+
+
+def test_no_renyi_curve_is_claimed():
+    """The fuzzing's counterexample (seed 2026): the profile gives delta = 1 only to mass it cuts off
+    above its lattices, negligible for delta; a Renyi divergence at order 16 is dominated by exactly
+    such rare schedules (all steps using the record), so the rows claim no Renyi curve at all."""
+    from lastiter_plugins.verification import fuzz
+    from lastiter_plugins.verification.exact import Instance, g1_params
+
+    params = g1_params(
+        learning_rate=0.059464510211914776,
+        dataset_size=48,
+        batch_size=5,
+        noise_multiplier=1.0095626557936788,
+        steps=295,
+        clip_norm=0.10482474251752714,
+        sampling="random_batch",
+    )
+    for bound in ("shifted-interpolation-random-batch", "shifted-interpolation-poisson"):
+        assert not lp.BOUNDS[bound].has_renyi_curve
+    with pytest.raises(lp.NotApplicableError, match="no Renyi-DP curve"):
+        lp.rdp("shifted-interpolation-random-batch", [16.0], **params)
+    checks = fuzz.check_instance(Instance("G1", params), fuzz.CHECK_ORDERS)
+    assert checks and not [c.describe() for c in checks if c.failed]
+    assert any(c.bound == "shifted-interpolation-random-batch" and c.eps is not None for c in checks)

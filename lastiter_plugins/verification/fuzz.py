@@ -72,7 +72,7 @@ def is_profile_bound(bound: str) -> bool:
 def _renyi_values(bound: str, orders: np.ndarray, params: dict) -> np.ndarray:
     """The bound's RDP curve at ``orders``; for a PLD bound (no Renyi curve; checked by its profile only),
     and for ``best`` where only a PLD bound applies, ``inf``, which no Renyi check can fail."""
-    if bound in lp.BOUNDS and lp.BOUNDS[bound].kind is lp.Kind.PLD:
+    if bound in lp.BOUNDS and not lp.BOUNDS[bound].has_renyi_curve:
         return np.full(len(orders), np.inf)
     try:
         return lp.rdp(bound, orders, **params)
