@@ -144,7 +144,10 @@ def compute(panels=PANELS, progress: bool = False) -> list[Row]:
                 for bid, app in lp.applicable_bounds(**params).items():
                     if not app.applies:
                         continue
-                    values = lp.rdp(bid, orders, **params)
+                    try:
+                        values = lp.rdp(bid, orders, **params)
+                    except lp.NotApplicableError:  # a privacy loss distribution: an epsilon, no Renyi curve
+                        values = np.full(orders.shape, np.nan)
                     eps = lp.epsilon(bid, DELTA, **params).epsilon
                     ratio = values / est
                     below = bool(np.any(values < exact.lower * (1 - 1e-9))) or eps < exact_eps[0] * (1 - 1e-9)
@@ -192,7 +195,7 @@ def to_markdown(rows: list[Row], seconds: float, command: str) -> str:
                 "| T | bound | a=2 | a=8 | a=32 | eps | eps/exact | exact D(2), D(8), D(32) | exact eps | width |",
                 "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in (r for r in rows if r.panel == panel):
-            cells = [(f"**{x:.3g}**" if r.below else f"{x:.3g}") for x in r.ratios]
+            cells = [("-" if math.isnan(x) else f"**{x:.3g}**" if r.below else f"{x:.3g}") for x in r.ratios]
             exact = ", ".join(f"{x:.3g}" for x in r.exact)
             name = r.bound if r.proven else f"{r.bound} (unproven)"
             eps_ratio = f"{r.epsilon_ratio:.3g}" if math.isfinite(r.epsilon_ratio) else "-"
