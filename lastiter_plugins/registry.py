@@ -247,7 +247,7 @@ def _needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions):
     # the user's assertion that clipping is never active.
     if not a.update_is_gradient_step:
         return (
-            "gradient_norms_within_clip must be True or clipped_loss_convex_smooth True",
+            "gradient_norms_within_clip or clipped_loss_convex_smooth",
             "both False",
             "gradient_norms_within_clip: every per-example gradient norm <= C on the whole domain, so clipping is "
             "never active; clipped_loss_convex_smooth: the scalar-GLM route; the contraction / non-expansiveness "

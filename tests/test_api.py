@@ -97,7 +97,7 @@ REFUSALS = [
     ("liang-bounded", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "relation must be add_or_remove_one for liang-bounded"),
     ("liang-unbounded", pipeline(sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
-    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip must be True"),
+    ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip or clipped_loss_convex_smooth"),
     ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
     ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", learning_rate=1.9), "learning_rate must be < 2/(lam+M)"),
     ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", batch_size=1000), "ceil(dataset_size / batch_size) must be >= 2"),

@@ -202,7 +202,7 @@ def _ratio_best_to(result, row_id):
     [
         ("shuffle-once-logistic-regression", "shifted-interpolation-shuffle", "composition-gdp-epochs", 20),
         ("reshuffle-small-projection", "kong-ribero-bounded", "composition-gdp-epochs", 5),
-        ("random-batch-projected-glm", "ye-shokri-random", "composition", 1.4),
+        ("random-batch-projected-glm", "shifted-interpolation-random-batch", "composition", 2.0),
         ("random-batch-long-run-small-domain", "bounded-domain-random", "composition", 3.5),
     ],
 )
