@@ -24,7 +24,8 @@ layout ``prefix | blocks m_1..m_K | window f`` of the T steps:
 
 The payments of the parts have disjoint supports, so
 :math:`\mu(u)^2 \le \text{prefix} + \sum_i \text{block}_i + \mu_w^2`, a sum of independent
-terms. Units as in :mod:`lastiter_plugins.bounds.shifted_interpolation` (per-step noise
+terms, each s times a term free of s (the law is computed once for s = 1 and scaled).
+Units as in :mod:`lastiter_plugins.bounds.shifted_interpolation` (per-step noise
 std; per-use shift ``step_mu``); ``contraction`` c is the weakest over the steps (Lemma 2:
 a larger c_t never lowers mu). Mass the lattices cannot hold (values above their caps)
 becomes a component with mu = inf (delta = 1): never dropped.
@@ -50,8 +51,6 @@ _FINE_LAYOUTS = 2
 _LEFT_OUT = 1e-10
 #: Cells per shift s of the prefix's shift lattice.
 _Z_PER_SHIFT = 1000
-#: Block counts beyond the binomial quantile at this probability become mu = inf.
-_COUNT_TAIL = 1e-16
 #: The layout is chosen at this delta (every layout is a valid bound: the choice only affects tightness).
 REFERENCE_DELTA = 1e-5
 #: A law with at most this many atoms is convolved atom by atom.
