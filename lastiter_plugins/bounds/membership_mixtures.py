@@ -47,6 +47,10 @@ from lastiter_plugins import profiles
 _COARSE_CELLS = 1000
 _FINE_CELLS = 8000
 _FINE_LAYOUTS = 2
+#: A strong contraction (c below _STRONG) leaves a few short blocks with sparse laws: there the fine
+#: lattice has _STRONG_FINE_CELLS cells at about the same cost.
+_STRONG = 0.999
+_STRONG_FINE_CELLS = 16000
 #: A lattice is extended while more than this mass falls beyond it (that mass gets mu = inf).
 _LEFT_OUT = 1e-10
 #: Cells per shift s of the prefix's shift lattice.
@@ -325,7 +329,7 @@ def candidate_layouts(
     out = []
     # at most _MAX_REPEAT equal blocks: each block's term is rounded up on the lattice once
     sizes = {max(1, round(math.sqrt(steps / q) * f), -(-steps // _MAX_REPEAT)) for f in (0.5, 1.0, 2.0)}
-    if c < 0.999:
+    if c < _STRONG:
         sizes |= {max(1, round(0.6 / (1.0 - c) * f)) for f in (0.5, 1.0)}
     for f in window_sizes:
         f = min(f, steps)
@@ -344,7 +348,7 @@ def candidate_layouts(
             full, first = divmod(room, m)
             if full <= _MAX_REPEAT:
                 out.append(Layout(0, (first,) if first else (), m, full, tail, f))
-            if c < 0.999:
+            if c < _STRONG:
                 out.extend(Layout(room - keep * m, (), m, keep, tail, f) for keep in (1, 3) if keep < full)
     return [lay for lay in dict.fromkeys(out) if lay.steps == steps]
 
@@ -392,7 +396,8 @@ def membership_profile(
         return sorted(out, key=lambda x: x[:2])
 
     coarse = ranked(candidate_layouts(steps=steps, use_probability=q, contraction=c), _COARSE_CELLS)
-    return ranked([x[2] for x in coarse[:_FINE_LAYOUTS]], _FINE_CELLS)[0][3]
+    fine = _STRONG_FINE_CELLS if c < _STRONG else _FINE_CELLS
+    return ranked([x[2] for x in coarse[:_FINE_LAYOUTS]], fine)[0][3]
 
 
 def _with_extra(profile: profiles.GaussianMixtureProfile, extra_mass: float) -> profiles.GaussianMixtureProfile:
