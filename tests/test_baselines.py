@@ -324,3 +324,14 @@ def test_the_cache_answers_only_for_its_own_parameters():
     params = dict(dataset_size=100, batch_size=5, noise_multiplier=z, steps=steps, sampling="poisson", relation=AOR)
     eps = [lp.epsilon(PLD_ROW, DELTA, **{**params, "noise_multiplier": zz}).epsilon for zz in (z, z * 1.01, z)]
     assert eps[0] == eps[2] > eps[1]
+
+
+def test_pld_delta_at_an_epsilon_where_exp_overflows():
+    """e^eps overflows above 709: delta is the mass at infinity (never NaN, never negative)."""
+    from lastiter_plugins.baselines import PoissonPldProfile
+
+    for relation in (lp.Relation.REPLACE_ONE, lp.Relation.ADD_OR_REMOVE_ONE):
+        profile = PoissonPldProfile(0.25, 1.0, 3, relation)
+        values = [profile.delta(eps) for eps in (50.0, 800.0, 1e4, math.inf)]
+        assert all(math.isfinite(v) and 0.0 <= v <= 1e-9 for v in values), values
+        assert values[1] == values[2] == values[3]

@@ -278,13 +278,17 @@ def _pmf_delta(infinity_mass: float, losses: np.ndarray, probs: np.ndarray, eps:
         return float(infinity_mass)
     # pld_pmf._get_delta_for_epsilon_vectorized: running sums from the highest loss down to the first l <= eps
     k = losses.size - int(np.searchsorted(losses, eps, side="right"))
-    if k == 0:
-        return float(infinity_mass - np.exp(eps) * 0.0)
+    if k == 0:  # the host's infinity_mass - e^eps * 0 (NaN where e^eps overflows: the mass itself)
+        return float(infinity_mass)
     top_probs, top_losses = probs[::-1][:k], losses[::-1][:k]
     upper = np.cumsum(np.concatenate(([infinity_mass], top_probs)))[-1]
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         lower = np.cumsum(top_probs * np.exp(-top_losses))[-1]
-    return float(upper - np.exp(eps) * lower)
+        value = upper - np.exp(eps) * lower
+    if not math.isfinite(value):  # e^eps or e^-l overflowed: the same sum without the overflow
+        above = losses > eps
+        value = infinity_mass + np.dot(-np.expm1(eps - losses[above]), probs[above])
+    return float(value)
 
 
 #: Slack of the vectorised search for the host's stopping index (log scale). The approximate running
