@@ -276,7 +276,7 @@ def test_calibrate_reports_winner_relation_delta_protects_and_achieved_epsilon()
 
 
 def test_subcommands_need_the_pipeline_from_flags_or_a_config(tmp_path):
-    proc = lastiter("epsilon", "--bound", "best", "--config", GLM_SCENARIO, "--delta", "1e-5")
+    proc = lastiter("epsilon", "--bound", "best", "--config", SHUFFLE_SCENARIO, "--delta", "1e-5")
     assert proc.returncode == 0, proc.stderr
     partial = tmp_path / "no-delta.toml"
     partial.write_text(
