@@ -79,7 +79,16 @@ def _eps(bound, params, z, orders=None):
     return lp.epsilon(bound, DELTA, orders=orders, noise_multiplier=z, **params).epsilon
 
 
-@pytest.mark.parametrize(("bound", "params", "target"), CASES, ids=IDS)
+# best on the convex random-batch run builds a membership profile for every noise multiplier tried (~90 s on 2
+# shared cores): behind --runslow; best's calibration stays in the default run on full batch and shuffle once, and
+# bounded-domain-random's on this run (docs/verification.md)
+_SLOW = {"best-random-batch"}
+
+
+@pytest.mark.parametrize(
+    ("bound", "params", "target"),
+    [pytest.param(*c, id=i, marks=[pytest.mark.slow] if i in _SLOW else []) for c, i in zip(CASES, IDS, strict=True)],
+)
 def test_calibration_hits_the_target_and_one_percent_less_noise_misses_it(bound, params, target):
     assert lp.applicable_bounds(noise_multiplier=1.0, **params)[bound].applies  # the case tests what it names
     z = lp.calibrate_noise(bound, target, DELTA, **params)
