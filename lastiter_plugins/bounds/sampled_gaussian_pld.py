@@ -270,10 +270,17 @@ _HOST_DOT_DELTA = hasattr(pld_pmf, "_get_delta_for_epsilon")
 
 def _pmf_delta(infinity_mass: float, losses: np.ndarray, probs: np.ndarray, eps: float) -> float:
     r"""The hockey-stick divergence :math:`\delta(\varepsilon) = m_\infty + \sum_{l > \varepsilon} p_l
-    (1 - e^{\varepsilon - l})` of one PMF (losses ascending), rounded as the installed dp-accounting rounds it."""
+    (1 - e^{\varepsilon - l})` of one PMF (losses ascending), rounded as the installed dp-accounting
+    rounds it, except where that is below the same sum of non-negative terms: the host's composed PMF
+    holds FFT noise (probabilities of about -1e-15) and 0.4.x's running sums ``U - e^eps L`` cancel, so
+    its delta can be negative where the truth is 1e-20; negative probabilities are taken as 0 here and
+    the larger of the two forms is returned (never below the host's value)."""
+    probs = np.maximum(probs, 0.0)
+    above = losses > eps
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = float(infinity_mass + np.dot(-np.expm1(eps - losses[above]), probs[above]))
     if _HOST_DOT_DELTA:  # pld_pmf._get_delta_for_epsilon, the same expression
-        above = losses > eps
-        return float(infinity_mass + np.dot(-np.expm1(eps - losses[above]), probs[above]))
+        return exact
     if math.isinf(eps) and eps > 0:
         return float(infinity_mass)
     # pld_pmf._get_delta_for_epsilon_vectorized: running sums from the highest loss down to the first l <= eps
@@ -285,10 +292,7 @@ def _pmf_delta(infinity_mass: float, losses: np.ndarray, probs: np.ndarray, eps:
     with np.errstate(over="ignore", invalid="ignore"):
         lower = np.cumsum(top_probs * np.exp(-top_losses))[-1]
         value = upper - np.exp(eps) * lower
-    if not math.isfinite(value):  # e^eps or e^-l overflowed: the same sum without the overflow
-        above = losses > eps
-        value = infinity_mass + np.dot(-np.expm1(eps - losses[above]), probs[above])
-    return float(value)
+    return float(max(value, exact)) if math.isfinite(value) else exact
 
 
 #: Slack of the vectorised search for the host's stopping index (log scale). The approximate running
