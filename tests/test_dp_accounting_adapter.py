@@ -311,6 +311,9 @@ def _certified_delta_floors(event, epsilons, low, high):
         if bid == "best" or not (evaluation.applies and evaluation.proof.proven):
             continue
         spec = lp.BOUNDS[bid]
+        if not spec.has_renyi_curve:  # a privacy profile only (a PLD row, a truncated profile)
+            floors = np.minimum(floors, [spec.profile(config, assumptions).delta(eps) for eps in epsilons])
+            continue
         r = lp.rdp(bid, coarse, **params)
         for i, eps in enumerate(epsilons):
             j = int(np.argmin(log_deltas(coarse, r, eps)))  # then brute force around the coarse minimum
@@ -470,7 +473,7 @@ def test_relation_mismatch_is_refused_with_the_reason():
     with pytest.raises(dp_accounting.UnsupportedEventError, match="relation must be add_or_remove_one"):
         accountant(R1, bound="liang-bounded").compose(LIANG)
     # best under replace-one: only the PLD row applies, and it has no Renyi curve to compose
-    with pytest.raises(dp_accounting.UnsupportedEventError, match="a privacy loss distribution has no Renyi curve"):
+    with pytest.raises(dp_accounting.UnsupportedEventError, match="composition-pld-poisson-replace-one applies, but it has no Renyi curve"):
         accountant(R1).compose(LIANG)
 
 

@@ -376,12 +376,35 @@ def epsilon_for_delta(pld, delta: float) -> float:
 
     The same number as the host (the maximum over the remove and add PMFs of the smallest
     epsilon whose hockey-stick divergence is at most ``delta``; inf where the infinite loss
-    alone exceeds it), dense or sparse.
+    alone exceeds it), dense or sparse, raised where needed so that :func:`delta_for_epsilon`
+    is at most ``delta`` there (:func:`_consistent`).
     """
     tables = _host_tables(pld)
     if tables is None:
         return float(pld.get_epsilon_for_delta(float(delta)))
-    return float(max(_pmf_epsilon(t, float(delta)) for t in tables))
+    eps = float(max(_pmf_epsilon(t, float(delta)) for t in tables))
+    return _consistent(lambda e: max(_pmf_delta(t.infinity_mass, t.losses, t.probs, e) for t in tables), eps, delta)
+
+
+def _consistent(delta_at, eps: float, delta: float) -> float:
+    """The host's epsilon, raised where :func:`delta_for_epsilon` (which takes the host's negative
+    probabilities as 0) exceeds ``delta`` there: the smallest epsilon found by bisection with
+    ``delta_at(eps) <= delta``, so that epsilon and delta always agree (delta is non-increasing)."""
+    if not math.isfinite(eps) or delta_at(eps) <= delta:
+        return eps
+    lo, step = eps, 1e-12 * max(1.0, abs(eps))
+    hi = eps + step
+    while delta_at(hi) > delta:
+        lo, step = hi, 2.0 * step
+        hi = eps + step
+        if not math.isfinite(hi) or step > 1e6:
+            return math.inf
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        lo, hi = (lo, mid) if delta_at(mid) <= delta else (mid, hi)
+    return hi
 
 
 @functools.lru_cache(maxsize=64)
