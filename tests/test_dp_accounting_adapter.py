@@ -473,7 +473,10 @@ def test_relation_mismatch_is_refused_with_the_reason():
     with pytest.raises(dp_accounting.UnsupportedEventError, match="relation must be add_or_remove_one"):
         accountant(R1, bound="liang-bounded").compose(LIANG)
     # best under replace-one: only the PLD row applies, and it has no Renyi curve to compose
-    with pytest.raises(dp_accounting.UnsupportedEventError, match="composition-pld-poisson-replace-one applies, but it has no Renyi curve"):
+    with pytest.raises(
+        dp_accounting.UnsupportedEventError,
+        match="composition-pld-poisson-replace-one applies, but it has no Renyi curve",
+    ):
         accountant(R1).compose(LIANG)
 
 
