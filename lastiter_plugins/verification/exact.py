@@ -425,6 +425,17 @@ def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12
         raise ValueError(f"steps must be <= {max_enumerated_steps} (2^T enumeration). Found {cfg.steps}.")
     rho = 1.0 - cfg.learning_rate * assumptions.strong_convexity
     prods = rho ** np.arange(cfg.steps - 1, -1, -1, dtype=float)  # step t contracted to the end
+    w, m, variance = _membership_patterns(cfg, prods)
+    if cfg.relation is Relation.REPLACE_ONE:
+        return GaussianLaws(w, m, w, -m, variance, detail=f"G2 poisson replace-one, {w.size} patterns")
+    one = np.array([1.0])
+    return GaussianLaws(w, m, one, np.zeros(1), variance, detail=f"G2 poisson add-or-remove, {w.size} patterns")
+
+
+def _membership_patterns(cfg: TrainingConfig, prods: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Every inclusion pattern of the differing record over T steps (each step independently with
+    probability q): its probability (patterns of probability 0 left out), the mean displacement
+    ``(eta C / b) sum_t u_t prods_t``, and the common variance of the last iterate."""
     a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
     sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
     variance = sigma_p**2 * float(np.sum(prods**2))
@@ -434,11 +445,7 @@ def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12
     weights = np.exp(k * math.log(q) + (cfg.steps - k) * math.log1p(-q)) if q < 1 else (k == cfg.steps) * 1.0
     means = a * patterns @ prods
     keep = weights > 0
-    w, m = weights[keep], means[keep]
-    if cfg.relation is Relation.REPLACE_ONE:
-        return GaussianLaws(w, m, w, -m, variance, detail=f"G2 poisson replace-one, {keep.sum()} patterns")
-    one = np.array([1.0])
-    return GaussianLaws(w, m, one, np.zeros(1), variance, detail=f"G2 poisson add-or-remove, {keep.sum()} patterns")
+    return weights[keep], means[keep], variance
 
 
 def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enumerated_steps: int = 12) -> GaussianLaws:
@@ -487,18 +494,8 @@ def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enume
                 f"steps must be <= max_enumerated_steps = {max_enumerated_steps} for G2 random_batch "
                 f"(2^T enumeration). Found {cfg.steps}."
             )
-        prods = _g2_contractions(cfg, assumptions.strong_convexity)
-        a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
-        sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
-        variance = sigma_p**2 * float(np.sum(prods**2))
-        patterns = (np.arange(2**cfg.steps)[:, None] >> np.arange(cfg.steps)[None, :]) & 1
-        q = cfg.sampling_probability
-        k = patterns.sum(axis=1)
-        weights = np.exp(k * math.log(q) + (cfg.steps - k) * math.log1p(-q)) if q < 1 else (k == cfg.steps) * 1.0
-        means = a * patterns @ prods
-        keep = weights > 0
-        detail = f"G2 random_batch, {keep.sum()} inclusion patterns"
-        return GaussianLaws(weights[keep], means[keep], weights[keep], -means[keep], variance, detail=detail)
+        w, m, variance = _membership_patterns(cfg, _g2_contractions(cfg, assumptions.strong_convexity))
+        return GaussianLaws(w, m, w, -m, variance, detail=f"G2 random_batch, {w.size} inclusion patterns")
     raise ValueError(
         f"sampling must be cyclic, shuffle_once, reshuffle or random_batch for G2. Found {cfg.sampling.value}."
     )
