@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 
 #: The largest exact computation tried (components x cells of a Gaussian mixture, enumerated
 #: patterns, G3 steps): beyond it the answer is "too large to compute exactly" (about 1 s).
