@@ -8,7 +8,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from lastiter_plugins import evaluation
+from lastiter_plugins import evaluation, registry
 from lastiter_plugins.api import Parameters, build, compute_epsilon
 from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.errors import CalibrationError
@@ -90,6 +90,9 @@ def calibrate_noise(
     def meets(z: float) -> bool:
         return epsilon_at(z) <= target_epsilon
 
+    if bound == evaluation.BEST:
+        meets = _BestSearch(config, assumptions, delta, use_orders, target_epsilon).meets
+
     def certified(z: float) -> float:
         found = epsilon_at(z)
         if not found <= target_epsilon:  # never return a value that misses the target
@@ -122,3 +125,35 @@ def calibrate_noise(
         else:
             lo = mid
     return certified(hi)
+
+
+class _BestSearch:
+    """Whether ``best`` meets the target at a noise multiplier z: iff one of its rows does. A row that
+    missed at a noise multiplier >= z is not evaluated again (a row's epsilon is non-increasing in z
+    wherever the search's minimality is claimed), so after the first z where some row meets, the
+    bisection below it evaluates only the rows that met there. These answers only steer the
+    search: the value returned is certified by ``best`` itself."""
+
+    def __init__(self, config, assumptions, delta: float, orders, target: float) -> None:
+        self._config, self._assumptions, self._delta, self._orders = config, assumptions, delta, orders
+        self._target = target
+        self._missed_at: dict[str, float] = {}
+
+    def meets(self, z: float) -> bool:
+        config = self._config.replace(noise_multiplier=z)
+        met = False
+        for bid, spec in registry.BOUNDS.items():
+            if not spec.proof.proven or self._missed_at.get(bid, 0.0) >= z:
+                continue
+            estimate = spec.lower_estimate
+            if estimate is not None and estimate(config, self._assumptions, self._delta) > self._target:
+                row_met = False
+            else:
+                row = evaluation.evaluate_bound(spec, config, self._assumptions, self._delta, self._orders)
+                winner = evaluation.best_of([row], config.relation)
+                row_met = winner is not None and winner.result.epsilon <= self._target
+            if row_met:
+                met = True
+            else:
+                self._missed_at[bid] = z
+        return met

@@ -253,7 +253,10 @@ def _mixture_log_delta_fn(w: np.ndarray, m: np.ndarray):
         if not positive.any():
             return -math.inf
         terms = log_w[positive] + _log_delta(m[positive], np.full(int(positive.sum()), eps))
-        return float(special.logsumexp(terms))
+        top = float(terms.max())
+        if top == -math.inf:
+            return -math.inf
+        return top + math.log(float(np.exp(terms - top).sum()))
 
     return log_delta
 
@@ -354,7 +357,7 @@ class GaussianMixtureProfile:
         w, m = _validate_mixture(weights, mus)
         values, inverse = np.unique(m, return_inverse=True)
         merged = np.bincount(inverse, weights=w, minlength=values.size)
-        return cls(tuple(float(x) for x in merged / merged.sum()), tuple(float(x) for x in values))
+        return cls(tuple((merged / merged.sum()).tolist()), tuple(values.tolist()))
 
     @property
     def max_mu(self) -> float:

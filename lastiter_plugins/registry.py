@@ -486,7 +486,9 @@ def _si_poisson(cfg, a) -> GaussianMixtureProfile:
     s = shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier)
     if cfg.relation is Relation.ADD_OR_REMOVE_ONE:
         s /= 2.0
-    return membership_mixtures.poisson_profile(step_mu=s, **_poisson_inputs(cfg, a))
+    return membership_mixtures.poisson_profile(
+        step_mu=s, sampling_probability=cfg.sampling_probability, steps=cfg.steps, events=list(_poisson_events(cfg, a))
+    )
 
 
 def _poisson_sizes_contract(cfg: TrainingConfig, a: LossAssumptions):

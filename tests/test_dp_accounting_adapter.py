@@ -545,9 +545,7 @@ def test_get_delta_validates_epsilon(epsilon):
         pytest.param(KR, 3.0, id="kr"),
         pytest.param(SI_CYCLIC, 2.0, id="si-cyclic"),
         pytest.param(SI_SHUFFLE, 2.0, id="si-shuffle"),
-        # random batch, convex: every noise multiplier tried builds a new membership profile (0.5-3 s each, both
-        # calibrations: ~50 s); the schedule-mixture f-DP kind stays in the default run through si-shuffle
-        pytest.param(BDR, 8.0, id="bdr", marks=pytest.mark.slow),
+        pytest.param(BDR, 8.0, id="bdr"),
     ],
 )
 def test_calibrate_dp_mechanism_finds_the_noise_multiplier(event, target):

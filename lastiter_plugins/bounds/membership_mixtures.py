@@ -38,29 +38,39 @@ import functools
 import math
 
 import numpy as np
-from scipy import stats
+from scipy import special, stats
 
 from lastiter_plugins import profiles
 
-#: Lattice sizes (cells of the mu^2 lattice, of the final window's mu lattice): every layout is
-#: ranked on the coarse lattices, the best _FINE_LAYOUTS are computed on the fine ones.
+#: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice, the best is computed on the
+#: fine one (ending where the coarse law ends).
 _COARSE_CELLS = 1000
 _FINE_CELLS = 8000
-_FINE_LAYOUTS = 2
-#: A strong contraction (c below _STRONG) leaves a few short blocks with sparse laws: there the fine
-#: lattice has _STRONG_FINE_CELLS cells at about the same cost.
+#: Below this contraction a prefix left unpaid pays off (candidate_layouts); its few short blocks have
+#: sparse laws, so the fine lattice has _STRONG_FINE_CELLS cells there at about the same cost.
 _STRONG = 0.999
 _STRONG_FINE_CELLS = 16000
+#: Cells of the final window's mu lattice.
+_WINDOW_CELLS = 8000
 #: A lattice is extended while more than this mass falls beyond it (that mass gets mu = inf).
 _LEFT_OUT = 1e-10
 #: Cells per shift s of the prefix's shift lattice.
 _Z_PER_SHIFT = 1000
 #: The layout is chosen at this delta (every layout is a valid bound: the choice only affects tightness).
 REFERENCE_DELTA = 1e-5
-#: A law with at most this many atoms is convolved atom by atom.
+#: Two laws whose sizes multiply to at most _DIRECT_PRODUCT are convolved directly; otherwise the atoms
+#: above _HEAVY (all atoms of a law with at most _SPARSE_ATOMS) one by one and the rest by FFT, with the
+#: FFT's error bound times _FFT_MARGIN subtracted (:func:`_convolve`).
+_DIRECT_PRODUCT = 1 << 20
 _SPARSE_ATOMS = 64
+_HEAVY = 1e-2
+_FFT_MARGIN = 2.0
+#: Single parts are merged into the exact law of their sum while it has at most this many atoms.
+_MERGED_ATOMS = 4096
 #: A layout repeats a block at most this often (every block's term is rounded up once).
 _MAX_REPEAT = 64
+#: A strong contraction over at most this many times 1/(1 - c) steps also gets flat layouts.
+_SHORT_RUN = 20.0
 #: Tail blocks before the window shrink by this factor (block i + 1 is at least this times block i).
 _SHRINK = 0.7
 
@@ -145,36 +155,81 @@ def _onto_lattice(values: np.ndarray, probs: np.ndarray, unit: float, cells: int
     return np.bincount(idx[keep], weights=np.asarray(probs, dtype=float)[keep], minlength=cells)[:cells]
 
 
-def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> np.ndarray:
-    """Law of the sum of two independent lattice variables, truncated to ``cells`` (exact sums of
-    non-negative terms: no cancellation). A law with few atoms (a block of few expected uses) is
-    added atom by atom."""
+def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, float]:
+    """Law of the sum of two independent lattice variables, truncated to ``cells`` and never above
+    the exact one (the caller counts the mass it lacks as mu = inf), and the mass the truncation
+    cut off (only to decide whether a wider lattice is worth computing).
+
+    Small laws are convolved directly. Otherwise the atoms above _HEAVY of either law (all atoms
+    of a law with at most _SPARSE_ATOMS) are added one by one, exactly (sums of non-negative
+    terms), and the rest by FFT less the FFT's error bound (:func:`_fft_error`), which is
+    proportional to the norms of the light parts: small."""
+    mass = float(a.sum()) * float(b.sum())
     atoms_a, atoms_b = np.flatnonzero(a), np.flatnonzero(b)
-    if min(atoms_a.size, atoms_b.size) > _SPARSE_ATOMS:
-        return np.convolve(a, b)[:cells]
-    if atoms_b.size > atoms_a.size:  # b: the law with fewer atoms
-        a, b, atoms_b = b, a, atoms_a
+    if not (atoms_a.size and atoms_b.size):
+        return np.zeros(1), mass
+    a, b = a[: atoms_a[-1] + 1], b[: atoms_b[-1] + 1]  # the zeros above the last atoms add nothing
+    if a.size * b.size <= _DIRECT_PRODUCT:
+        out = np.convolve(a, b)[:cells]
+        return out, max(mass - float(out.sum()), 0.0)
     out = np.zeros(min(cells, a.size + b.size - 1))
-    for j in atoms_b:
-        if j < out.size:
-            width = min(a.size, out.size - j)
-            out[j : j + width] += b[j] * a[:width]
-    return out
+
+    def add_atoms(law, atoms, other):  # out += sum over the atoms j of law[j] * (other shifted by j)
+        for j in atoms[atoms < out.size]:
+            width = min(other.size, out.size - j)
+            out[j : j + width] += law[j] * other[:width]
+
+    light = []
+    for law, other, atoms in ((b, a, atoms_b), (a, None, atoms_a)):
+        heavy = atoms if atoms.size <= _SPARSE_ATOMS else atoms[law[atoms] > _HEAVY]
+        if other is None:  # a's heavy atoms against b's light part
+            other = light[0]
+        add_atoms(law, heavy, other)
+        rest = law.copy()
+        rest[heavy] = 0.0
+        light.append(rest)
+        if not rest.any():
+            return out, max(mass - float(out.sum()), 0.0)
+    b_light, a_light = light
+    size = 1 << (a.size + b.size - 2).bit_length()  # a power of two >= a.size + b.size - 1
+    fft = np.fft.irfft(np.fft.rfft(a_light, size) * np.fft.rfft(b_light, size), size)[: out.size]
+    cut = max(mass - float(out.sum()) - float(fft.sum()), 0.0)
+    out += np.maximum(fft - _fft_error(size) * np.linalg.norm(a_light) * np.linalg.norm(b_light), 0.0)
+    return out, cut
 
 
-def _power(law: np.ndarray, count: int, cells: int) -> np.ndarray:
+def _fft_error(size: int) -> float:
+    r"""A bound on :math:`\max_j |\hat z_j - z_j| / (\|a\|_2 \|b\|_2)` for the convolution
+    :math:`z = a * b` computed by FFTs of length ``size`` = 2^k in double precision: Percival
+    (2003, Math. Comp. 72, Theorem 5.1), :math:`(1+\epsilon)^{3k}(1+\epsilon\sqrt5)^{3k+1}
+    (1+\beta)^{3k} - 1` with :math:`\epsilon = 2^{-53}` and twiddle factors within
+    :math:`\beta = 2\epsilon`, times _FFT_MARGIN for an FFT that is not exactly the radix-2 one analysed
+    (numpy's pocketfft; tests/test_membership_mixtures.py checks the bound against direct sums).
+    Subtracting it from every entry leaves each entry below the exact one (docs/decisions.md, 19)."""
+    k = size.bit_length() - 1
+    eps = 2.0**-53
+    beta = 2.0 * eps
+    exponent = 3 * k * math.log1p(eps) + (3 * k + 1) * math.log1p(eps * math.sqrt(5.0)) + 3 * k * math.log1p(beta)
+    return _FFT_MARGIN * math.expm1(exponent)
+
+
+def _power(law: np.ndarray, count: int, cells: int) -> tuple[np.ndarray, float]:
     """Law of the sum of ``count`` independent copies, by repeated squaring, truncated to ``cells``
-    (a partial sum above the cap only grows: the mass left out is that of totals above the cap)."""
+    (a partial sum above the cap only grows: the mass left out is that of totals above the cap),
+    and the mass cut off (see :func:`_convolve`)."""
     result = np.zeros(cells)
     result[0] = 1.0
     base = law[:cells]
+    cut = 0.0
     while count:
         if count & 1:
-            result = _convolve(result, base, cells)
+            result, lost = _convolve(result, base, cells)
+            cut += lost
         count >>= 1
         if count:
-            base = _convolve(base, base, cells)
-    return result
+            base, lost = _convolve(base, base, cells)
+            cut += lost
+    return result, cut
 
 
 @functools.lru_cache(maxsize=1024)
@@ -200,114 +255,117 @@ def _prefix_shift_law(step_mu: float, c: float, q: float, steps: int) -> tuple[n
     return _prefix_shift_law_horizon(step_mu, c, q, horizon, horizon < steps)
 
 
+def _old_shifts(c: float, horizon: int, older: bool) -> float:
+    """Worst case, in shifts, of the uses older than the horizon: every step used."""
+    return (c**horizon) / (1.0 - c) if older else 0.0
+
+
 @functools.lru_cache(maxsize=64)
 def _prefix_shift_law_horizon(
     step_mu: float, c: float, q: float, horizon: int, older: bool
 ) -> tuple[np.ndarray, float]:
-    r"""Law of (an upper bound on) :math:`z_P = s \sum_{t<P} u_t c^{P-1-t}` on a lattice of
-    ``s / k`` (about _Z_PER_SHIFT cells per mean shift): the last H steps by a recursion rounding
-    ``c z`` up, the older ones bounded by their worst case (every step used),
-    :math:`c^H s / (1 - c)`, added up front.
-    Returns (law, unit)."""
+    r"""Law of (an upper bound on) :math:`z_P = s \sum_{j<P} u_j c^j` (j: the age of a use) on a
+    lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift): each of the last H ages
+    contributes its own term :math:`s c^j` rounded up to the lattice (a run of ages with the same
+    rounded term adds that term times a Binomial count), the older ones their worst case (every
+    step used), :math:`c^H s / (1 - c)`, added up front. The lattice ends where a Chernoff bound
+    leaves at most _LEFT_OUT / 10 above it (that mass, and the Binomial tails the counts leave out,
+    are missing from the law: mu = inf). Returns (law, unit)."""
     mean = q / (1.0 - c) if c < 1.0 else q * horizon  # in shifts s
-    spread = math.sqrt(q / (1.0 - c * c)) if c < 1.0 else math.sqrt(q * horizon)
     per_shift = max(1, round(_Z_PER_SHIFT / max(1.0, mean)))  # cells per shift: about _Z_PER_SHIFT per mean
     unit = step_mu / per_shift
-    cells = int(per_shift * (mean + 40.0 * spread + 40.0)) + 1
-    old = (c**horizon) * step_mu / (1.0 - c) if older else 0.0
+    terms = _ceil_index(c ** np.arange(horizon, dtype=float) * per_shift, 1.0)  # s c^j in cells, rounded up
+    values, runs = np.unique(terms, return_counts=True)  # runs of equal terms (terms decrease with the age)
+    start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift, 1.0))
+    cells = start + _chernoff_cap(values.astype(float), runs.astype(float), q) + 1
     law = np.zeros(cells)
-    start = int(_ceil_index(old, unit))
-    if start >= cells:
-        return law, unit  # all mass above the lattice: mu = inf
     law[start] = 1.0
-    contracted = np.ceil(c * np.arange(cells) * (1.0 + 1e-12)).astype(np.int64)  # c z rounded up, in cells
-    for _ in range(horizon):
-        moved = np.bincount(contracted, weights=law, minlength=cells)[:cells]
-        used = np.zeros(cells)
-        used[per_shift:] = moved[: cells - per_shift]
-        law = (1.0 - q) * moved + q * used
+    for value, run in zip(values.tolist(), runs.tolist(), strict=True):
+        k, pk = _count_law(run, q)
+        shifts = k * value
+        new = np.zeros(cells)
+        inside = shifts < cells
+        for shift, p in zip(shifts[inside].tolist(), pk[inside].tolist(), strict=True):
+            new[shift:] += p * law[: cells - shift]  # what is pushed beyond the lattice: mu = inf
+        law = new
     return law, unit
 
 
+def _chernoff_cap(values: np.ndarray, runs: np.ndarray, q: float) -> int:
+    """An integer V with P(sum over groups of value * Binomial(run, q) > V) <= _LEFT_OUT / 10,
+    by Chernoff's bound on a grid of theta."""
+    mean = float(values @ runs) * q
+    thetas = np.geomspace(1e-3, 1e3, 60) / max(mean, float(values.max()), 1.0)
+    log_mgf = (
+        np.logaddexp(math.log1p(-q), math.log(q) + thetas[:, None] * values[None, :]) @ runs
+        if q < 1.0
+        else (thetas * float(values @ runs))
+    )
+    cap = float(np.min((log_mgf - math.log(_LEFT_OUT / 10.0)) / thetas))
+    return int(min(math.ceil(cap), float(values @ runs))) + 1
+
+
 def layout_mixture(
-    layout: Layout, *, step_mu: float, contraction: float, use_probability: float, cells: int = _FINE_CELLS
+    layout: Layout,
+    *,
+    step_mu: float,
+    contraction: float,
+    use_probability: float,
+    cells: int = _FINE_CELLS,
+    reach2: float | None = None,
 ):
     """(weights, mus) of the mixture for one layout (module docstring), on lattices of ``cells``
     cells; weights sum to 1, the mass the lattices leave out as a component with mu = inf.
 
-    Every term of (2) is s times a term that does not depend on s, so the law is computed once
-    for s = 1 (cached on the layout, c, q and the lattice) and its mus are multiplied by s."""
-    weights, nus = _unit_mixture(layout, float(contraction), float(use_probability), int(cells))
+    ``reach2``: where the mu^2 lattice ends, for s = 1 (None: a rough guess, widened while it cuts
+    off more than _LEFT_OUT). Every term of (2) is s times a term that does not depend on s, so the
+    law is computed once for s = 1 (cached on every argument) and its mus are multiplied by s."""
+    weights, nus = _unit_mixture(layout, float(contraction), float(use_probability), int(cells), reach2)
     with np.errstate(over="ignore"):
         return weights, nus * float(step_mu)
 
 
 @functools.lru_cache(maxsize=512)
-def _unit_mixture(layout: Layout, c: float, q: float, cells: int) -> tuple[np.ndarray, np.ndarray]:
-    s = 1.0
-    # the mu^2 lattice reaches 8x the uniform-density cost (over the steps a shift survives) plus a
-    # few uses at the end; four times further while more than _LEFT_OUT of the mass falls beyond
-    horizon = layout.steps if c == 1.0 else min(layout.steps, 1.0 / (1.0 - c))
-    reach = 8.0 * s * s * (q * q * horizon + 4.0 * q + 1.0)
-    for _ in range(4):
-        weights, mus, beyond = _layout_mixture(layout, s, c, q, cells, reach)
+def _unit_mixture(
+    layout: Layout, c: float, q: float, cells: int, reach2: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    if reach2 is None:
+        reach2 = _reach_guess(_parts(layout, c, q), cells)
+    for _ in range(4):  # four times further while more than _LEFT_OUT of the mass falls beyond
+        weights, mus, beyond = _layout_mixture(layout, c, q, cells, reach2)
         if beyond <= _LEFT_OUT:
             break
-        reach *= 4.0
+        reach2 *= 4.0
     weights.setflags(write=False)
     mus.setflags(write=False)
     return weights, mus
 
 
-def _layout_mixture(layout: Layout, s: float, c: float, q: float, cells: int, reach2: float):
-    window = layout.window
-    first, last = layout.first_block, layout.last_block
+def _reach_of(weights: np.ndarray, mus: np.ndarray) -> float:
+    """The smallest finite mu^2 of a mixture above which at most _LEFT_OUT / 2 of its finite mass
+    lies, widened by 2% (where a finer lattice of the same layout can end: it rounds up less)."""
+    finite = np.isfinite(mus)
+    above = np.cumsum(weights[finite][::-1])[::-1]  # mass at or above each mu
+    index = int(np.searchsorted(-above, -_LEFT_OUT / 2.0))  # first mu with at most that much at or above
+    top = mus[finite][min(index, int(finite.sum()) - 1)]
+    return 1.02 * float(top) ** 2
+
+
+def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: float):
+    """The law of (2) on the mu^2 lattice ``reach2 / cells * j`` for s = 1: (weights, mus, mass
+    beyond the lattice), the mass left out (by the parts or beyond the lattice) as mu = inf."""
+    parts = _parts(layout, c, q)
     unit2 = reach2 / cells
     total = np.zeros(cells)
     total[0] = 1.0
-    # window residual: the last block's uses, or the prefix's shift without blocks
-    residual_values, residual_probs = np.zeros(1), np.ones(1)
-    lost = 0.0  # mass the laws of the parts leave out themselves (not the mu^2 lattice's cut)
-    if layout.prefix > 0:
-        z_law, z_unit = _prefix_shift_law(s, c, q, layout.prefix)
-        lost += 1.0 - float(z_law.sum())
-        z_values = np.arange(z_law.size) * z_unit
-        if first is not None:
-            cost = _drain_factor(c, first) * z_values**2
-            total = _convolve(total, _onto_lattice(cost, z_law, unit2, cells), cells)
-        else:
-            residual_values, residual_probs = z_values, z_law
-    for (m, nxt), count in layout.pairs().items():
-        k, pk = _count_law(m, q)
-        lost += count * (1.0 - float(pk.sum()))
-        one = _onto_lattice(_drain_factor(c, nxt) * (s * k) ** 2, pk, unit2, cells)
-        total = _convolve(total, _power(one, count, cells), cells)
-    if last is not None:
-        k, pk = _count_law(last, q)
-        residual_values, residual_probs = s * k, pk
-        lost += 1.0 - float(pk.sum())
-    # the window, on a mu lattice: residual drained over the window, plus one term per step
-    terms = [s * _use_mu(c, r) for r in range(window)]
-    if window > 0:
-        reach = float(np.max(residual_values)) * c**window / math.sqrt(_capacity(c, window)) + sum(terms)
-    else:
-        reach = 0.0
-    unit = max(reach, s) * 1.5 / cells
-    if window > 0:
-        law = _onto_lattice(
-            residual_values * (c**window / math.sqrt(_capacity(c, window))), residual_probs, unit, cells
-        )
-    else:
-        law = _onto_lattice(np.zeros(1), np.ones(1), unit, cells)  # T = prefix + blocks: nothing left
-    for term in terms:
-        j = int(_ceil_index(term, unit))
-        moved = np.zeros(cells)
-        moved[j:] = law[: cells - j]
-        law = (1.0 - q) * law + q * moved
-    mu2 = (np.arange(cells) * unit) ** 2
-    total = _convolve(total, _onto_lattice(mu2, law, unit2, cells), cells)
+    beyond = 0.0  # (about) the mass the mu^2 lattice cut: decides a wider one
+    for values, probs, count in parts:
+        law = _onto_lattice(values, probs, unit2, cells)
+        beyond += float(probs.sum()) - float(law.sum())
+        law, cut = _power(law, count, cells)
+        total, cut2 = _convolve(total, law, cells)
+        beyond += cut + cut2
     total = np.maximum(total, 0.0)
-    beyond = 1.0 - float(total.sum()) - lost  # (about) the mass the mu^2 lattice cut: decides a wider one
     finite = float(total.sum())
     keep = total > 0
     weights = total[keep]
@@ -318,18 +376,108 @@ def _layout_mixture(layout: Layout, s: float, c: float, q: float, cells: int, re
     return np.append(weights, 1.0 - finite), np.append(mus, math.inf), beyond
 
 
+@functools.lru_cache(maxsize=512)
+def _parts(layout: Layout, c: float, q: float) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """The independent terms of (2) for s = 1, each as (values, probabilities, how many iid copies;
+    the mass a part's law leaves out is mu = inf): the prefix's drained shift, one term per
+    (block, next block) pair, and the final window's mu^2 (its law on a mu lattice of
+    _WINDOW_CELLS cells, rounded up)."""
+    first, last = layout.first_block, layout.last_block
+    parts = []
+    residual_values, residual_probs = np.zeros(1), np.ones(1)  # the window's residual shift
+    if layout.prefix > 0:
+        z_law, z_unit = _prefix_shift_law(1.0, c, q, layout.prefix)
+        z_values = np.arange(z_law.size) * z_unit
+        if first is not None:
+            parts.append((_drain_factor(c, first) * z_values**2, z_law, 1))
+        else:
+            residual_values, residual_probs = z_values, z_law
+    for (m, nxt), count in layout.pairs().items():
+        k, pk = _count_law(m, q)
+        parts.append((_drain_factor(c, nxt) * k.astype(float) ** 2, pk, count))
+    if last is not None:
+        k, pk = _count_law(last, q)
+        residual_values, residual_probs = k.astype(float), pk
+    # the window, on a mu lattice: the residual drained over the window, plus one term per step
+    window = layout.window
+    if window > 0:
+        drained = c**window / math.sqrt(_capacity(c, window))
+        terms = [_use_mu(c, r) for r in range(window)]
+        unit = max(float(np.max(residual_values)) * drained + sum(terms), 1.0) * 1.5 / _WINDOW_CELLS
+        law = _onto_lattice(residual_values * drained, residual_probs, unit, _WINDOW_CELLS)
+        for term in terms:
+            j = int(_ceil_index(term, unit))
+            moved = np.zeros(_WINDOW_CELLS)
+            moved[j:] = law[: _WINDOW_CELLS - j]
+            law = (1.0 - q) * law + q * moved
+        atoms = np.flatnonzero(law)
+        parts.append(((atoms * unit) ** 2, law[atoms], 1))
+    return _merge_small(parts)
+
+
+def _merge_small(parts):
+    """Single parts (one copy each) with few atoms replaced by the exact law of their sum, as long
+    as it has at most _MERGED_ATOMS atoms: fewer convolutions, and one rounding up instead of one
+    per part."""
+    single = sorted((p for p in parts if p[2] == 1), key=lambda p: p[0].size)
+    out = [p for p in parts if p[2] != 1]
+    values, probs = np.zeros(1), np.ones(1)
+    for v, p, _ in single:
+        keep = p > 0
+        v, p = v[keep], p[keep]
+        if values.size * v.size > _MERGED_ATOMS:
+            out.append((v, p, 1))
+            continue
+        values = (values[:, None] + v[None, :]).ravel()
+        probs = (probs[:, None] * p[None, :]).ravel()
+    out.append((values, probs, 1))
+    return out
+
+
+def _reach_guess(parts, cells: int) -> float:
+    """Where the mu^2 lattice should end: a Chernoff bound on the sum of the parts, exceeded with
+    probability at most _LEFT_OUT / 4 (P(X > x) <= E e^(theta X) / e^(theta x), minimised over a
+    grid of theta), widened by one cell per part for the rounding up. Only speed and tightness
+    depend on it: mass beyond the lattice becomes mu = inf, and the caller widens a lattice that
+    cuts off more than _LEFT_OUT."""
+    mean = sum(count * float(values @ probs) for values, probs, count in parts)
+    scale = max(mean, max(float(values.max()) for values, _, _ in parts), 1e-300)
+    thetas = np.geomspace(1e-2, 1e4, 40) / scale
+    log_mgf = np.zeros(thetas.size)
+    for values, probs, count in parts:
+        keep = probs > 0
+        v, p = values[keep], probs[keep]
+        if v.size > 256 and v.max() > 0:  # each value rounded up onto 256 bins: only raises the bound
+            top = float(v.max())
+            bins = np.minimum(np.ceil(v / top * 256.0), 256.0)
+            p = np.bincount(bins.astype(np.int64), weights=p, minlength=257)
+            v = np.arange(257) * (top / 256.0)
+            v, p = v[p > 0], p[p > 0]
+        terms = thetas[:, None] * v[None, :] + np.log(p)[None, :]
+        top = terms.max(axis=1)
+        log_mgf += count * (top + np.log(np.exp(terms - top[:, None]).sum(axis=1)))
+    reach = float(np.min((log_mgf - math.log(_LEFT_OUT / 4.0)) / thetas))
+    return reach * (1.0 + len(parts) / cells) + 1e-300
+
+
 def candidate_layouts(
     *, steps: int, use_probability: float, contraction: float, window_sizes=(2, 4, 8)
 ) -> list[Layout]:
     """A few layouts worth trying (module docstring). Every layout gives a valid bound; these are
     chosen for tightness only: flat blocks of about sqrt(T/q) steps (the variance of a block's count
     against the delay of its payment), blocks shrinking by _SHRINK towards the window, and for
-    a strong contraction a prefix left unpaid with a few blocks of about 1/(1 - c) steps."""
+    a strong contraction a prefix left unpaid with one block of about 1/(1 - c) steps. A run much
+    longer than 1/(1 - c) under a strong contraction gets only the latter (flat blocks were 15-75%
+    looser on every such setting tried, and cost the most)."""
     q, c = use_probability, contraction
+    strong = c < _STRONG
+    flat = not strong or steps * (1.0 - c) < _SHORT_RUN
     out = []
     # at most _MAX_REPEAT equal blocks: each block's term is rounded up on the lattice once
-    sizes = {max(1, round(math.sqrt(steps / q) * f), -(-steps // _MAX_REPEAT)) for f in (0.5, 1.0, 2.0)}
-    if c < _STRONG:
+    sizes = set()
+    if flat:
+        sizes |= {max(1, round(math.sqrt(steps / q) * f), -(-steps // _MAX_REPEAT)) for f in (0.5, 1.0, 2.0)}
+    if strong:
         sizes |= {max(1, round(0.6 / (1.0 - c) * f)) for f in (0.5, 1.0)}
     for f in window_sizes:
         f = min(f, steps)
@@ -346,10 +494,10 @@ def candidate_layouts(
             tail = tuple(tail[::-1])
             room = steps - f - sum(tail)
             full, first = divmod(room, m)
-            if full <= _MAX_REPEAT:
+            if flat and full <= _MAX_REPEAT:
                 out.append(Layout(0, (first,) if first else (), m, full, tail, f))
-            if c < _STRONG:
-                out.extend(Layout(room - keep * m, (), m, keep, tail, f) for keep in (1, 3) if keep < full)
+            if strong and full > 1:
+                out.append(Layout(room - m, (), m, 1, tail, f))
     return [lay for lay in dict.fromkeys(out) if lay.steps == steps]
 
 
@@ -369,7 +517,7 @@ def membership_profile(
 
     Returns:
       A mixture profile: the best of :func:`candidate_layouts` at :data:`REFERENCE_DELTA`
-      (every layout is valid; ranked on coarse lattices, the best few recomputed on fine ones).
+      (every layout is valid; ranked on the coarse lattice, the best recomputed on the fine one).
       Cached on every argument.
     """
     s, c, q = float(step_mu), float(contraction), float(use_probability)
@@ -387,17 +535,32 @@ def membership_profile(
         none = math.exp(steps * math.log1p(-q)) if q < 1.0 else 0.0
         return _with_extra(profiles.GaussianMixtureProfile.mixture([none, 1.0 - none], [0.0, math.inf]), extra_mass)
 
-    def ranked(layouts, cells):
-        out = []
-        for lay in layouts:
-            w, m = layout_mixture(lay, step_mu=s, contraction=c, use_probability=q, cells=cells)
-            profile = _with_extra(profiles.GaussianMixtureProfile.mixture(w, m), extra_mass)
-            out.append((profile.epsilon(REFERENCE_DELTA), len(out), lay, profile))
-        return sorted(out, key=lambda x: x[:2])
+    # rank the layouts on the coarse lattice by their delta at one epsilon (the first layout's at
+    # REFERENCE_DELTA; without the extra mass, which adds the same to every layout): every block
+    # size with a window of 4 steps, then the best with windows of 2 and 8; compute the best on the
+    # fine lattice, ending where its coarse law ends
+    def coarse(lay):
+        return _scaled(*_unit_mixture(lay, c, q, _COARSE_CELLS, None), s, 0.0)
 
-    coarse = ranked(candidate_layouts(steps=steps, use_probability=q, contraction=c), _COARSE_CELLS)
+    first = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(4,))
+    eps0 = coarse(first[0]).epsilon(REFERENCE_DELTA)
+    best = min(first, key=lambda lay: coarse(lay).delta(eps0))
+    others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))
+    same = [lay for lay in others if (lay.repeat, lay.prefix > 0) == (best.repeat, best.prefix > 0)]
+    best = min([best, *same], key=lambda lay: coarse(lay).delta(eps0))
     fine = _STRONG_FINE_CELLS if c < _STRONG else _FINE_CELLS
-    return ranked([x[2] for x in coarse[:_FINE_LAYOUTS]], fine)[0][3]
+    w, m = _unit_mixture(best, c, q, fine, _reach_of(*_unit_mixture(best, c, q, _COARSE_CELLS, None)))
+    return _scaled(w, m, s, extra_mass)
+
+
+def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -> profiles.GaussianMixtureProfile:
+    """The mixture of an s-free law with its mus times s, and an extra component with mu = inf and
+    weight ``extra_mass`` (the other weights times 1 - extra_mass)."""
+    with np.errstate(over="ignore"):
+        mus = nus * s
+    if extra_mass > 0.0:
+        weights, mus = np.append(weights * (1.0 - extra_mass), extra_mass), np.append(mus, math.inf)
+    return profiles.GaussianMixtureProfile.mixture(weights, mus)
 
 
 def _with_extra(profile: profiles.GaussianMixtureProfile, extra_mass: float) -> profiles.GaussianMixtureProfile:
@@ -489,8 +652,9 @@ def poisson_size_events(
     q_low = max(q - 1.0 / n, 0.0)  # the lower tail also for a true rate up to 1/n below q (adapters round q up)
     half = SIZE_EVENT_BUDGET / (2.0 * t)
     # r_lo: the largest r with P(O < r) <= half; r_q: the smallest r with P(O > r) <= half
-    r_lo = _bisect(lambda r: stats.binom.cdf(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
-    r_q = _bisect(lambda r: stats.binom.sf(r, n, q) <= half, 0, n, last_true=False)
+    # (the fast ufuncs only choose the range; its probability below is computed by scipy.stats)
+    r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
+    r_q = _bisect(lambda r: special.bdtrc(r, n, q) <= half, 0, n, last_true=False)
     step = functools.partial(
         step_contraction,
         learning_rate=learning_rate,
@@ -518,33 +682,14 @@ def poisson_size_events(
 
 
 def poisson_profile(
-    *,
-    step_mu: float,
-    dataset_size: int,
-    batch_size: int,
-    sampling_probability: float,
-    steps: int,
-    learning_rate: float,
-    strong_convexity: float,
-    smoothness: float,
-    l2_outside_clip: bool,
+    *, step_mu: float, sampling_probability: float, steps: int, events: list[tuple[float, float]]
 ) -> profiles.GaussianMixtureProfile:
-    """The Poisson profile: :func:`membership_profile` under each event of
+    """The Poisson profile: :func:`membership_profile` under each (contraction, probability) event of
     :func:`poisson_size_events`, the best at REFERENCE_DELTA (each is valid).
 
     Raises:
-      ValueError: no batch-size range keeps the step non-expansive (c <= 1).
+      ValueError: no event (no batch-size range keeps the step non-expansive, c <= 1).
     """
-    events = poisson_size_events(
-        dataset_size=dataset_size,
-        batch_size=batch_size,
-        sampling_probability=sampling_probability,
-        steps=steps,
-        learning_rate=learning_rate,
-        strong_convexity=strong_convexity,
-        smoothness=smoothness,
-        l2_outside_clip=l2_outside_clip,
-    )
     if not events:
         raise ValueError("no range of batch sizes around the expected one keeps the step non-expansive (c <= 1).")
     candidates = [
