@@ -513,13 +513,17 @@ def _profile_rdp(profile: ProfileFunction) -> RdpFunction:
     return rdp
 
 
+def _liang_expansion(cfg, a) -> float:
+    # the larger neighbouring dataset has n + 1 examples, all of which a Poisson batch can hold
+    return liang.step_expansion(cfg.learning_rate, a.smoothness, cfg.dataset_size + 1, cfg.batch_size)
+
+
+def _liang_bounded_lower(cfg, a, delta: float) -> float:
+    return liang.bounded_lower_epsilon(delta, expansion=_liang_expansion(cfg, a), **_domain_inputs(cfg, a))
+
+
 def _liang_bounded(cfg, a, orders):
-    return liang.bounded_rdp(
-        orders,
-        **_domain_inputs(cfg, a),
-        # the larger neighbouring dataset has n + 1 examples, all of which a Poisson batch can hold
-        expansion=liang.step_expansion(cfg.learning_rate, a.smoothness, cfg.dataset_size + 1, cfg.batch_size),
-    )
+    return liang.bounded_rdp(orders, **_domain_inputs(cfg, a), expansion=_liang_expansion(cfg, a))
 
 
 def _liang_unbounded(cfg, a, orders):
@@ -747,6 +751,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "1 + eta*M*n/b (worst-case Poisson batch)",
         conditions=(_needs_learning_rate, _needs_smoothness, _needs_diameter),
         compute=_liang_bounded,
+        lower_estimate=_liang_bounded_lower,
     ),
     BoundSpec(
         id="liang-unbounded",

@@ -94,3 +94,53 @@ def test_g3_poisson_bounded(diameter, z, q, lr, steps):
     print(f"\nG3 D={diameter} z={z} q={q} T={steps}: bounded/exact {np.round(bounded / exact.lower, 3)}")
     assert np.all(bounded >= exact.lower)
     assert np.all(unbounded >= exact.lower)
+
+
+@pytest.mark.filterwarnings("ignore:the optimal Renyi order")  # the small user grid
+def test_lower_estimate_never_above_the_reported_epsilon():
+    """liang-bounded's lower estimate (decisions section 21) lets best skip it: it must never exceed
+    what the row reports, on the default grid or on any user grid, at any delta (it comes within 1% of
+    it on most of these draws, so a wrong constant fails)."""
+    import lastiter_plugins as lp
+
+    rng = np.random.default_rng(21)
+    for i in range(24):
+        n = int(rng.integers(50, 100000))
+        b = int(rng.integers(1, n + 1))
+        params = dict(
+            dataset_size=n,
+            batch_size=b,
+            sampling="poisson",
+            relation="add_or_remove_one",
+            noise_multiplier=float(np.exp(rng.uniform(np.log(0.3), np.log(50.0)))),
+            steps=int(rng.integers(1, 10**6)),
+            learning_rate=float(np.exp(rng.uniform(np.log(1e-4), np.log(1.0)))),
+            smoothness=float(np.exp(rng.uniform(np.log(1e-3), np.log(10.0)))),
+            diameter=float(np.exp(rng.uniform(np.log(1e-4), np.log(10.0)))),
+        )
+        delta = float(np.exp(rng.uniform(np.log(1e-12), np.log(0.3))))
+        config, assumptions = lp.build(**params)
+        lower = lp.BOUNDS["liang-bounded"].lower_estimate(config, assumptions, delta)
+        for orders in (None, [1.5, 2.0, 10.0, 100.0])[: 1 + i % 2]:
+            reported = lp.epsilon("liang-bounded", delta, orders=orders, **params).epsilon
+            assert lower <= reported * (1 + 1e-12), (params, delta, orders, lower, reported)
+
+
+def test_best_skips_liang_bounded_when_its_estimate_cannot_win():
+    """The Poisson pipeline of benchmarks/bench_core_speed.py: liang-bounded reports ~1.6e10; best does not
+    compute it, says so, and gives the same number as the minimum over every row computed."""
+    import lastiter_plugins as lp
+    from lastiter_plugins import evaluation
+
+    params = dict(dataset_size=60000, batch_size=600, noise_multiplier=1.0, learning_rate=0.005, steps=10**4,
+                  smoothness=1.0, strong_convexity=0.05, gradient_norms_within_clip=True, diameter=1.0,
+                  sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    config, assumptions = lp.build(**params)
+    skipped = evaluation.evaluate_for_best(config, assumptions, 1e-5)["liang-bounded"]
+    assert skipped.result is None and "not computed" in skipped.notes[0]
+    everything = evaluation.evaluate_all(config, assumptions, 1e-5)
+    assert everything["liang-bounded"].result.epsilon > 1e9
+    assert (
+        lp.epsilon("best", 1e-5, **params).epsilon
+        == evaluation.best_of(everything.values(), config.relation).result.epsilon
+    )

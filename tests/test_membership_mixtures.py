@@ -377,9 +377,11 @@ def test_every_run_gets_layouts_covering_its_steps(contraction):
     """Short and long runs, rare and certain memberships: at least one layout, each of T steps."""
     for steps in [*range(1, 60), 1000, 3000, 10**6, 10**12]:
         for q in (1e-9, 0.01, 0.25, 1.0):
-            layouts = mm.candidate_layouts(steps=steps, use_probability=q, contraction=contraction)
-            assert layouts and all(lay.steps == steps for lay in layouts), (steps, q)
-            assert all(lay.count <= 64 for lay in layouts)
+            for windows in ((2, 4, 8), (4,), (2, 8)):  # the first stage of the ranking uses window 4 alone
+                layouts = mm.candidate_layouts(steps=steps, use_probability=q, contraction=contraction,
+                                               window_sizes=windows)  # fmt: skip
+                assert layouts and all(lay.steps == steps for lay in layouts), (steps, q)
+                assert all(lay.count <= 64 and lay.window >= 1 for lay in layouts)
 
 
 def test_no_renyi_curve_is_claimed():
@@ -405,3 +407,9 @@ def test_no_renyi_curve_is_claimed():
     checks = fuzz.check_instance(Instance("G1", params), fuzz.CHECK_ORDERS)
     assert checks and not [c.describe() for c in checks if c.failed]
     assert any(c.bound == "shifted-interpolation-random-batch" and c.eps is not None for c in checks)
+
+
+def test_a_layout_without_a_final_window_is_refused():
+    """The last block's shift is paid in the window: a layout ending on a block would leave it unpaid."""
+    with pytest.raises(ValueError, match="window of at least one step"):
+        mm.layout_mixture(mm.Layout.of(0, (3, 2), 0), step_mu=1.0, contraction=0.9, use_probability=0.2)

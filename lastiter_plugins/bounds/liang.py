@@ -9,6 +9,8 @@ Losses M-smooth (non-convex allowed), clipped gradients.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lastiter_plugins.bounds._common import minimise_over_fraction, square
@@ -88,6 +90,30 @@ def bounded_rdp(
             return sgm_rdp(q, np.sqrt(beta) * z, orders) + shift / (1.0 - beta)
 
     return minimise_over_fraction(objective, orders.size)
+
+
+def bounded_lower_epsilon(
+    delta: float,
+    *,
+    noise_multiplier: float,
+    diameter: float,
+    batch_size: int,
+    learning_rate: float,
+    clip_norm: float,
+    expansion: float,
+    **_: object,
+) -> float:
+    r"""A proven lower bound on the epsilon that liang-bounded reports at ``delta``, without its
+    sampled-Gaussian term (docs/decisions.md, section 21): every candidate of :func:`bounded_rdp`
+    is at least its shift term, :math:`\rho\alpha` with :math:`\rho = (c D b/(\eta z C))^2/2`, and
+    dp-accounting's conversion of :math:`\rho\alpha` at any order exceeds
+    :math:`\rho + 2\sqrt{\rho(\log(1/\delta) - 1)} - 1`."""
+    ratio = expansion * diameter * batch_size / learning_rate / noise_multiplier / clip_norm
+    rho = ratio * ratio / 2.0 if ratio < 1e150 else math.inf
+    log_inv_delta = -math.log(delta)
+    if log_inv_delta <= 1.0 or not rho > 0.0:
+        return 0.0
+    return max(0.0, rho + 2.0 * math.sqrt(rho * (log_inv_delta - 1.0)) - 1.0)
 
 
 def unbounded_rdp(

@@ -382,6 +382,8 @@ def _parts(layout: Layout, c: float, q: float) -> list[tuple[np.ndarray, np.ndar
     the mass a part's law leaves out is mu = inf): the prefix's drained shift, one term per
     (block, next block) pair, and the final window's mu^2 (its law on a mu lattice of
     _WINDOW_CELLS cells, rounded up)."""
+    if layout.window < 1:  # the last block's (or the prefix's) shift is paid in the window
+        raise ValueError(f"a layout ends with a window of at least one step. Found {layout}.")
     first, last = layout.first_block, layout.last_block
     parts = []
     residual_values, residual_probs = np.zeros(1), np.ones(1)  # the window's residual shift
@@ -400,18 +402,17 @@ def _parts(layout: Layout, c: float, q: float) -> list[tuple[np.ndarray, np.ndar
         residual_values, residual_probs = k.astype(float), pk
     # the window, on a mu lattice: the residual drained over the window, plus one term per step
     window = layout.window
-    if window > 0:
-        drained = c**window / math.sqrt(_capacity(c, window))
-        terms = [_use_mu(c, r) for r in range(window)]
-        unit = max(float(np.max(residual_values)) * drained + sum(terms), 1.0) * 1.5 / _WINDOW_CELLS
-        law = _onto_lattice(residual_values * drained, residual_probs, unit, _WINDOW_CELLS)
-        for term in terms:
-            j = int(_ceil_index(term, unit))
-            moved = np.zeros(_WINDOW_CELLS)
-            moved[j:] = law[: _WINDOW_CELLS - j]
-            law = (1.0 - q) * law + q * moved
-        atoms = np.flatnonzero(law)
-        parts.append(((atoms * unit) ** 2, law[atoms], 1))
+    drained = c**window / math.sqrt(_capacity(c, window))
+    terms = [_use_mu(c, r) for r in range(window)]
+    unit = max(float(np.max(residual_values)) * drained + sum(terms), 1.0) * 1.5 / _WINDOW_CELLS
+    law = _onto_lattice(residual_values * drained, residual_probs, unit, _WINDOW_CELLS)
+    for term in terms:
+        j = int(_ceil_index(term, unit))
+        moved = np.zeros(_WINDOW_CELLS)
+        moved[j:] = law[: _WINDOW_CELLS - j]
+        law = (1.0 - q) * law + q * moved
+    atoms = np.flatnonzero(law)
+    parts.append(((atoms * unit) ** 2, law[atoms], 1))
     return _merge_small(parts)
 
 
@@ -543,6 +544,7 @@ def membership_profile(
         return _scaled(*_unit_mixture(lay, c, q, _COARSE_CELLS, None), s, 0.0)
 
     first = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(4,))
+    assert first, (steps, q, c)  # test_every_run_gets_layouts_covering_its_steps
     eps0 = coarse(first[0]).epsilon(REFERENCE_DELTA)
     best = min(first, key=lambda lay: coarse(lay).delta(eps0))
     others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))

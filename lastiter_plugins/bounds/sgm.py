@@ -182,6 +182,19 @@ def sgm_rdp(
       to it at integer orders.
     """
     orders = np.asarray(orders, dtype=float)
+    if np.ndim(noise) == 0 and orders.ndim == 1:  # composition and liang-unbounded ask for the same curve
+        return np.array(_sgm_rdp_cached(float(q), float(noise), tuple(orders.tolist()), exact_fractional))
+    return _sgm_rdp(q, noise, orders, exact_fractional)
+
+
+@functools.lru_cache(maxsize=256)
+def _sgm_rdp_cached(q: float, noise: float, orders: tuple[float, ...], exact_fractional: bool) -> np.ndarray:
+    out = _sgm_rdp(q, noise, np.array(orders), exact_fractional)
+    out.setflags(write=False)
+    return out
+
+
+def _sgm_rdp(q: float, noise, orders: np.ndarray, exact_fractional: bool) -> np.ndarray:
     noise_arr = np.broadcast_to(np.asarray(noise, dtype=float), orders.shape)
     if q == 0.0:
         return np.zeros_like(orders)
