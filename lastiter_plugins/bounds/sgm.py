@@ -12,9 +12,9 @@ equal to it at integer orders:
 
 * :func:`sgm_rdp` with ``exact_fractional=True`` (used by the baselines users
   compare against): integer orders by the closed-form binomial sum, fractional
-  orders by dp-accounting's own series (``_compute_rdp_poisson_subsampled_gaussian``),
-  so the numbers match dp-accounting's ``RdpAccountant`` and Opacus'
-  ``RDPAccountant``.
+  orders by dp-accounting's own series (``_compute_rdp_poisson_subsampled_gaussian``,
+  re-evaluated here for all orders at once, term for term), so the numbers match
+  dp-accounting's ``RdpAccountant`` and Opacus' ``RDPAccountant``.
 * ``exact_fractional=False`` (used inside the minimisations of Altschuler &
   Talwar and Liang et al., where the SGM is evaluated at hundreds of noise
   levels): fractional orders are bounded by interpolating the cumulant
@@ -41,6 +41,7 @@ with numpy, and the tests pin it to dp-accounting to 1e-9 at integer orders.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -233,19 +234,181 @@ def _extremes(orders: np.ndarray, half_inv: np.ndarray, gaussian: np.ndarray) ->
 
 
 def _dp_accounting_fractional(q: float, orders: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    """dp-accounting's series at fractional orders; inf wherever it gives no number (its series is
-    unstable for large fractional orders, NaN, and may raise at extreme noise)."""
+    """dp-accounting's series at fractional orders (``_compute_rdp_poisson_subsampled_gaussian``),
+    evaluated by :func:`_fractional_log_moment`; inf wherever dp-accounting gives no number (its
+    series is unstable for large fractional orders, NaN, and may raise at extreme noise)."""
+    orders = np.asarray(orders, dtype=float)
+    noise = np.broadcast_to(np.asarray(noise, dtype=float), orders.shape)
     out = np.full(orders.shape, np.inf)
+    plain = (0.0 < q < 1.0) & np.isfinite(orders) & (orders != np.floor(orders)) & np.isfinite(noise) & (noise > 0.0)
+    idx = np.flatnonzero(plain)
+    handed_back = np.zeros(idx.size, dtype=bool)
+    if idx.size:
+        with np.errstate(all="ignore"):
+            log_moment, handed_back = _fractional_log_moment(q, orders[idx], noise[idx])
+            out[idx] = log_moment / (orders[idx] - 1.0)
+    for k in np.concatenate([np.flatnonzero(~plain), idx[handed_back]]):
+        out[k] = _dp_accounting_one(q, float(orders[k]), float(noise[k]))
+    return np.where(np.isfinite(out) & (out >= 0.0), out, np.inf)
+
+
+def _dp_accounting_one(q: float, order: float, noise: float) -> float:
+    """dp-accounting's own per-order call, for the arguments :func:`_fractional_log_moment` hands back."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        for k, (a, s) in enumerate(zip(orders, noise, strict=True)):
-            try:
-                value = float(_dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, float(s), [float(a)])[0])
-            except (ArithmeticError, ValueError):
-                continue
-            if math.isfinite(value) and value >= 0.0:
-                out[k] = value
-    return out
+        try:
+            return float(_dp_rdp._compute_rdp_poisson_subsampled_gaussian(q, noise, [order])[0])
+        except (ArithmeticError, ValueError):
+            return math.inf
+
+
+#: Newer dp-accounting (0.6 tested) stops its fractional series after this many terms (``inf`` if it
+#: has not converged); None for the older series (0.4.x), which has no cap. See _fractional_log_moment.
+_DPA_SERIES_CAP: int | None = getattr(_dp_rdp, "_MAX_STEPS_LOG_A_FRAC", None)
+_FIRST_TERMS = 128  # terms per order in the first block (enough for q <= 0.01, s >= 1); then doubled
+_MAX_TERMS = 2**20  # the uncapped series handed back to dp-accounting beyond this many terms
+
+
+def _fractional_log_moment(q: float, orders: np.ndarray, noise: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""log A_alpha at fractional orders by the series of dp-accounting's ``_compute_log_a_frac``
+    (Mironov, Talwar & Zhang 2019, arXiv 1908.10530, Sec. 3.3), term for term as the installed
+    dp-accounting sums it, so the results agree to the last bit.
+
+    A_alpha splits at z0 = s^2 log(1/q - 1) + 1/2 into two series over i = 0, 1, ... with terms
+    :math:`|\binom{\alpha}{i}| q^i (1-q)^{\alpha-i} e^{(i^2-i)/(2s^2)} \mathrm{erfc}((i-z_0)/(\sqrt2 s))/2`
+    and the same with i and j = alpha - i swapped in the powers, the exponent and the erfc argument.
+    The installed version decides how they are added and when they stop:
+
+    * 0.4.x: signed terms (the sign of the binomial coefficient), added and subtracted in log space;
+      a partial sum that would turn negative raises (-> inf); stops after the first i whose two terms
+      are both below e^-30. The subtractions are a sequential loop over the precomputed terms, with
+      the math module's functions as dp-accounting uses them.
+    * newer (0.6 tested; has ``_MAX_STEPS_LOG_A_FRAC``): |terms| added (a larger sum, still an upper
+      bound), by ``np.logaddexp.accumulate`` (the same operations as its ``_log_add``); stops at the first i
+      where both terms decrease and lie 30 nats below the running total; inf after the cap.
+
+    The terms are computed a block of i at a time for all orders at once, with the same scipy
+    functions and the same arithmetic in the same order as dp-accounting; logs and exps that
+    dp-accounting takes with the math module are taken with it here too (numpy's own may differ in
+    the last bit on some CPUs, and near q -> 0 the cumulant is a few ulps of 1).
+
+    Args:
+      q: sampling probability in (0, 1).
+      orders: fractional orders > 1.
+      noise: noise standard deviation per order (> 0, finite).
+
+    Returns:
+      (log A_alpha per order, mask of the orders handed back to dp-accounting's own loop: a NaN or
+      +inf term, or an uncapped series longer than _MAX_TERMS).
+    """
+    n = orders.size
+    log_moment = np.full(n, np.inf)
+    handed_back = np.zeros(n, dtype=bool)
+    setup = [_series_constants(q, a, s) for a, s in zip(orders.tolist(), noise.tolist(), strict=True)]
+    active = np.array([c is not None for c in setup], dtype=bool)  # others raise in dp-accounting: inf
+    z0, scale, den = (np.array([c[k] if c else np.nan for c in setup]) for k in range(3))
+    capped = _DPA_SERIES_CAP is not None
+    log_q = math.log(q)
+    log_1mq = math.log1p(-q) if capped else math.log(1 - q)
+    limit = _DPA_SERIES_CAP if capped else _MAX_TERMS
+    carry = np.full((n, 4), -np.inf)  # capped: running sums a0, a1 and the previous terms s0, s1
+    pieces: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(n)]  # signed: terms up to the stop
+    lo, width = 0, _FIRST_TERMS
+    while active.any() and lo < limit:
+        rows = np.flatnonzero(active)
+        hi = min(lo + width, limit)
+        i = np.arange(lo, hi, dtype=float)[None, :]
+        a = orders[rows, None]
+        z, sc, d = z0[rows, None], scale[rows, None], den[rows, None]
+        j = a - i
+        if capped:
+            log_coef = special.gammaln(a + 1) - special.gammaln(i + 1) - special.gammaln(j + 1)
+            positive = None
+        else:
+            coef = special.binom(a, i)
+            positive = coef > 0
+            magnitude = np.abs(coef)
+            log_coef = np.array([math.log(c) if c > 0.0 else math.nan for c in magnitude.ravel().tolist()])
+            log_coef = log_coef.reshape(magnitude.shape)  # math.log as dp-accounting; log 0 raises there
+        log_e0 = _LOG_HALF + (_LOG_TWO + special.log_ndtr(-((i - z) / sc) * _ROOT_TWO))
+        log_e1 = _LOG_HALF + (_LOG_TWO + special.log_ndtr(-((z - j) / sc) * _ROOT_TWO))
+        s0 = log_coef + i * log_q + j * log_1mq + (i * i - i) / d + log_e0
+        s1 = log_coef + j * log_q + i * log_1mq + (j * j - j) / d + log_e1
+        if capped:
+            acc0 = np.logaddexp.accumulate(np.column_stack([carry[rows, 0], s0]), axis=1)[:, 1:]
+            acc1 = np.logaddexp.accumulate(np.column_stack([carry[rows, 1], s1]), axis=1)[:, 1:]
+            total = np.logaddexp(acc0, acc1)
+            prev0 = np.column_stack([carry[rows, 2], s0[:, :-1]])
+            prev1 = np.column_stack([carry[rows, 3], s1[:, :-1]])
+            stop = (s0 < prev0) & (s1 < prev1) & (np.maximum(s0, s1) < total - 30)
+            carry[rows] = np.column_stack([acc0[:, -1], acc1[:, -1], s0[:, -1], s1[:, -1]])
+        else:
+            stop = np.maximum(s0, s1) < -30
+        odd = np.isnan(s0) | np.isnan(s1) | (s0 == np.inf) | (s1 == np.inf)
+        first_stop = np.where(stop.any(axis=1), stop.argmax(axis=1), hi - lo)
+        first_odd = np.where(odd.any(axis=1), odd.argmax(axis=1), hi - lo)
+        for r, row in enumerate(rows.tolist()):
+            end = first_stop[r]
+            if first_odd[r] <= end and first_odd[r] < hi - lo:
+                handed_back[row], active[row] = True, False
+            elif capped:
+                if end < hi - lo:
+                    log_moment[row], active[row] = total[r, end], False
+            else:
+                pieces[row].append((s0[r, : end + 1], s1[r, : end + 1], positive[r, : end + 1]))
+                if end < hi - lo:
+                    active[row] = False
+                    log_moment[row] = _signed_log_moment(*map(np.concatenate, zip(*pieces[row], strict=True)))
+        lo, width = hi, min(2 * width, 2**16)
+    if not capped:
+        handed_back |= active  # no stop within _MAX_TERMS: dp-accounting's own loop decides
+    return log_moment, handed_back
+
+
+_LOG_HALF = math.log(0.5)
+_LOG_TWO = math.log(2)
+_ROOT_TWO = 2**0.5
+
+
+def _series_constants(q: float, order: float, noise: float) -> tuple[float, float, float] | None:
+    """z0, sqrt(2) s and 2 s^2 as dp-accounting computes them (Python floats); None where that raises."""
+    try:
+        z0 = noise**2 * math.log(1 / q - 1) + 0.5
+        den = 2 * (noise**2)
+    except (ArithmeticError, ValueError):
+        return None
+    return (z0, math.sqrt(2) * noise, den) if den != 0.0 else None  # dp-accounting divides by 2 s^2
+
+
+def _signed_log_moment(s0: np.ndarray, s1: np.ndarray, positive: np.ndarray) -> float:
+    """dp-accounting 0.4.x's running sums: log-add the terms with positive binomial coefficient,
+    log-subtract the others (inf where a partial sum would turn negative), then add the two parts."""
+    signs = positive.tolist()
+    try:
+        return _log_add(_signed_log_sum(s0.tolist(), signs), _signed_log_sum(s1.tolist(), signs))
+    except ValueError:
+        return math.inf
+
+
+def _signed_log_sum(terms: list[float], positive: list[bool]) -> float:
+    total = -math.inf
+    for term, add in zip(terms, positive, strict=True):
+        if add:  # _log_add, inlined: this loop is the series' only per-term Python
+            low, high = (total, term) if total < term else (term, total)
+            total = high if low == -math.inf else math.log1p(math.exp(low - high)) + high
+        elif total < term:
+            raise ValueError(f"partial sum would be negative: log {total} - log {term}")
+        elif total == term:
+            total = -math.inf
+        elif term != -math.inf:
+            with contextlib.suppress(OverflowError):  # expm1 overflows: the term is negligible, total stays
+                total = math.log(math.expm1(total - term)) + term
+    return total
+
+
+def _log_add(x: float, y: float) -> float:
+    low, high = min(x, y), max(x, y)
+    return high if low == -math.inf else math.log1p(math.exp(low - high)) + high
 
 
 # Orders up to which dp-accounting evaluates Wang et al.'s Theorem 27 with forward
