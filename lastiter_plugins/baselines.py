@@ -80,19 +80,34 @@ class PoissonPldProfile:
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at ``delta``: dp-accounting's ``get_epsilon_for_delta`` (pessimistic), computed vectorised
-        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.epsilon_for_delta`), cached on every field
-        and ``delta``."""
+        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.epsilon_for_delta`), at ``delta`` less the
+        FFT noise margin (:func:`fft_noise_margin`); cached on every field and ``delta``."""
         return _pld_epsilon(self, float(delta))
 
     def delta(self, eps: float) -> float:
         """Delta at ``eps``: dp-accounting's ``get_delta_for_epsilon`` (pessimistic), computed vectorised
-        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.delta_for_epsilon`), at most 1."""
-        return min(sampled_gaussian_pld.delta_for_epsilon(self._pld(), float(eps)), 1.0)
+        (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.delta_for_epsilon`), plus the FFT noise
+        margin, at most 1."""
+        pld = self._pld()
+        return min(sampled_gaussian_pld.delta_for_epsilon(pld, float(eps)) + fft_noise_margin(pld), 1.0)
+
+
+#: The smallest FFT noise margin added to a PLD row's delta (section 18, part 7).
+MIN_FFT_NOISE_MARGIN = 1e-13
+
+
+def fft_noise_margin(pld) -> float:
+    """What a PLD row adds to the host's delta for the rounding of its FFT composition (docs/decisions.md,
+    section 18, part 7): ten times the total of the composed PMFs' negative probabilities (pure FFT
+    noise: every true probability is >= 0), at least MIN_FFT_NOISE_MARGIN."""
+    return max(MIN_FFT_NOISE_MARGIN, 10.0 * sampled_gaussian_pld.negative_mass(pld))
 
 
 @functools.lru_cache(maxsize=64)
 def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
-    return sampled_gaussian_pld.epsilon_for_delta(profile._pld(), delta)
+    pld = profile._pld()
+    margin = fft_noise_margin(pld)
+    return sampled_gaussian_pld.epsilon_for_delta(pld, delta - margin) if delta > margin else math.inf
 
 
 def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:

@@ -44,8 +44,11 @@ def _dp_accounting_reference(q: float, noise: float, orders: np.ndarray) -> np.n
     return np.array(out)
 
 
-@pytest.mark.parametrize("noise", NOISES, ids=[f"s={s:g}" for s in NOISES])
-@pytest.mark.parametrize("q", SAMPLING_RATES, ids=[f"q={q:g}" for q in SAMPLING_RATES])
+# dp-accounting's own loop takes 5-9 s at q = 0.5 with large noise (long series): those two cases are left out
+_CASES = [(q, s) for q in SAMPLING_RATES for s in NOISES if not (q == 0.5 and s >= 10.0)]
+
+
+@pytest.mark.parametrize(("q", "noise"), _CASES, ids=[f"q={q:g}-s={s:g}" for q, s in _CASES])
 def test_fractional_series_matches_dp_accounting(q, noise, monkeypatch):
     expected = _dp_accounting_reference(q, noise, ORDERS)
 

@@ -358,6 +358,14 @@ def _host_tables(pld) -> list[_HostPmf] | None:
     return None if tables is None or any(t is None for t in tables) else tables
 
 
+def negative_mass(pld) -> float:
+    """The total of the negative probabilities of the composed PMFs (the largest over remove and add):
+    FFT noise of the host's composition, every true probability being >= 0. 0 when the host's tables
+    are not readable (another dp-accounting version)."""
+    tables = _host_tables(pld)
+    return 0.0 if tables is None else max(float(-np.minimum(t.probs, 0.0).sum()) for t in tables)
+
+
 def delta_for_epsilon(pld, eps: float) -> float:
     """dp-accounting's ``PrivacyLossDistribution.get_delta_for_epsilon(eps)``, vectorised.
 
