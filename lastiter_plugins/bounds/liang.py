@@ -80,10 +80,9 @@ def bounded_rdp(
     """
     orders = np.asarray(orders, dtype=float)
     q, z = sampling_probability, noise_multiplier
-    # alpha (c D b / (eta z C))^2 / 2, in Python floats, which round an overflow to inf (vacuous) instead of raising
-    ratio = expansion * diameter * batch_size / learning_rate / z / clip_norm
+    rho = _shift_rho(z, diameter, batch_size, learning_rate, clip_norm, expansion)
     with np.errstate(over="ignore"):
-        shift = orders * (square(ratio) / 2.0)
+        shift = orders * rho
 
     def objective(beta: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
@@ -92,24 +91,32 @@ def bounded_rdp(
     return minimise_over_fraction(objective, orders.size)
 
 
+def _shift_rho(
+    noise_multiplier: float, diameter: float, batch_size: int, learning_rate: float, clip_norm: float, expansion: float
+) -> float:
+    r""":math:`\rho = (c D b / (\eta z C))^2 / 2`, the shift term's slope in the order; in Python floats,
+    which round an overflow to inf (vacuous) instead of raising."""
+    return square(expansion * diameter * batch_size / learning_rate / noise_multiplier / clip_norm) / 2.0
+
+
 def bounded_lower_epsilon(
     delta: float,
     *,
+    sampling_probability: float,
     noise_multiplier: float,
     diameter: float,
     batch_size: int,
     learning_rate: float,
     clip_norm: float,
     expansion: float,
-    **_: object,
 ) -> float:
     r"""A proven lower bound on the epsilon that liang-bounded reports at ``delta``, without its
     sampled-Gaussian term (docs/decisions.md, section 21): every candidate of :func:`bounded_rdp`
     is at least its shift term, :math:`\rho\alpha` with :math:`\rho = (c D b/(\eta z C))^2/2`, and
     dp-accounting's conversion of :math:`\rho\alpha` at any order exceeds
     :math:`\rho + 2\sqrt{\rho(\log(1/\delta) - 1)} - 1`."""
-    ratio = expansion * diameter * batch_size / learning_rate / noise_multiplier / clip_norm
-    rho = ratio * ratio / 2.0 if ratio < 1e150 else math.inf
+    del sampling_probability  # the estimate leaves out the sampled-Gaussian term, the only one using q
+    rho = _shift_rho(noise_multiplier, diameter, batch_size, learning_rate, clip_norm, expansion)
     log_inv_delta = -math.log(delta)
     if log_inv_delta <= 1.0 or not rho > 0.0:
         return 0.0

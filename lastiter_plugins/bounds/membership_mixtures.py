@@ -529,12 +529,12 @@ def membership_profile(
         )
     c = max(c, 1e-12)
     if s == 0.0 or q == 0.0:
-        return _with_extra(profiles.GaussianMixtureProfile.gaussian(0.0), extra_mass)
+        return _scaled(np.ones(1), np.zeros(1), 1.0, extra_mass)
     if s < _TINY_SHIFT:  # every use paid over its own remaining steps, norm <= s each: mu <= s T (Minkowski)
-        return _with_extra(profiles.GaussianMixtureProfile.gaussian(s * steps), extra_mass)
+        return _scaled(np.ones(1), np.array([s * steps]), 1.0, extra_mass)
     if s > _HUGE_SHIFT:  # any use: mu = inf; none (probability (1-q)^T): mu = 0
         none = math.exp(steps * math.log1p(-q)) if q < 1.0 else 0.0
-        return _with_extra(profiles.GaussianMixtureProfile.mixture([none, 1.0 - none], [0.0, math.inf]), extra_mass)
+        return _scaled(np.array([none, 1.0 - none]), np.array([0.0, math.inf]), 1.0, extra_mass)
 
     # rank the layouts on the coarse lattice by their delta at one epsilon (the first layout's at
     # REFERENCE_DELTA; without the extra mass, which adds the same to every layout): every block
@@ -563,14 +563,6 @@ def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -
     if extra_mass > 0.0:
         weights, mus = np.append(weights * (1.0 - extra_mass), extra_mass), np.append(mus, math.inf)
     return profiles.GaussianMixtureProfile.mixture(weights, mus)
-
-
-def _with_extra(profile: profiles.GaussianMixtureProfile, extra_mass: float) -> profiles.GaussianMixtureProfile:
-    r"""``(1 - p) profile + p`` (an event of probability p, independent of the memberships, with delta 1)."""
-    if extra_mass == 0.0:
-        return profile
-    w = np.append(np.asarray(profile.weights) * (1.0 - extra_mass), extra_mass)
-    return profiles.GaussianMixtureProfile.mixture(w, np.append(profile.mus, math.inf))
 
 
 #: Shifts outside [_TINY_SHIFT, _HUGE_SHIFT] (noise std of 1e100 or 1e-100 clip norms) get the crude forms
@@ -700,4 +692,4 @@ def poisson_profile(
         )
         for c, mass in events
     ]
-    return min(candidates, key=lambda p: p.epsilon(REFERENCE_DELTA))
+    return candidates[0] if len(candidates) == 1 else min(candidates, key=lambda p: p.epsilon(REFERENCE_DELTA))
