@@ -93,7 +93,7 @@ class PoissonPldProfile:
 
 
 #: The smallest FFT noise margin added to a PLD row's delta (section 18, part 7).
-MIN_FFT_NOISE_MARGIN = 1e-13
+MIN_FFT_NOISE_MARGIN = 1e-12
 
 
 def fft_noise_margin(pld) -> float:

@@ -44,7 +44,7 @@ esac
 
 if [ "$#" -eq 0 ]; then
   set -- -q tests/test_dp_accounting_adapter.py tests/test_known_values.py tests/test_liang_sensitivity.py \
-    tests/test_conversion.py tests/test_profiles.py tests/test_baselines.py tests/test_one_best.py
+    tests/test_conversion.py tests/test_profiles.py tests/test_baselines.py tests/test_one_best.py tests/test_sgm_series.py
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"
