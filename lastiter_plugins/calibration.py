@@ -51,7 +51,10 @@ def calibrate_noise(
     epsilon is computed once more and checked before returning. A value at most
     a factor ``1 + rtol`` below the result was evaluated and missed the target
     (unless the search reached ``MIN_NOISE_MULTIPLIER``), so the result is
-    minimal to ``rtol`` wherever epsilon is monotone.
+    minimal to ``rtol`` wherever epsilon is monotone. For ``best``, whether a
+    noise multiplier meets the target is asked of its rows one by one, a row that
+    missed at a larger noise multiplier not again (:class:`_BestSearch`); the
+    returned value is still certified by ``best`` itself.
 
     Args:
       bound: a bound id or ``best``.
