@@ -88,8 +88,7 @@ class PoissonPldProfile:
         """Delta at ``eps``: dp-accounting's ``get_delta_for_epsilon`` (pessimistic), computed vectorised
         (:func:`~lastiter_plugins.bounds.sampled_gaussian_pld.delta_for_epsilon`), plus the FFT noise
         margin, at most 1."""
-        pld = self._pld()
-        return min(sampled_gaussian_pld.delta_for_epsilon(pld, float(eps)) + fft_noise_margin(pld), 1.0)
+        return min(sampled_gaussian_pld.delta_for_epsilon(self._pld(), float(eps)) + _margin(self), 1.0)
 
 
 #: The smallest FFT noise margin added to a PLD row's delta (section 18, part 7).
@@ -104,10 +103,15 @@ def fft_noise_margin(pld) -> float:
 
 
 @functools.lru_cache(maxsize=64)
+def _margin(profile: PoissonPldProfile) -> float:
+    # the negative mass walks the composed tables: once per distribution, not once per delta asked
+    return fft_noise_margin(profile._pld())
+
+
+@functools.lru_cache(maxsize=64)
 def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
-    pld = profile._pld()
-    margin = fft_noise_margin(pld)
-    return sampled_gaussian_pld.epsilon_for_delta(pld, delta - margin) if delta > margin else math.inf
+    margin = _margin(profile)
+    return sampled_gaussian_pld.epsilon_for_delta(profile._pld(), delta - margin) if delta > margin else math.inf
 
 
 def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:
