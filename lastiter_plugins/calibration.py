@@ -44,9 +44,12 @@ def calibrate_noise(
     the epsilon reported for one is the best of a finite search (over orders, or
     a root-find on a privacy profile), valid at every noise multiplier yet not
     guaranteed exactly monotone in it. The search therefore never relies on
-    monotonicity for validity: a geometric bracket, then bisection, keeping as
+    monotonicity for validity: a geometric bracket, then a shrinking of it, keeping as
     the upper end only noise multipliers that were evaluated and met the target,
-    and as the lower end only ones evaluated and missing it. The returned value
+    and as the lower end only ones evaluated and missing it. Each try is where the
+    line through the ends' (log z, log epsilon) crosses the target (epsilon is close
+    to a power of z), at least ``rtol / 2`` inside the bracket; the geometric middle
+    when the bracket did not halve in two tries (:func:`_next_point`). The returned value
     is the upper end (the smallest evaluated value that met the target); its
     epsilon is computed once more and checked before returning. A value at most
     a factor ``1 + rtol`` below the result was evaluated and missed the target
@@ -90,11 +93,12 @@ def calibrate_noise(
     def epsilon_at(z: float) -> float:
         return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders).epsilon
 
-    def meets(z: float) -> bool:
-        return epsilon_at(z) <= target_epsilon
+    def probe(z: float) -> tuple[bool, float | None]:
+        eps = epsilon_at(z)
+        return eps <= target_epsilon, eps
 
     if bound == evaluation.BEST:
-        meets = _BestSearch(config, assumptions, delta, use_orders, target_epsilon).meets
+        probe = _BestSearch(config, assumptions, delta, use_orders, target_epsilon).probe
 
     def certified(z: float) -> float:
         found = epsilon_at(z)
@@ -104,6 +108,13 @@ def calibrate_noise(
                 f"target_epsilon = {target_epsilon:g}."
             )
         return z
+
+    seen: dict[float, float | None] = {}  # z -> the epsilon that guided the search (None: not known)
+
+    def meets(z: float) -> bool:
+        met, eps = probe(z)
+        seen[z] = eps
+        return met
 
     # Bracket: hi evaluated and met, lo evaluated and missed.
     hi = min(1.0, cap)
@@ -120,14 +131,37 @@ def calibrate_noise(
         hi, lo = lo, lo / 2.0
         if lo < MIN_NOISE_MULTIPLIER:
             return certified(hi)
-    # Bisection in log scale; the invariant holds whatever the shape of epsilon(z).
+    # Shrink the bracket; the invariant holds whatever the shape of epsilon(z).
+    widths = [math.log(hi / lo)] * 2
     while hi / lo > 1.0 + rtol:
-        mid = math.sqrt(lo * hi)
+        bisect = widths[-1] > 0.5 * widths[-3] if len(widths) > 2 else False
+        mid = _next_point(lo, hi, seen.get(lo), seen.get(hi), target_epsilon, rtol, bisect)
         if meets(mid):
             hi = mid
         else:
             lo = mid
+        widths.append(math.log(hi / lo))
     return certified(hi)
+
+
+def _next_point(
+    lo: float, hi: float, eps_lo: float | None, eps_hi: float | None, target: float, rtol: float, bisect: bool
+) -> float:
+    """The next noise multiplier to try in (lo, hi): where the line through (log z, log epsilon) at the two
+    ends crosses the target (epsilon is close to a power of z), kept at least rtol/2 (in ratio) inside
+    the bracket so that an accurate guess closes it on the next try; the geometric middle when an end's
+    epsilon is not known or not usable, or when ``bisect`` (the bracket did not halve in two tries)."""
+    middle = math.sqrt(lo * hi)
+    usable = eps_lo is not None and eps_hi is not None and eps_lo > target and 0.0 < eps_hi <= target
+    if bisect or not usable or not (math.isfinite(eps_lo) and math.isfinite(eps_hi)):
+        return middle
+    f_lo, f_hi = math.log(eps_lo / target), math.log(eps_hi / target)
+    if not f_lo > f_hi:
+        return middle
+    x = math.log(lo) + f_lo * math.log(hi / lo) / (f_lo - f_hi)
+    margin = min(math.log1p(rtol) / 2.0, math.log(hi / lo) / 2.0)
+    x = min(max(x, math.log(lo) + margin), math.log(hi) - margin)
+    return math.exp(x)
 
 
 class _BestSearch:
@@ -142,9 +176,10 @@ class _BestSearch:
         self._target = target
         self._missed_at: dict[str, float] = {}
 
-    def meets(self, z: float) -> bool:
+    def probe(self, z: float) -> tuple[bool, float | None]:
+        """(whether best meets the target at z, the smallest epsilon of the rows computed there or None)."""
         config = self._config.replace(noise_multiplier=z)
-        met = False
+        met, smallest = False, None
         for bid, spec in registry.BOUNDS.items():
             if not spec.proof.proven or self._missed_at.get(bid, 0.0) >= z:
                 continue
@@ -153,8 +188,10 @@ class _BestSearch:
                 spec, config, self._assumptions, self._delta, self._orders, beat=self._target
             )
             winner = evaluation.best_of([row], config.relation)
+            if winner is not None:
+                smallest = winner.result.epsilon if smallest is None else min(smallest, winner.result.epsilon)
             if winner is not None and winner.result.epsilon <= self._target:
                 met = True
             else:
                 self._missed_at[bid] = z
-        return met
+        return met, smallest

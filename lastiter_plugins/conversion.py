@@ -10,6 +10,11 @@ the RDP bound's own value at that order. Three ways of choosing the order:
 * :func:`refine_epsilon`: starting from the grid optimum, a bounded search that
   evaluates the bound at new orders.
 
+:func:`monotone_envelope` raises a curve to its running maximum over the orders
+(valid, and free on a non-decreasing curve), which lets
+:func:`epsilon_lower_estimate` bound the refined epsilon from below with the
+curve at a few orders (docs/decisions.md, section 22).
+
 A finer choice of order can only lower epsilon to a value the curve proves; it
 never interpolates RDP values between orders.
 """
@@ -351,3 +356,96 @@ def refine_epsilon(
     if refined < eps:
         return refined, refined_order
     return eps, order
+
+
+# ---------------------------------------------------------------- lower estimates (decisions.md, section 22)
+
+
+def monotone_envelope(rdp_at: RdpCallable, orders: np.ndarray, rdp: np.ndarray) -> tuple[RdpCallable, np.ndarray]:
+    """A curve raised to its running maximum over the orders (docs/decisions.md, section 22, part 1).
+
+    Returns ``(raised_at, raised)``: ``raised`` is ``rdp`` where each finite value is raised to the
+    largest finite value at a smaller order of ``orders``; ``raised_at(new)`` is ``rdp_at(new)``
+    raised to the largest finite grid value at an order <= each new order (new orders below the
+    grid are not raised). Raising an RDP bound keeps it valid; on a non-decreasing curve nothing
+    changes. Non-finite values stay as they are (the conversion skips them).
+    """
+    orders = np.asarray(orders, dtype=float).reshape(-1)
+    rdp = np.asarray(rdp, dtype=float).reshape(-1)
+    sort = np.argsort(orders, kind="stable")
+    sorted_orders = orders[sort]
+    finite = np.isfinite(rdp[sort])
+    floor = np.maximum.accumulate(np.where(finite, np.maximum(rdp[sort], 0.0), 0.0))
+    raised = np.empty_like(rdp)
+    raised[sort] = np.where(finite, floor, rdp[sort])
+
+    def raised_at(new: np.ndarray) -> np.ndarray:
+        new = np.asarray(new, dtype=float)
+        values = np.asarray(rdp_at(new), dtype=float)
+        below = np.searchsorted(sorted_orders, new, side="right") - 1
+        return np.where(below >= 0, np.maximum(values, floor[np.maximum(below, 0)]), values)
+
+    return raised_at, raised
+
+
+def _h_infimum(lo: np.ndarray, hi: np.ndarray, delta: float) -> np.ndarray:
+    """inf of h(a) = log(1 - 1/a) + (L - log a)/(a - 1) over [lo, hi] (lo > 1.01): h decreases up to
+    a = 1/delta and increases after (section 22, part 2), so the infimum is at the clipped 1/delta."""
+    at = np.minimum(np.maximum(1.0 / delta, lo), hi)
+    return np.log1p(-1.0 / at) + (-math.log(delta) - np.log(at)) / (at - 1.0)
+
+
+#: First orders asked by :func:`epsilon_lower_estimate`: the grid orders nearest 1 + 2^k / 4, up to 33 (larger
+#: orders are asked only if the piece above 33 can beat the bar: some bounds cost more there).
+_ESTIMATE_ORDERS = 1.0 + 2.0 ** np.arange(8) / 4.0
+
+
+def epsilon_lower_estimate(
+    rdp_at: RdpCallable, orders: np.ndarray, delta: float, beat: float, *, rounds: int = 3
+) -> float:
+    """A proven lower bound on the epsilon :func:`refine_epsilon` reports for the envelope of
+    :func:`monotone_envelope` on ``orders``, from the curve at a few of the orders (docs/decisions.md,
+    section 22).
+
+    The first call of ``rdp_at`` asks for the first grid order and the ones nearest 1 + 2^k / 4 up to 33;
+    while a piece between asked orders has a bound <= ``beat``, the pieces at or below the bar are
+    split at their middle grid order, one vectorised call per round, at most ``rounds`` more
+    calls. Stops as soon as every piece is above ``beat`` (the row cannot beat it), or one at or
+    below the bar cannot be split. ``beat = inf`` refines every piece down to one grid step
+    (within ``rounds``): the tightest estimate.
+
+    Returns:
+      The estimate (0 when nothing can be claimed): above ``beat`` only if the reported epsilon is.
+    """
+    grid = np.unique(np.asarray(orders, dtype=float).reshape(-1))
+    n = grid.size
+    asked = np.unique(np.concatenate(([0], np.searchsorted(grid, _ESTIMATE_ORDERS).clip(0, n - 1))))
+    values: dict[int, float] = {}
+    zero_case = -math.log1p(-delta * delta)  # r below it converts to epsilon 0
+    estimate = 0.0
+    for _ in range(int(rounds) + 1):
+        new = np.array([i for i in asked if i not in values], dtype=int)
+        if new.size:
+            got = np.asarray(rdp_at(grid[new]), dtype=float).reshape(-1)
+            values.update(zip(new.tolist(), got.tolist(), strict=True))
+        starts = np.array(sorted(values), dtype=int)
+        r = np.array([values[i] for i in starts])
+        floor = np.maximum.accumulate(np.where(np.isfinite(r), np.maximum(r, 0.0), 0.0))
+        if floor[0] < zero_case:
+            return 0.0
+        ends = np.append(starts[1:], n - 1)
+        lo = np.maximum(grid[starts], MIN_CONVERSION_ORDER)
+        hi = grid[ends]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bounds = np.where(hi > MIN_CONVERSION_ORDER, floor + _h_infimum(lo, np.maximum(hi, lo), delta), math.inf)
+        bounds = bounds * (1.0 - 1e-9) - 1e-12
+        estimate = max(float(bounds.min()), 0.0)
+        low = bounds <= beat
+        if not low.any():
+            return estimate
+        splittable = ends - starts >= 2
+        if (math.isfinite(beat) and (low & ~splittable).any()) or not (low & splittable).any():
+            return estimate  # the bar cannot be cleared (or nothing is left to split)
+        split = low & splittable
+        asked = np.concatenate((starts, (starts[split] + ends[split]) // 2))
+    return estimate

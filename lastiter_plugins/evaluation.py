@@ -32,7 +32,14 @@ import numpy as np
 
 from lastiter_plugins import registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
-from lastiter_plugins.conversion import epsilon_of_linear_rdp, refine_epsilon, validate_delta, validate_orders
+from lastiter_plugins.conversion import (
+    epsilon_lower_estimate,
+    epsilon_of_linear_rdp,
+    monotone_envelope,
+    refine_epsilon,
+    validate_delta,
+    validate_orders,
+)
 from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
 
@@ -207,13 +214,24 @@ def _epsilon_of(
     """(epsilon, order) of one applicable bound whose curve on ``orders`` is ``curve``.
 
     Lossless (docs/decisions.md): an RDP curve linear in the order converts at the continuous optimum over all
-    orders when the default grid is used; any other curve is refined between the
-    grid orders by evaluating the bound itself at new orders (every candidate is
-    a valid epsilon; the search can only return one of them).
+    orders when the default grid is used; any other curve, raised to its running maximum over the orders
+    (section 22: valid, and free on a non-decreasing curve), is refined between the grid orders by
+    evaluating the bound itself at new orders (every candidate is a valid epsilon; the search can only
+    return one of them).
     """
-    if spec.linear_in_order and default_orders:
+    if _converts_in_closed_form(spec, default_orders):
         return epsilon_of_linear_rdp(float(np.max(curve / orders)), delta)  # max: rho*alpha >= curve on the grid
-    return refine_epsilon(lambda new: registry.rdp_curve(spec, cfg, a, new), orders, curve, delta)
+    raised_at, raised = monotone_envelope(lambda new: registry.rdp_curve(spec, cfg, a, new), orders, curve)
+    return refine_epsilon(raised_at, orders, raised, delta)
+
+
+def _converts_in_closed_form(spec: BoundSpec, default_orders: bool) -> bool:
+    return spec.linear_in_order and default_orders
+
+
+def _has_grid_estimate(spec: BoundSpec, default_orders: bool) -> bool:
+    """A Renyi row whose epsilon is refined from its curve: section 22's estimate bounds it from below."""
+    return spec.lower_estimate is None and spec.profile is None and not _converts_in_closed_form(spec, default_orders)
 
 
 def _result(spec: BoundSpec, cfg: TrainingConfig, eps: float, delta: float, order: float | None) -> EpsilonResult:
@@ -277,16 +295,21 @@ def evaluate_bound(
     )
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
+    lower = None
     if beat is not None and spec.lower_estimate is not None:
         lower = spec.lower_estimate(config, assumptions, delta)
-        if lower > beat:
-            return dataclasses.replace(
-                base,
-                notes=(
-                    f"not computed: a proven lower bound on its epsilon ({lower:.4g}) is above the best so far "
-                    f"({beat:.4g}), so it cannot change best.",
-                ),
-            )
+    elif beat is not None and _has_grid_estimate(spec, orders is None):
+        lower = epsilon_lower_estimate(
+            lambda new: registry.rdp_curve(spec, config, assumptions, new), validate_orders(orders), delta, beat
+        )
+    if lower is not None and lower > beat:
+        return dataclasses.replace(
+            base,
+            notes=(
+                f"not computed: a proven lower bound on its epsilon ({lower:.4g}) is above the best so far "
+                f"({beat:.4g}), so it cannot change best.",
+            ),
+        )
     default_orders = orders is None
     orders = validate_orders(orders)
     if spec.profile is not None:
@@ -384,17 +407,27 @@ def evaluate_for_best(
     config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
 ) -> dict[str, BoundEvaluation]:
     """Every bound of the table, in table order, as :func:`evaluate_all` with ``delta``, except that a
-    bound with a proven lower estimate (a PLD row) is computed last and only when that estimate is
-    not above the best so far (it says so in its notes otherwise). The minimum is the same.
+    bound with a proven lower estimate is computed only when that estimate is not above the best so
+    far (it says so in its notes otherwise). The minimum and the winner are the same.
+
+    Order: the rows without an estimate (privacy profiles, curves linear in the order) first, then
+    the Renyi rows refined from their curve (section 22's estimate from a few orders), then the rows
+    with their own estimate (the PLD rows, liang-bounded), each against the best so far.
     """
     delta = validate_delta(delta)
-    deferred = [bid for bid, spec in registry.BOUNDS.items() if spec.lower_estimate is not None]
+    default_orders = orders is None
+    barred = [
+        bid
+        for bid, spec in registry.BOUNDS.items()
+        if spec.lower_estimate is None and _has_grid_estimate(spec, default_orders)
+    ]
+    barred += [bid for bid, spec in registry.BOUNDS.items() if spec.lower_estimate is not None]
     out = {
         bid: evaluate_bound(spec, config, assumptions, delta, orders)
         for bid, spec in registry.BOUNDS.items()
-        if bid not in deferred
+        if bid not in barred
     }
-    for bid in deferred:
+    for bid in barred:
         so_far = best_of(out.values(), config.relation)
         beat = math.inf if so_far is None else so_far.result.epsilon
         out[bid] = evaluate_bound(registry.BOUNDS[bid], config, assumptions, delta, orders, beat=beat)

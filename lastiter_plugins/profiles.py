@@ -152,12 +152,25 @@ def _upper_bracket(log_delta, log_target: float, start: float) -> float:
     return math.inf
 
 
+def _remembered(log_delta):
+    """``log_delta`` computed once per argument (a mixture's costs about a millisecond)."""
+    seen: dict[float, float] = {}
+
+    def at(eps: float) -> float:
+        if eps not in seen:
+            seen[eps] = log_delta(eps)
+        return seen[eps]
+
+    return at
+
+
 def _solve_epsilon(log_delta, delta: float, scale: float) -> float:
     r"""Smallest eps >= 0 with delta(eps) <= target, delta(.) decreasing; re-checked."""
     if not 0.0 <= delta <= 1.0 or math.isnan(delta):
         raise ValueError(f"delta must be in [0, 1]. Found {delta}.")
     if delta == 0.0:
         return math.inf
+    log_delta = _remembered(log_delta)  # the bracket ends and the result are asked for twice
     log_target = math.log(delta)
     if log_delta(0.0) <= log_target:
         return 0.0

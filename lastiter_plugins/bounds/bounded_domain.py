@@ -116,8 +116,22 @@ def _convex_minimiser(orders, am1, d, z, q, steps):
     return np.exp(0.5 * (lo + hi))
 
 
-def _contracting_scaled(windows: float, am1, orders, d, z, q, contraction) -> np.ndarray:
-    r""":math:`(\alpha-1)\varepsilon_R` of the strongly convex window bound (one R, all orders).
+def _block_edges(window: int, log_c: float) -> np.ndarray:
+    """Edges of the blocks of j in [0, window) for the trapezoid bound: singletons first, then blocks
+    over which c^j falls by e^-_BLOCK_LOG_RATIO, then index-doubling ones."""
+    bounds = [np.arange(min(_SINGLETONS, window) + 1, dtype=float)]
+    if window > _SINGLETONS:
+        k_max = int(_NEGLIGIBLE_LOG / _BLOCK_LOG_RATIO)
+        ratio_edges = np.ceil(np.arange(1, k_max + 1) * _BLOCK_LOG_RATIO / -log_c)
+        doubling = _SINGLETONS * 2.0 ** np.arange(0, 64)
+        extra = np.concatenate((ratio_edges, doubling, [float(window)]))
+        bounds.append(extra[(extra > _SINGLETONS) & (extra <= window)])
+    return np.unique(np.concatenate(bounds))
+
+
+def _contracting_scaled(windows, am1, orders, d, z, q, contraction) -> np.ndarray:
+    r""":math:`(\alpha-1)\varepsilon_R` of the strongly convex window bound, for each window R (rows)
+    and order (columns); a single R gives one row, flattened.
 
     Deterministic schedule :math:`a'_j \propto c^{R+j}` (the minimiser of
     :math:`\sum a'^2`): deterministic part :math:`(\alpha/2) d^2 c^{2R}/S_R`, per-step
@@ -125,34 +139,31 @@ def _contracting_scaled(windows: float, am1, orders, d, z, q, contraction) -> np
     :math:`S_R = \sum_{i<R} c^{2i}`, j = 0..R-1. :math:`\sum_j L(x_j)` is bounded
     above blockwise by the trapezoid of the convex increasing L: on a block of
     consecutive j the mean of :math:`c^j` is at most the mean of its end values.
+    The blocks of every R are laid end to end and summed per R in one pass.
     """
+    scalar = np.ndim(windows) == 0
+    windows = np.atleast_1d(np.asarray(windows, dtype=float))
     log_c = math.log(contraction)
-    log_det = 2.0 * log_c + float(log_theta(contraction, windows))  # log(c^{2R} / S_R)
-    log_s = math.log(-math.expm1(2.0 * windows * log_c)) - math.log(-math.expm1(2.0 * log_c))
+    edges = [_block_edges(int(r), log_c) for r in windows]
+    first = np.concatenate([e[:-1] for e in edges])
+    last = np.concatenate([e[1:] - 1.0 for e in edges])  # inclusive j ranges
+    count = np.concatenate([np.diff(e) for e in edges])
+    starts = np.cumsum([0] + [e.size - 1 for e in edges[:-1]])
+    log_det = 2.0 * log_c + np.array([float(log_theta(contraction, r)) for r in windows])  # log(c^{2R} / S_R)
+    log_s = np.log(-np.expm1(2.0 * windows * log_c)) - math.log(-math.expm1(2.0 * log_c))
     log_y0 = math.log(d) + windows * log_c - log_s  # y0 = d c^R / S_R, d > 0 finite
-    with np.errstate(over="ignore", invalid="ignore"):  # inf: vacuous; NaN (inf * 0): a candidate dropped
-        det = am1 * orders * np.exp(2.0 * math.log(d) + log_det) / 2.0
-    # block boundaries (shared by all orders)
-    r_int = int(windows)
-    bounds = [np.arange(min(_SINGLETONS, r_int) + 1, dtype=float)]
-    if r_int > _SINGLETONS:
-        k_max = int(_NEGLIGIBLE_LOG / _BLOCK_LOG_RATIO)
-        ratio_edges = np.ceil(np.arange(1, k_max + 1) * _BLOCK_LOG_RATIO / -log_c)
-        doubling = _SINGLETONS * 2.0 ** np.arange(0, 64)
-        extra = np.concatenate((ratio_edges, doubling, [float(r_int)]))
-        bounds.append(extra[(extra > _SINGLETONS) & (extra <= r_int)])
-    edges = np.unique(np.concatenate(bounds))
-    first, last = edges[:-1], edges[1:] - 1.0  # inclusive j ranges
-    count = edges[1:] - edges[:-1]
+    block_y0 = np.repeat(log_y0, [e.size - 1 for e in edges])
     am1c = am1[:, None]
-    # x_j = kappa_0 + w c^j, w = 2 alpha y0 / z, with w c^j formed in log space (c^j may underflow where w overflows)
-    log_w = (np.log(2.0 * orders) + log_y0 - math.log(z))[:, None]
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # inf: vacuous; NaN (inf * 0): a candidate dropped
+        det = am1c * orders[:, None] * np.exp(2.0 * math.log(d) + log_det)[None, :] / 2.0
+        # x_j = kappa_0 + w c^j, w = 2 alpha y0 / z, formed in log space (c^j may underflow where w overflows)
+        log_w = np.log(2.0 * orders)[:, None] - math.log(z) + block_y0[None, :]
         kappa0 = orders[:, None] * (2.0 * inverse_square(z))
         l_first = _log_mgf(kappa0 + np.exp(log_w + first[None, :] * log_c), am1c, q)
         l_last = _log_mgf(kappa0 + np.exp(log_w + last[None, :] * log_c), am1c, q)
-        total = np.sum(count[None, :] * 0.5 * (l_first + l_last), axis=1)
-        return det + total
+        total = np.add.reduceat(count[None, :] * 0.5 * (l_first + l_last), starts, axis=1)
+        out = (det + total).T
+    return out[0] if scalar else out
 
 
 def _contracting(orders, am1, d, z, q, steps, contraction, log_m0):
@@ -161,12 +172,9 @@ def _contracting(orders, am1, d, z, q, steps, contraction, log_m0):
     contraction = math.exp(log_c)
     cap = min(float(steps), max(1.0, math.ceil(_NEGLIGIBLE_LOG / -log_c)))  # c^{2R} < e^-60 beyond
     grid = np.unique(np.round(np.geomspace(1.0, cap, _GRID_CONTRACTING)))
-    best = np.full_like(orders, np.inf)
-    for r in grid:
-        scaled = _contracting_scaled(float(r), am1, orders, d, z, q, contraction)
-        value = _first_use_refinement(scaled, np.full_like(orders, r), steps, am1, q, log_m0)
-        best = np.fmin(best, value)  # a NaN candidate (inf * 0 at absurd orders) is dropped: the others are valid
-    return best
+    scaled = _contracting_scaled(grid, am1, orders, d, z, q, contraction)
+    values = _first_use_refinement(scaled, grid[:, None], steps, am1, q, log_m0)
+    return np.fmin.reduce(values, axis=0)  # a NaN candidate (inf * 0 at absurd orders) is dropped: the others are valid
 
 
 def random_batch_rdp(
