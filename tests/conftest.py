@@ -1,7 +1,8 @@
 """Shared pytest configuration and parameter factories.
 
 Slow suites (full soundness fuzzing, long sweeps) are marked ``@pytest.mark.slow``
-and run only with ``pytest --runslow``.
+and run only with ``pytest --runslow``; randomised sweeps that run in both take their
+size from :func:`sweep_size` (smaller by default, the full size with ``--runslow``).
 
 The factories build the keyword parameters of the public API (and the matching
 command-line flags) that several test files use, so that a pipeline is described
@@ -22,6 +23,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+_RUNSLOW_ENV = "LASTITER_TESTS_RUNSLOW"
+
+
+def pytest_configure(config):
+    # read by sweep_size() when the test modules are imported (after this hook)
+    os.environ[_RUNSLOW_ENV] = "1" if config.getoption("--runslow") else "0"
+
+
+def sweep_size(default: int, runslow: int) -> int:
+    """How many random draws a sweep makes: ``default`` in the default run, ``runslow`` with --runslow."""
+    return runslow if os.environ.get(_RUNSLOW_ENV) == "1" else default
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import sweep_size
 from scipy import integrate, special, stats
 
 import lastiter_plugins as lp
@@ -151,12 +152,15 @@ G1_SCHEMES = [("cyclic", "replace_one"), ("shuffle_once", "replace_one"), ("resh
 
 
 G1_PLD_INSTANCES = 6
+#: instances drawn (default run, --runslow); the fuzzing draws 1000 per bound (docs/verification.md)
+G1_INSTANCES = sweep_size(100, 300)
+G2_INSTANCES = sweep_size(90, 240)
 
 
 def test_g1_every_applicable_bound_is_above_the_truth():
     rng = np.random.default_rng(20260101)
     checks = []
-    for k in range(300):
+    for k in range(G1_INSTANCES):
         sampling, relation = G1_SCHEMES[k % len(G1_SCHEMES)]
         instance = fuzz.draw_g1(rng, sampling, relation)
         # the PLD rows on the first G1_PLD_INSTANCES Poisson instances (composing the PLD is dp-accounting's
@@ -177,7 +181,7 @@ def test_g1_every_applicable_bound_is_above_the_truth():
 def test_g2_every_applicable_bound_is_above_the_truth():
     rng = np.random.default_rng(20260102)
     checks = []
-    for k in range(240):
+    for k in range(G2_INSTANCES):
         sampling = ("cyclic", "shuffle_once", "random_batch")[k % 3]
         instance = fuzz.draw_g2(rng, sampling)
         checks += fuzz.check_instance(instance, ORDERS, FAST)

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import sweep_size
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +49,7 @@ def applicable(params):
     return [b for b, a in lp.applicable_bounds(**params).items() if a.applies and b != "best"]
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=sweep_size(60, 150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
