@@ -44,7 +44,8 @@ def calibrate_noise(
     the epsilon reported for one is the best of a finite search (over orders, or
     a root-find on a privacy profile), valid at every noise multiplier yet not
     guaranteed exactly monotone in it. The search therefore never relies on
-    monotonicity for validity: a geometric bracket, then a shrinking of it, keeping as
+    monotonicity for validity: a bracket (doubling, then jumps to 5% beyond where the
+    last two misses' (log z, log epsilon) line reaches the target), then a shrinking of it, keeping as
     the upper end only noise multipliers that were evaluated and met the target,
     and as the lower end only ones evaluated and missing it. Each try is where the
     line through the ends' (log z, log epsilon) crosses the target (epsilon is close
@@ -117,7 +118,7 @@ def calibrate_noise(
         return met
 
     # Bracket: hi evaluated and met, lo evaluated and missed.
-    hi = min(1.0, cap)
+    hi, missed = min(1.0, cap), None
     while not meets(hi):
         if hi >= cap:
             raise CalibrationError(
@@ -125,12 +126,16 @@ def calibrate_noise(
                 f"{target_epsilon:g} at delta = {delta:g} for {bound}. Found epsilon = {epsilon_at(hi):.6g} at "
                 f"noise_multiplier = {hi:g}."
             )
-        hi = min(2.0 * hi, cap)
-    lo = hi / 2.0
-    while meets(lo):
-        hi, lo = lo, lo / 2.0
-        if lo < MIN_NOISE_MULTIPLIER:
-            return certified(hi)
+        step = 2.0 if missed is None else _growth(missed, hi, seen[missed], seen[hi], target_epsilon)
+        hi, missed = min(step * hi, cap), hi
+    if missed is not None:
+        lo = missed
+    else:
+        lo = hi / 2.0
+        while meets(lo):
+            hi, lo = lo, lo / 2.0
+            if lo < MIN_NOISE_MULTIPLIER:
+                return certified(hi)
     # Shrink the bracket; the invariant holds whatever the shape of epsilon(z).
     widths = [math.log(hi / lo)] * 2
     while hi / lo > 1.0 + rtol:
@@ -142,6 +147,17 @@ def calibrate_noise(
             lo = mid
         widths.append(math.log(hi / lo))
     return certified(hi)
+
+
+def _growth(z0: float, z1: float, eps0: float | None, eps1: float | None, target: float) -> float:
+    """How much to raise the noise multiplier after two misses at z0 < z1: 5% beyond where the line
+    through their (log z, log epsilon) reaches the target, within [1.25, 64]; 2 when their epsilons
+    are not known or do not fall."""
+    known = eps0 is not None and eps1 is not None and math.isfinite(eps0) and math.isfinite(eps1)
+    if not (known and eps0 > eps1 > target > 0.0):
+        return 2.0
+    slope = math.log(eps1 / eps0) / math.log(z1 / z0)  # < 0
+    return min(max(1.05 * (target / eps1) ** (1.0 / slope), 1.25), 64.0)
 
 
 def _next_point(

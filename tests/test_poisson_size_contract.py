@@ -54,8 +54,9 @@ def test_best_and_applicability_are_unchanged(changes, epsilon, applies):
 def test_calibration_of_a_non_poisson_pipeline_is_unchanged():
     params = {**BASE, "sampling": "shuffle_once"}
     del params["noise_multiplier"]
-    # pinned at the interpolating search (3.134939279931106 with plain bisection: both within rtol = 1e-4)
-    assert lp.calibrate_noise("best", 2.0, DELTA, **params) == 3.1346961414226264
+    # pinned at the interpolating search (3.134939279931106 with plain bisection: both within rtol = 1e-4;
+    # the value depends on the search's path, the epsilons it evaluates do not)
+    assert lp.calibrate_noise("best", 2.0, DELTA, **params) == 3.1346981371284053
 
 
 def test_the_condition_names_the_batch_sizes_on_poisson_pipelines_only():
