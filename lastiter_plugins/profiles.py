@@ -37,6 +37,7 @@ where :math:`a > 5`, where :math:`\delta` is close to 1).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -288,7 +289,10 @@ def mixture_delta(weights, mus, eps: float) -> float:
       delta (an upper bound; exact for the mixture of the profiles).
     """
     w, m = _validate_mixture(weights, mus)
-    w, m = _merge_components(w, m, max_components=max(_MAX_COMPONENTS, 1))
+    return _merged_delta(*_merge_components(w, m), eps)
+
+
+def _merged_delta(w: np.ndarray, m: np.ndarray, eps: float) -> float:
     return float(math.exp(_mixture_log_delta_fn(w, m)(float(eps))))
 
 
@@ -308,7 +312,10 @@ def mixture_epsilon(weights, mus, delta: float) -> float:
       epsilon (``inf`` when delta = 0 and some mu_j > 0 has positive weight).
     """
     w, m = _validate_mixture(weights, mus)
-    w, m = _merge_components(w, m)
+    return _merged_epsilon(*_merge_components(w, m), delta)
+
+
+def _merged_epsilon(w: np.ndarray, m: np.ndarray, delta: float) -> float:
     if not np.any(m > 0):
         return 0.0
     if np.isinf(m).any():
@@ -377,15 +384,21 @@ class GaussianMixtureProfile:
         """The largest component: the profile is below that of max_mu-GDP."""
         return max(self.mus)
 
+    @functools.cached_property
+    def _merged(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (weights, mus) arrays of :func:`mixture_delta` and :func:`mixture_epsilon`, built once."""
+        w, m = _validate_mixture(self.weights, self.mus)
+        return _merge_components(w, m)
+
     def delta(self, eps: float) -> float:
-        """delta(eps) of the profile."""
-        return mixture_delta(self.weights, self.mus, eps)
+        """delta(eps) of the profile (:func:`mixture_delta`)."""
+        return _merged_delta(*self._merged, eps)
 
     def epsilon(self, delta: float) -> float:
-        """Smallest eps with delta(eps) <= delta (re-checked)."""
+        """Smallest eps with delta(eps) <= delta (re-checked; :func:`mixture_epsilon`)."""
         if len(self.mus) == 1:
             return gdp_epsilon(self.mus[0], delta)
-        return mixture_epsilon(self.weights, self.mus, delta)
+        return _merged_epsilon(*self._merged, delta)
 
     def rdp(self, orders) -> np.ndarray:
         """Renyi DP implied at each order (nats)."""
