@@ -421,7 +421,7 @@ def epsilon_lower_estimate(
     n = grid.size
     asked = np.unique(np.concatenate(([0], np.searchsorted(grid, _ESTIMATE_ORDERS).clip(0, n - 1))))
     values: dict[int, float] = {}
-    zero_case = -math.log1p(-delta * delta)  # r below it converts to epsilon 0
+    zero_case = -2.0 * math.log1p(-delta * delta)  # r below half of it converts to epsilon 0 (2: rounding)
     estimate = 0.0
     for _ in range(int(rounds) + 1):
         new = np.array([i for i in asked if i not in values], dtype=int)
@@ -431,7 +431,7 @@ def epsilon_lower_estimate(
         starts = np.array(sorted(values), dtype=int)
         r = np.array([values[i] for i in starts])
         floor = np.maximum.accumulate(np.where(np.isfinite(r), np.maximum(r, 0.0), 0.0))
-        if floor[0] < zero_case:
+        if floor[0] <= zero_case:
             return 0.0
         ends = np.append(starts[1:], n - 1)
         lo = np.maximum(grid[starts], MIN_CONVERSION_ORDER)

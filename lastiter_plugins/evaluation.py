@@ -416,11 +416,7 @@ def evaluate_for_best(
     """
     delta = validate_delta(delta)
     default_orders = orders is None
-    barred = [
-        bid
-        for bid, spec in registry.BOUNDS.items()
-        if spec.lower_estimate is None and _has_grid_estimate(spec, default_orders)
-    ]
+    barred = [bid for bid, spec in registry.BOUNDS.items() if _has_grid_estimate(spec, default_orders)]
     barred += [bid for bid, spec in registry.BOUNDS.items() if spec.lower_estimate is not None]
     out = {
         bid: evaluate_bound(spec, config, assumptions, delta, orders)

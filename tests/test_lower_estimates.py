@@ -109,6 +109,22 @@ def test_the_validity_check_can_fail(monkeypatch):
     assert above > 0
 
 
+def test_every_estimated_row_computes_its_curve_order_by_order():
+    """The estimate's argument uses the curve at a few orders as the full curve's values there: a row whose
+    value at one order depended on the other orders asked would break it."""
+    rng = np.random.default_rng(5)
+    checked = 0
+    for _params, config, assumptions, _delta in _draws(24, seed=22):
+        for _bid, spec in _estimated_rows(config, assumptions):
+            full = registry.rdp_curve(spec, config, assumptions, DEFAULT_ORDERS)
+            some = np.unique(rng.integers(0, DEFAULT_ORDERS.size, 7))
+            np.testing.assert_array_equal(
+                registry.rdp_curve(spec, config, assumptions, DEFAULT_ORDERS[some]), full[some]
+            )
+            checked += 1
+    assert checked >= 20, checked
+
+
 def test_envelope_raises_a_dip_and_the_refined_orders_above_it():
     orders = np.array([1.5, 2.0, 3.0, 4.0, 8.0])
     curve = np.array([1.0, 3.0, 2.0, np.inf, 2.5])
