@@ -560,7 +560,9 @@ def test_calibrate_dp_mechanism_finds_the_noise_multiplier(event, target):
     assert eps(z) <= target < eps(z * (1 - 1e-4))
     params = {k: v for k, v in event.to_params().items() if k != "noise_multiplier"}
     core = lp.calibrate_noise("best", target, DELTA, orders=list(ORDERS), **params)
-    assert z <= core and z == pytest.approx(core, rel=2e-4)
+    # both are the smallest noise meeting the target, each to its own tolerance: the core's meets it through the
+    # host's accountant too, and they agree (which of the two lies closer to the root depends on the searches)
+    assert eps(core) <= target and z == pytest.approx(core, rel=2e-4)
 
 
 def test_calibrate_dp_mechanism_with_the_pld_accountant():
