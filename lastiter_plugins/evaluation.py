@@ -295,12 +295,14 @@ def evaluate_bound(
     )
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
+    default_orders = orders is None
+    orders = validate_orders(orders)
     lower = None
     if beat is not None and spec.lower_estimate is not None:
         lower = spec.lower_estimate(config, assumptions, delta)
-    elif beat is not None and _has_grid_estimate(spec, orders is None):
+    elif beat is not None and _has_grid_estimate(spec, default_orders):
         lower = epsilon_lower_estimate(
-            lambda new: registry.rdp_curve(spec, config, assumptions, new), validate_orders(orders), delta, beat
+            lambda new: registry.rdp_curve(spec, config, assumptions, new), orders, delta, beat
         )
     if lower is not None and lower > beat:
         return dataclasses.replace(
@@ -310,8 +312,6 @@ def evaluate_bound(
                 f"({beat:.4g}), so it cannot change best.",
             ),
         )
-    default_orders = orders is None
-    orders = validate_orders(orders)
     if spec.profile is not None:
         profile = spec.profile(config, assumptions)
         return dataclasses.replace(
