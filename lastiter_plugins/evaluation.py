@@ -302,7 +302,7 @@ def evaluate_bound(
         lower = spec.lower_estimate(config, assumptions, delta)
     elif beat is not None and _has_grid_estimate(spec, default_orders):
         lower = epsilon_lower_estimate(
-            lambda new: registry.rdp_curve(spec, config, assumptions, new), orders, delta, beat
+            lambda new: registry.estimate_curve(spec, config, assumptions, new), orders, delta, beat
         )
     if lower is not None and lower > beat:
         return dataclasses.replace(

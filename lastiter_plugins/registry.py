@@ -128,6 +128,8 @@ class BoundSpec:
       linear_in_order: the RDP curve is exactly rho*alpha (converted at the continuous optimum).
       lower_estimate: a proven lower bound on the bound's epsilon at delta, cheap; ``best``
         computes an expensive bound only when this is not above the best so far.
+      estimate_curve: a cheaper curve at or below ``compute`` at every order, which the lower
+        estimate from a few orders may use instead (docs/decisions.md, section 22, part 5).
     """
 
     id: str
@@ -143,6 +145,7 @@ class BoundSpec:
     kind: Kind = Kind.RDP
     linear_in_order: bool = False
     lower_estimate: LowerEstimate | None = None
+    estimate_curve: RdpFunction | None = None
 
     def __post_init__(self) -> None:
         if (self.kind is Kind.RDP) != (self.profile is None):
@@ -573,6 +576,19 @@ def _ye_shokri_random(cfg, a, orders):
     )
 
 
+def _ye_shokri_random_lower(cfg, a, orders):
+    # the recursion's lower end at a loose tolerance: below the curve at every order (decisions.md 22, part 5)
+    return ye_shokri.random_batch_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        contraction=_rho(cfg, a),
+        tolerance=1e-2,
+        lower_end=True,
+    )
+
+
 def _ye_shokri_convex(cfg, a, orders):
     return ye_shokri.convex_rdp(
         orders, noise_multiplier=cfg.noise_multiplier, steps_per_epoch=cfg.steps_per_epoch, epochs=cfg.epochs_started
@@ -790,6 +806,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         assumptions=f"per-example losses lam-strongly convex and M-smooth; eta < 2/(lam+M); {_WITHIN_CLIP}",
         conditions=(*_CONTRACTING, _ye_shokri_step),
         compute=_ye_shokri_random,
+        estimate_curve=_ye_shokri_random_lower,
     ),
     BoundSpec(
         id="ye-shokri-convex",
@@ -1023,6 +1040,14 @@ def require(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions) -> None:
         raise NotApplicableError(f"{check.reason} See {DOCS}.")
 
 
+def estimate_curve(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    """What the lower estimate of ``spec``'s epsilon evaluates: its ``estimate_curve`` (at or below its
+    curve), or its curve."""
+    if spec.estimate_curve is None:
+        return rdp_curve(spec, cfg, a, orders)
+    return _checked(spec, spec.estimate_curve(cfg, a, orders))
+
+
 def rdp_curve(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
     """RDP of ``spec`` at ``orders`` for a pipeline whose applicability the caller has checked.
 
@@ -1040,7 +1065,11 @@ def rdp_curve(spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, orders: 
             f"{spec.id} is {what} ({spec.reference}): it has an (epsilon, delta) profile "
             f"but no Renyi-DP curve. Ask for its epsilon, or for the RDP of composition. See {DOCS}."
         )
-    values = np.asarray(spec.compute(cfg, a, orders), dtype=float)
+    return _checked(spec, spec.compute(cfg, a, orders))
+
+
+def _checked(spec: BoundSpec, values) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
     if np.isnan(values).any() or (values < 0).any():  # a defect of ours, never a user's error
         raise RuntimeError(f"internal error: {spec.id} produced an invalid RDP value: {values}")
     return values

@@ -254,6 +254,11 @@ def test_ye_shokri_random_extrapolation_never_below_exact_recursion():
     exact = ye_shokri.random_batch_rdp(orders, tolerance=-1.0, max_iterations=10**9, **kwargs)  # never extrapolate
     assert np.all(fast >= exact * (1 - 1e-12))
     np.testing.assert_allclose(fast, exact, rtol=1e-6)
+    # the lower end (for lower estimates only) is below the plain recursion, and within its tolerance of it
+    lower = ye_shokri.random_batch_rdp(orders, tolerance=1e-2, lower_end=True, **kwargs)
+    assert np.all(lower <= exact * (1 + 1e-12))
+    assert np.all(lower >= exact / 1.02)
+    assert np.any(lower < exact * (1 - 1e-9))  # not the exact value: the check can fail
 
 
 def test_curvature_free_closed_form():

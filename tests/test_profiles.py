@@ -149,3 +149,25 @@ def test_profile_object():
     g = profiles.GaussianMixtureProfile.gaussian(0.5)
     assert g.epsilon(1e-5) == profiles.gdp_epsilon(0.5, 1e-5)
     np.testing.assert_allclose(g.rdp([2.0]), [0.25])
+
+
+def test_mixture_built_once_equals_the_validated_object():
+    """``mixture`` builds its object from the arrays it validated (no second validation, its merged arrays
+    stored): the same fields, delta and epsilon as the dataclass built from the tuples, for sorted input (the
+    lattices' mixtures, no sort) and unsorted input with repeated mus (np.unique), merged onto the grid or not."""
+    rng = np.random.default_rng(11)
+    for size, repeats in ((30, False), (30, True), (9000, False), (9000, True)):
+        m = np.sort(rng.uniform(0.01, 3.0, size))
+        if repeats:
+            m = rng.permutation(np.concatenate((m, m[: size // 3], [np.inf])))
+        w = rng.random(m.size)
+        w /= w.sum()
+        built = profiles.GaussianMixtureProfile.mixture(w, m)
+        plain = profiles.GaussianMixtureProfile(built.weights, built.mus)
+        assert built == plain
+        assert list(built.mus) == sorted(set(built.mus))
+        for eps in (0.1, 2.0):
+            assert built.delta(eps) == plain.delta(eps)
+        assert built.epsilon(1e-6) == plain.epsilon(1e-6)
+        direct = float(np.sum(w * profiles.gdp_delta(m, 0.5)))  # more than 4096 mus: merged, rounded up
+        assert built.delta(0.5) == pytest.approx(direct, rel=1e-9) if size < 4096 else built.delta(0.5) >= direct

@@ -40,6 +40,9 @@ _BLOCK_LOG_RATIO = 0.5  # later blocks: the variable part of x varies by at most
 _NEGLIGIBLE_LOG = 30.0  # beyond c^j < e^-30 only index-doubling blocks
 _GRID = 32  # geometric grid of window lengths evaluated besides the convex minimiser
 _GRID_CONTRACTING = 24  # window lengths evaluated for the strongly convex variant
+# bisection steps for the convex minimiser: log R in [0, log T] to within log(T) 2^-40 (T <= 1e30: R to a relative
+# 7e-11); R is then rounded down and up to integers, each a valid window
+_BISECTIONS = 40
 
 
 def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
@@ -102,7 +105,7 @@ def _convex_minimiser(orders, am1, d, z, q, steps):
     lo = np.zeros_like(orders)
     hi = np.full_like(orders, math.log(steps))
     log_q = math.log(q)
-    for _ in range(64):
+    for _ in range(_BISECTIONS):
         mid = 0.5 * (lo + hi)
         r = np.exp(mid)
         x = kappa0 + beta / r

@@ -346,6 +346,7 @@ def random_batch_rdp(
     tolerance: float = 1e-10,
     max_iterations: int = 100_000,
     exact_steps: int = 32_768,
+    lower_end: bool = False,
 ) -> np.ndarray:
     r"""ye-shokri-random (Ye & Shokri 2022, arXiv 2203.05363, Theorem 4.3, eq. 149): uniformly random batch
     of size b at every step, q = b/n,
@@ -382,6 +383,10 @@ def random_batch_rdp(
     than ``tolerance`` relative to it (or :math:`x^*` is that close to the lower end), or
     after ``max_iterations`` steps or 4096 jumps; it returns the upper end, capped by
     :math:`x^*`: never below the exact recursion. O(exact_steps + 4096) time for any T.
+
+    ``lower_end=True`` returns the lower end instead: never above the exact recursion, hence
+    below the curve this function reports at any tolerance. Only for lower estimates
+    (docs/decisions.md, section 22, part 5), with a loose ``tolerance`` (fewer steps).
     """
     orders = np.asarray(orders, dtype=float).reshape(-1)
     q = sampling_probability
@@ -395,7 +400,7 @@ def random_batch_rdp(
     if not live.any():
         return out
     log_x = _random_batch_log_moment(
-        math.log(q) + c[live], math.log1p(-q), contraction**2, steps, tolerance, max_iterations, exact_steps
+        math.log(q) + c[live], math.log1p(-q), contraction**2, steps, tolerance, max_iterations, exact_steps, lower_end
     )
     out[live] = log_x / (orders[live] - 1.0)
     return out
@@ -409,8 +414,10 @@ def _random_batch_log_moment(
     tolerance: float,
     max_iterations: int,
     exact_steps: int,
+    lower_end: bool,
 ) -> np.ndarray:
-    """Upper bound on x_T of :func:`random_batch_rdp`'s recursion, per entry of ``log_in`` (log(q e^c))."""
+    """Upper bound on x_T of :func:`random_batch_rdp`'s recursion, per entry of ``log_in`` (log(q e^c));
+    a lower bound with ``lower_end``."""
 
     def slope(x: np.ndarray, log_in_: np.ndarray) -> np.ndarray:
         return np.logaddexp(log_in_, log_out + (rho2 - 1.0) * x)  # d(x), for x >= 0
@@ -458,7 +465,10 @@ def _random_batch_log_moment(
             | (jumps >= _MAX_JUMPS)
         )
         if done.any():
-            result[index[done]] = np.maximum(high[done], 0.0)  # x_T >= x_0 = 0: a rounding below 0 is raised
+            # the lower end, capped by x* and lowered by a relative 1e-9: the rounding of the recursion (4e-11
+            # seen) must not lift it above an upper end computed along another path
+            end = np.minimum(low, fixed[index]) * (1.0 - 1e-9) if lower_end else high
+            result[index[done]] = np.maximum(end[done], 0.0)  # x_T >= x_0 = 0: a rounding below 0 is raised
             keep = ~done
             index, upper, lower = index[keep], upper[keep], lower[keep]
     return result
