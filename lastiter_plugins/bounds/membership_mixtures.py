@@ -242,6 +242,8 @@ def _count_laws(runs: tuple[int, ...], q: float) -> list[tuple[np.ndarray, np.nd
     mean, with their probabilities; the mass below is moved up to the lowest count kept (a larger
     count only raises the cost), the mass above is left out (the caller gives it mu = inf). One
     call of scipy.stats for all of them (each call costs about 0.1 ms)."""
+    if not runs:
+        return []
     n = np.asarray(runs, dtype=np.int64)
     mean = n * q
     spread = 12.0 * np.sqrt(mean * (1.0 - q)) + 40.0
@@ -307,8 +309,13 @@ def _plus_multiples(law: np.ndarray, value: int, counts: np.ndarray, probs: np.n
     cells = law.size
     shifts = counts * value
     inside = shifts < cells
-    out = np.zeros(cells)
-    for shift, p in zip(shifts[inside].tolist(), probs[inside].tolist(), strict=True):
+    shifts, probs = shifts[inside].tolist(), probs[inside].tolist()
+    if shifts[:1] == [0]:  # the unshifted copy starts the sum (0 + x = x: the same numbers as adding it to zeros)
+        out = probs[0] * law
+        shifts, probs = shifts[1:], probs[1:]
+    else:
+        out = np.zeros(cells)
+    for shift, p in zip(shifts, probs, strict=True):
         out[shift:] += p * law[: cells - shift]
     return out
 
@@ -421,7 +428,7 @@ def _parts(layout: Layout, c: float, q: float) -> list[tuple[np.ndarray, np.ndar
             residual_values, residual_probs = z_values, z_law
     pairs = layout.pairs()
     lengths = sorted({m for m, _ in pairs} | ({last} if last is not None else set()))
-    counts = dict(zip(lengths, _count_laws(tuple(lengths), q), strict=True)) if lengths else {}
+    counts = dict(zip(lengths, _count_laws(tuple(lengths), q), strict=True))
     for (m, nxt), count in pairs.items():
         k, pk = counts[m]
         parts.append((_drain_factor(c, nxt) * k.astype(float) ** 2, pk, count))
@@ -434,11 +441,11 @@ def _parts(layout: Layout, c: float, q: float) -> list[tuple[np.ndarray, np.ndar
     terms = [_use_mu(c, r) for r in range(window)]
     unit = max(float(np.max(residual_values)) * drained + sum(terms), 1.0) * 1.5 / _WINDOW_CELLS
     law = _onto_lattice(residual_values * drained, residual_probs, unit, _WINDOW_CELLS)
-    for term in terms:
+    for term in terms:  # law <- (1 - q) law + q (law shifted by the term), pushed beyond the lattice: mu = inf
         j = int(_ceil_index(term, unit))
-        moved = np.zeros(_WINDOW_CELLS)
-        moved[j:] = law[: _WINDOW_CELLS - j]
-        law = (1.0 - q) * law + q * moved
+        moved = (1.0 - q) * law
+        moved[j:] += q * law[: _WINDOW_CELLS - j]
+        law = moved
     atoms = np.flatnonzero(law)
     parts.append(((atoms * unit) ** 2, law[atoms], 1))
     return _merge_small(parts)
