@@ -14,7 +14,8 @@ mixtures": each new bound <= 50 ms);
 
 Ratios to the host accountants (issue 19, requirement 3; the ``core_ratios`` section), at
 T = 10^4 and 10^6, each side timed cold (the library's caches cleared; the host's objects
-built anew) in the same process, one right after the other:
+built anew) in the same process, the two sides' calls alternating (a drift of the VM's speed
+reaches both), after one untimed call of each:
 
 * ``best`` / Opacus' ``RDPAccountant.get_epsilon`` where best needs no PLD row (random batch
   and shuffle once; goal <= 1);
@@ -144,21 +145,28 @@ def _opacus_calibration(q: float, steps: int, accountant: str):
     return run
 
 
-def _cold_median(fn, repeats: int, budget_s: float = 20.0) -> tuple[float | None, object, str | None]:
-    """Median of up to ``repeats`` cold calls (the library's caches cleared), fewer once ``budget_s`` is spent;
-    (seconds, value, error)."""
-    times, value = [], None
-    for _ in range(repeats):
-        clear_caches()
-        start = time.perf_counter()
+def _cold_medians(ours, host, repeats: int, budget_s: float = 40.0):
+    """Median of up to ``repeats`` cold calls of each side (the library's caches cleared before each), the two
+    sides alternating so that a drift of the machine's speed reaches both, after one untimed call of each
+    (one-time initialisations of the host libraries and numpy); fewer repeats once ``budget_s`` is spent.
+    Returns one (seconds, value, error) per side."""
+    sides = [[ours, [], None, None], [host, [], None, None]]  # fn, times, value, error
+    for fn_times in sides:  # untimed first call (an error is recorded, not hidden)
         try:
-            value = fn()
-        except Exception as exc:  # a host that refuses the event is recorded, not hidden
-            return None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-        times.append(time.perf_counter() - start)
-        if sum(times) > budget_s:
+            clear_caches()
+            fn_times[2] = fn_times[0]()
+        except Exception as exc:
+            fn_times[3] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    for _ in range(repeats):
+        for fn, times, _value, error in sides:
+            if error is None:
+                clear_caches()
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+        if sum(sum(side[1]) for side in sides) > budget_s:
             break
-    return statistics.median(times), value, None
+    return [(statistics.median(t) if t else None, value, error) for _, t, value, error in sides]
 
 
 def ratio_rows(repeats: int, log=print) -> list[dict]:
@@ -168,8 +176,7 @@ def ratio_rows(repeats: int, log=print) -> list[dict]:
     out = []
 
     def pair(task: str, pipeline: str, steps: int, ours, host, host_name: str, goal: float, note: str = "") -> None:
-        ours_s, ours_v, ours_err = _cold_median(ours, repeats)
-        host_s, host_v, host_err = _cold_median(host, repeats)
+        (ours_s, ours_v, ours_err), (host_s, host_v, host_err) = _cold_medians(ours, host, repeats)
         ratio = ours_s / host_s if ours_s is not None and host_s is not None else None
         out.append({"task": task, "pipeline": pipeline, "steps": steps, "host": host_name, "ours_ms": _ms(ours_s),
                     "host_ms": _ms(host_s), "ratio": ratio, "goal": goal, "ours_value": _num(ours_v),
@@ -199,7 +206,9 @@ def ratio_rows(repeats: int, log=print) -> list[dict]:
                  2.0)  # fmt: skip
     for bound, changes in NEW_ROWS.items():
         params = {**COMMON, **changes}
-        s, value, err = _cold_median(lambda b=bound, p=params: lp.epsilon(b, DELTA, **p).epsilon, repeats)
+        (s, value, err), _ = _cold_medians(
+            lambda b=bound, p=params: lp.epsilon(b, DELTA, **p).epsilon, lambda: None, repeats
+        )
         out.append({"task": "new row", "pipeline": bound, "steps": T, "host": "-", "ours_ms": _ms(s), "host_ms": None,
                     "ratio": None, "goal_ms": 50.0, "ours_value": _num(value), "error": err})  # fmt: skip
         log(f"new row     {bound:36s} T={T} cold {_ms(s) or float('nan'):9.2f} ms  eps {value}")

@@ -566,27 +566,19 @@ def _ye_shokri_shuffle(cfg, a, orders):
     )
 
 
-def _ye_shokri_random(cfg, a, orders):
+def _ye_shokri_random(cfg, a, orders, **end):
     return ye_shokri.random_batch_rdp(
         orders,
         noise_multiplier=cfg.noise_multiplier,
         sampling_probability=cfg.sampling_probability,
         steps=cfg.steps,
         contraction=_rho(cfg, a),
+        **end,
     )
 
 
-def _ye_shokri_random_lower(cfg, a, orders):
-    # the recursion's lower end at a loose tolerance: below the curve at every order (decisions.md 22, part 5)
-    return ye_shokri.random_batch_rdp(
-        orders,
-        noise_multiplier=cfg.noise_multiplier,
-        sampling_probability=cfg.sampling_probability,
-        steps=cfg.steps,
-        contraction=_rho(cfg, a),
-        tolerance=1e-2,
-        lower_end=True,
-    )
+# the recursion's lower end at a loose tolerance: below the curve at every order (decisions.md 22, part 5)
+_ye_shokri_random_lower = functools.partial(_ye_shokri_random, tolerance=1e-2, lower_end=True)
 
 
 def _ye_shokri_convex(cfg, a, orders):
