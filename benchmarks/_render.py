@@ -5,7 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-_GOAL_GDP_MS = 5.0
+_GOAL_GDP_MS = 5.0  # issue "f-DP": each f-DP bound < 5 ms at T = 10^6
+#: issue 18 ("schedule mixtures"): each bound it adds <= 50 ms at T = 10^6
+_GOAL_NEW_MS = {
+    bid: 50.0
+    for bid in (
+        "shifted-interpolation-reshuffle",
+        "shifted-interpolation-random-batch",
+        "shifted-interpolation-poisson",
+        "shifted-interpolation-poisson-replace-one",
+    )
+}
 
 
 def _num(x: Any, fmt: str = ".3g") -> str:
@@ -52,7 +62,8 @@ def _core_speed(section: dict, results: dict) -> list[str]:
         if r["steps"] == section.get("steps")
     }
     for r in gdp:
-        verdict = "met" if r["cold_ms"] < _GOAL_GDP_MS else "**not met**"
+        goal = _GOAL_NEW_MS.get(r["bound"], _GOAL_GDP_MS)
+        verdict = "met" if r["cold_ms"] <= goal else "**not met**"
         first = fresh.get(r["bound"])
         note = (
             f" (first call in a fresh process, configuration of the next section: {first * 1e3:.3g} ms)"
@@ -60,7 +71,8 @@ def _core_speed(section: dict, results: dict) -> list[str]:
             else ""
         )
         out.append(
-            f"* {r['bound']} ({r['pipeline']}) < {_GOAL_GDP_MS:g} ms: {_num(r['cold_ms'])} ms cold, {verdict}{note}."
+            f"* {r['bound']} ({r['pipeline']}) {'<=' if r['bound'] in _GOAL_NEW_MS else '<'} {goal:g} ms: "
+            f"{_num(r['cold_ms'])} ms cold, {verdict}{note}."
         )
     for r in best:
         verdict = "met" if r["x_opacus"] <= 1.0 else "**not met**"
