@@ -126,6 +126,40 @@ def test_prefix_shift_law_dominates_the_exact_shift():
                 assert law[values >= x * (1 - 1e-12)].sum() + missing >= exact_tail - 1e-12, (c, prefix, s, q, x)
 
 
+def test_count_laws_are_the_binomial_laws_run_by_run():
+    """One scipy call for all the runs gives each run's Binomial(n, q) law on its window (12 standard
+    deviations and 40 around the mean), the mass below the window moved onto its lowest count; the
+    mass above is what is missing (mu = inf), at most the Binomial tail there."""
+    runs = (1, 3, 40, 41, 400, 15625, 91684)
+    for q in (0.001, 0.01, 0.3):
+        for n, (counts, probs) in zip(runs, mm._count_laws(runs, q), strict=True):
+            spread = 12.0 * math.sqrt(n * q * (1.0 - q)) + 40.0
+            assert counts[0] == max(0, math.floor(n * q - spread)) and counts[-1] == min(n, math.ceil(n * q + spread))
+            assert np.all(np.diff(counts) == 1)
+            expected = stats.binom.pmf(counts, n, q)
+            expected[0] += stats.binom.cdf(counts[0] - 1, n, q) if counts[0] > 0 else 0.0
+            np.testing.assert_array_equal(probs, expected)
+            assert 1.0 - probs.sum() <= stats.binom.sf(counts[-1], n, q) + 1e-13  # (rounding of the sum)
+    assert mm._count_laws((), 0.1) == []
+
+
+def test_power_is_repeated_convolution():
+    """The law of ``count`` copies (repeated squaring, starting from the first copy itself) against
+    plain repeated convolution, on laws small enough for the exact direct path; no copy: all mass at 0."""
+    rng = np.random.default_rng(4)
+    law = rng.random(30) * (rng.random(30) < 0.5)
+    law /= law.sum()
+    for count in range(7):
+        got, cut = mm._power(law, count, 120)
+        expected = np.zeros(1) + 1.0
+        for _ in range(count):
+            expected = np.convolve(expected, law)
+        expected = expected[:120]
+        np.testing.assert_allclose(np.pad(got, (0, 120 - got.size)), np.pad(expected, (0, 120 - expected.size)),
+                                   rtol=1e-12, atol=1e-300)  # fmt: skip
+        assert cut >= 0.0
+
+
 def _heavy_tailed_law(rng, n, heavy):
     """A law with a few heavy atoms and a light tail decaying to 1e-70: FFT noise would dwarf it."""
     x = np.exp(-np.arange(n) * rng.uniform(0.005, 0.05)) * rng.uniform(0.5, 1.5, n)
