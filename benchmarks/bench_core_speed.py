@@ -145,28 +145,30 @@ def _opacus_calibration(q: float, steps: int, accountant: str):
     return run
 
 
-def _cold_medians(ours, host, repeats: int, budget_s: float = 40.0):
-    """Median of up to ``repeats`` cold calls of each side (the library's caches cleared before each), the two
-    sides alternating so that a drift of the machine's speed reaches both, after one untimed call of each
-    (one-time initialisations of the host libraries and numpy); fewer repeats once ``budget_s`` is spent.
-    Returns one (seconds, value, error) per side."""
-    sides = [[ours, [], None, None], [host, [], None, None]]  # fn, times, value, error
-    for fn_times in sides:  # untimed first call (an error is recorded, not hidden)
+def _cold_medians(*fns, repeats: int, budget_s: float = 40.0) -> list[tuple[float | None, object, str | None]]:
+    """Median of up to ``repeats`` cold calls of each function (the library's caches cleared before each), the
+    functions' calls alternating so that a drift of the machine's speed reaches all of them, after one untimed
+    call of each (one-time initialisations of the host libraries and numpy); fewer repeats once ``budget_s`` is
+    spent. One (seconds, value, error) per function; a function that raises is recorded, not hidden."""
+    values: list[object] = [None] * len(fns)
+    errors: list[str | None] = [None] * len(fns)
+    times: list[list[float]] = [[] for _ in fns]
+    for i, fn in enumerate(fns):
         try:
             clear_caches()
-            fn_times[2] = fn_times[0]()
+            values[i] = fn()
         except Exception as exc:
-            fn_times[3] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            errors[i] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     for _ in range(repeats):
-        for fn, times, _value, error in sides:
-            if error is None:
+        for i, fn in enumerate(fns):
+            if errors[i] is None:
                 clear_caches()
                 start = time.perf_counter()
                 fn()
-                times.append(time.perf_counter() - start)
-        if sum(sum(side[1]) for side in sides) > budget_s:
+                times[i].append(time.perf_counter() - start)
+        if sum(map(sum, times)) > budget_s:
             break
-    return [(statistics.median(t) if t else None, value, error) for _, t, value, error in sides]
+    return [(statistics.median(t) if t else None, v, e) for t, v, e in zip(times, values, errors, strict=True)]
 
 
 def ratio_rows(repeats: int, log=print) -> list[dict]:
@@ -176,7 +178,7 @@ def ratio_rows(repeats: int, log=print) -> list[dict]:
     out = []
 
     def pair(task: str, pipeline: str, steps: int, ours, host, host_name: str, goal: float, note: str = "") -> None:
-        (ours_s, ours_v, ours_err), (host_s, host_v, host_err) = _cold_medians(ours, host, repeats)
+        (ours_s, ours_v, ours_err), (host_s, host_v, host_err) = _cold_medians(ours, host, repeats=repeats)
         ratio = ours_s / host_s if ours_s is not None and host_s is not None else None
         out.append({"task": task, "pipeline": pipeline, "steps": steps, "host": host_name, "ours_ms": _ms(ours_s),
                     "host_ms": _ms(host_s), "ratio": ratio, "goal": goal, "ours_value": _num(ours_v),
@@ -206,9 +208,7 @@ def ratio_rows(repeats: int, log=print) -> list[dict]:
                  2.0)  # fmt: skip
     for bound, changes in NEW_ROWS.items():
         params = {**COMMON, **changes}
-        (s, value, err), _ = _cold_medians(
-            lambda b=bound, p=params: lp.epsilon(b, DELTA, **p).epsilon, lambda: None, repeats
-        )
+        [(s, value, err)] = _cold_medians(lambda b=bound, p=params: lp.epsilon(b, DELTA, **p).epsilon, repeats=repeats)
         out.append({"task": "new row", "pipeline": bound, "steps": T, "host": "-", "ours_ms": _ms(s), "host_ms": None,
                     "ratio": None, "goal_ms": 50.0, "ours_value": _num(value), "error": err})  # fmt: skip
         log(f"new row     {bound:36s} T={T} cold {_ms(s) or float('nan'):9.2f} ms  eps {value}")
