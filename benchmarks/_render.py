@@ -86,7 +86,8 @@ def _core_ratios(section: dict, results: dict) -> list[str]:
     out = ["## `best` and `calibrate_noise` next to the host accountants (ratios)", "", *_header(section)]
     out += [
         f"Median of up to {section['repeats']} cold calls of each side (the library's caches cleared before each; "
-        "the host's accountant built anew), one side right after the other in one process; ratio = ours / host. "
+        "the host's accountant built anew), the two sides' calls alternating in one process after one untimed call "
+        "of each; ratio = ours / host. The VM's speed drifts by up to 1.7x over minutes: compare ratios, not times. "
         "Pipelines as in the previous section (n = 60000, b = 600, z = 1, eta = 0.5, M = 1, lam = 0.05, D = 1; "
         "Poisson: eta = 0.005). Epsilon: `lp.epsilon('best', 1e-5, ...)` against Opacus' `RDPAccountant` where best "
         "needs no PLD row, against dp-accounting's `PLDAccountant` on `PoissonSampledDpEvent(q, GaussianDpEvent(z))` "
