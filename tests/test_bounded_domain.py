@@ -118,6 +118,43 @@ def test_search_over_the_window_is_within_the_family_and_near_its_minimum():
     assert np.all(got <= refined.min(axis=0) * (1 + 1e-3))
 
 
+def test_convex_minimiser_is_where_the_derivative_turns():
+    """The convex window bound's minimiser (a grid refined 7 times) against a plain bisection written
+    here on the derivative of the same function in log R, to a relative 1e-9 in R."""
+    orders = np.array([1.1, 1.5, 2.0, 4.0, 8.0, 32.0, 256.0])
+    am1 = orders - 1.0
+    for q, z, d, steps in ((0.01, 1.0, 1200.0, 10**6), (0.3, 0.7, 3.0, 50), (0.001, 4.0, 1e4, 10**9), (0.5, 2.0, 0.1, 10)):
+        got = bounded_domain._convex_minimiser(orders, am1, d, z, q, steps)
+
+        def derivative(log_r):  # d/dR of alpha d^2 / (2R) + R L(kappa0 + beta / R), times (alpha - 1)
+            r = np.exp(log_r)
+            x = 2 * orders / z**2 + 2 * orders * d / (z * r)
+            ell = np.logaddexp(math.log1p(-q), math.log(q) + am1 * x)
+            slope = np.exp(math.log(q) + am1 * x - ell)
+            return -am1 * orders * d**2 / 2 / r**2 + ell - am1 * (2 * orders * d / z) * slope / r
+
+        lo, hi = np.zeros(orders.size), np.full(orders.size, math.log(steps))
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            rising = derivative(mid) >= 0
+            lo, hi = np.where(rising, lo, mid), np.where(rising, mid, hi)
+        np.testing.assert_allclose(got, np.exp((lo + hi) / 2), rtol=1e-9)
+
+
+def test_block_edges_are_each_windows_own():
+    """The trapezoid's block edges, built once for all windows, against each window's own list:
+    singletons, blocks over which c^j falls by e^-1/2, index doubling, the window itself."""
+    for c in (0.3, 0.9, 0.975, 0.9999):
+        log_c = math.log(c)
+        windows = np.array([1.0, 2.0, 7.0, 8.0, 9.0, 16.0, 17.0, 100.0, 2048.0, 12345.0, 1e6])
+        for window, got in zip(windows, bounded_domain._block_edges(windows, log_c), strict=True):
+            edges = {float(j) for j in range(min(8, int(window)) + 1)}
+            ratio = {math.ceil(k * 0.5 / -log_c) for k in range(1, 61)}
+            doubling = {8.0 * 2**k for k in range(64)}
+            edges |= {float(e) for e in ratio | doubling if 8 < e <= window} | {window}
+            np.testing.assert_array_equal(got, sorted(edges))
+
+
 def test_contracting_block_sum_is_an_upper_bound_of_the_exact_sum():
     orders, am1 = ORDERS, ORDERS - 1.0
     q, z, d, c = 0.1, 1.5, 30.0, 0.999

@@ -160,6 +160,92 @@ def test_power_is_repeated_convolution():
         assert cut >= 0.0
 
 
+def test_prefix_law_adds_only_where_the_law_can_be_positive():
+    """The prefix's shift law (its adds limited to where the partial law can be positive) equals, number
+    for number, the same sums over the whole lattice, written here independently."""
+    for c, q, prefix in ((0.975, 0.01, 10**6), (0.9, 0.2, 10**5), (0.995, 0.05, 10**6), (0.99, 0.3, 500), (0.5, 0.5, 40)):
+        law, unit = mm._prefix_shift_law(1.0, c, q, prefix)
+        horizon = min(prefix, math.ceil(math.log((1.0 - c) / mm._Z_PER_SHIFT) / math.log(c)))
+        per_shift = max(1, round(mm._Z_PER_SHIFT / max(1.0, q / (1.0 - c))))
+        assert unit == 1.0 / per_shift
+        terms = mm._ceil_index(c ** np.arange(horizon, dtype=float) * per_shift, 1.0)
+        values, runs = np.unique(terms, return_counts=True)
+        expected = np.zeros(law.size)
+        expected[int(mm._ceil_index(mm._old_shifts(c, horizon, horizon < prefix) * per_shift, 1.0))] = 1.0
+        for value, (k, pk) in zip(values.tolist(), mm._count_laws(tuple(runs.tolist()), q), strict=True):
+            out = np.zeros(law.size)
+            for count, p in zip(k.tolist(), pk.tolist(), strict=True):
+                if count * value < law.size:
+                    out[count * value :] += p * expected[: law.size - count * value]
+            expected = out
+        np.testing.assert_array_equal(law, expected)
+
+
+def _coarse_laws(c, q, steps):
+    return [(lay, mm._parts(lay, c, q)) for lay in mm.candidate_layouts(steps=steps, use_probability=q, contraction=c)]
+
+
+_RANKED = [(0.999835, 0.01, 10**6), (0.975, 0.01, 10**6), (0.9999, 0.025, 4000), (0.98, 0.2, 3000), (1.0, 0.01, 10**4),
+           (0.999, 0.3, 300), (0.9, 0.5, 50)]  # fmt: skip
+
+
+def test_ranking_law_is_the_coarse_lattice_law_up_to_rounding():
+    """The layouts are ranked on a law multiplied out in the Fourier domain (not a bound): it is the
+    rigorous coarse lattice's law (the same lattice, convolved directly) up to rounding, atom by atom
+    and in its mass at mu = inf."""
+    for c, q, steps in _RANKED:
+        for layout, _ in _coarse_laws(c, q, steps):
+            weights, mus = mm._ranking_mixture(layout, c, q)
+            exact_w, exact_mus = mm._unit_mixture(layout, c, q, mm._COARSE_CELLS, None)
+            grid = np.union1d(mus[np.isfinite(mus)], exact_mus[np.isfinite(exact_mus)])
+            got = np.zeros(grid.size)
+            want = np.zeros(grid.size)
+            got[np.searchsorted(grid, mus[:-1])] = weights[:-1]
+            want[np.searchsorted(grid, exact_mus[:-1])] = exact_w[:-1]
+            assert np.abs(got - want).max() <= 1e-12, (c, q, steps, layout)
+            assert abs(weights[-1] - exact_w[-1]) <= 1e-12
+
+
+def test_rough_delta_is_the_profile_delta():
+    """The ranking's delta (the profile's formula summed directly) agrees with the profile's delta,
+    and the ranking's epsilon hits REFERENCE_DELTA to its tolerance."""
+    for c, q, steps in _RANKED:
+        layout, _ = _coarse_laws(c, q, steps)[0]
+        weights, nus = mm._ranking_mixture(layout, c, q)
+        for s in (0.3, 1.0, 2.0):
+            profile = mm._scaled(weights, nus, s, 0.0)
+            for eps in (0.0, 0.5, 2.0, 8.0, 30.0):
+                exact = profile.delta(eps)
+                assert mm._rough_delta(weights, nus, s, eps) == pytest.approx(exact, rel=1e-9, abs=1e-15)
+            eps0 = mm._rough_epsilon(weights, nus, s, mm.REFERENCE_DELTA)
+            assert eps0 == pytest.approx(profile.epsilon(mm.REFERENCE_DELTA), rel=1e-3)
+
+
+def test_reach_guess_is_the_chernoff_minimum_over_every_theta():
+    """The reach guess tries every 4th theta of its grid and the neighbours of the best: the same as
+    the minimum over the whole grid (the bound is unimodal in theta), computed here part by part."""
+    from scipy import special
+
+    for c, q, steps in _RANKED:
+        for _, parts in _coarse_laws(c, q, steps):
+            mean = sum(count * float(v @ p) for v, p, count in parts)
+            scale = max(mean, max(float(v.max()) for v, _, _ in parts), 1e-300)
+            thetas = np.geomspace(1e-2, 1e4, 40) / scale
+            log_mgf = np.zeros(thetas.size)
+            for v, p, count in parts:
+                v, p = v[p > 0], p[p > 0]
+                if v.size > 256 and v.max() > 0:
+                    top = float(v.max())
+                    p = np.bincount(np.minimum(np.ceil(v / top * 256.0), 256.0).astype(np.int64), weights=p,
+                                    minlength=257)  # fmt: skip
+                    v = np.arange(257) * (top / 256.0)
+                    v, p = v[p > 0], p[p > 0]
+                log_mgf += count * special.logsumexp(thetas[:, None] * v[None, :], b=p[None, :], axis=1)
+            everywhere = float(np.min((log_mgf - math.log(mm._LEFT_OUT / 4.0)) / thetas))
+            expected = everywhere * (1.0 + len(parts) / 1000) + 1e-300
+            assert mm._reach_guess(parts, 1000) == pytest.approx(expected, rel=1e-12)
+
+
 def _heavy_tailed_law(rng, n, heavy):
     """A law with a few heavy atoms and a light tail decaying to 1e-70: FFT noise would dwarf it."""
     x = np.exp(-np.arange(n) * rng.uniform(0.005, 0.05)) * rng.uniform(0.5, 1.5, n)

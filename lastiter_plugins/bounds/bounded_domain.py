@@ -40,9 +40,10 @@ _BLOCK_LOG_RATIO = 0.5  # later blocks: the variable part of x varies by at most
 _NEGLIGIBLE_LOG = 30.0  # beyond c^j < e^-30 only index-doubling blocks
 _GRID = 32  # geometric grid of window lengths evaluated besides the convex minimiser
 _GRID_CONTRACTING = 24  # window lengths evaluated for the strongly convex variant
-# bisection steps for the convex minimiser: log R in [0, log T] to within log(T) 2^-40 (T <= 1e30: R to a relative
-# 7e-11); R is then rounded down and up to integers, each a valid window
-_BISECTIONS = 40
+# the convex minimiser's search: log R in [0, log T] to within log(T) 64^-7 = log(T) 2^-42 (T <= 1e30: R to a
+# relative 2e-11); R is then rounded down and up to integers, each a valid window
+_GRID_POINTS = 64
+_REFINEMENTS = 7
 
 
 def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
@@ -95,8 +96,9 @@ def _convex_scaled(windows, am1, orders, d, z, q):
 
 def _convex_minimiser(orders, am1, d, z, q, steps):
     r"""Continuous minimiser in [1, T] of the convex window bound (it is convex in R:
-    alpha d^2/(2R) plus the perspective R L(kappa_0 + beta/R) of the convex L), by
-    bisection on the sign of the derivative in log R."""
+    alpha d^2/(2R) plus the perspective R L(kappa_0 + beta/R) of the convex L), from the sign
+    of the derivative in log R on a grid of _GRID_POINTS intervals, refined _REFINEMENTS times
+    inside the interval where it turns non-negative (a bisection that halves _GRID_POINTS-fold)."""
     # (an overflow, or inf * 0 = NaN at absurd orders, only moves the candidate R: every R is valid)
     with np.errstate(over="ignore", invalid="ignore"):
         a_coef = am1 * orders * (square(d) / 2.0)  # (alpha-1) alpha d^2 / 2
@@ -105,31 +107,33 @@ def _convex_minimiser(orders, am1, d, z, q, steps):
     lo = np.zeros_like(orders)
     hi = np.full_like(orders, math.log(steps))
     log_q = math.log(q)
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        r = np.exp(mid)
+    inner = np.arange(1, _GRID_POINTS)[:, None] / _GRID_POINTS  # the interior points, as fractions
+    columns = np.arange(orders.size)
+    for _ in range(_REFINEMENTS):
+        points = lo + (hi - lo) * inner  # (_GRID_POINTS - 1) x orders
+        r = np.exp(points)
         x = kappa0 + beta / r
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             ell = _log_mgf(x, am1, q)
             slope = np.exp(log_q + am1 * x - ell)  # q e^{(a-1)x} / (1 - q + q e^{(a-1)x})
             derivative = -a_coef / r**2 + ell - am1 * beta * slope / r
         rising = ~(derivative < 0.0)  # NaN counts as rising: any R is valid
-        hi = np.where(rising, mid, hi)
-        lo = np.where(rising, lo, mid)
+        first = np.where(rising.any(axis=0), rising.argmax(axis=0), _GRID_POINTS - 1)  # first rising point
+        new_hi = np.where(first < _GRID_POINTS - 1, points[np.minimum(first, _GRID_POINTS - 2), columns], hi)
+        lo = np.where(first > 0, points[np.maximum(first - 1, 0), columns], lo)
+        hi = new_hi
     return np.exp(0.5 * (lo + hi))
 
 
-def _block_edges(window: int, log_c: float) -> np.ndarray:
-    """Edges of the blocks of j in [0, window) for the trapezoid bound: singletons first, then blocks
-    over which c^j falls by e^-_BLOCK_LOG_RATIO, then index-doubling ones."""
-    bounds = [np.arange(min(_SINGLETONS, window) + 1, dtype=float)]
-    if window > _SINGLETONS:
-        k_max = int(_NEGLIGIBLE_LOG / _BLOCK_LOG_RATIO)
-        ratio_edges = np.ceil(np.arange(1, k_max + 1) * _BLOCK_LOG_RATIO / -log_c)
-        doubling = _SINGLETONS * 2.0 ** np.arange(0, 64)
-        extra = np.concatenate((ratio_edges, doubling, [float(window)]))
-        bounds.append(extra[(extra > _SINGLETONS) & (extra <= window)])
-    return np.unique(np.concatenate(bounds))
+def _block_edges(windows: np.ndarray, log_c: float) -> list[np.ndarray]:
+    """Edges of the blocks of j in [0, R) for the trapezoid bound, for each window R: singletons first,
+    then blocks over which c^j falls by e^-_BLOCK_LOG_RATIO, then index-doubling ones, then R. The
+    edges below R do not depend on R: they are computed once."""
+    k_max = int(_NEGLIGIBLE_LOG / _BLOCK_LOG_RATIO)
+    ratio_edges = np.ceil(np.arange(1, k_max + 1) * _BLOCK_LOG_RATIO / -log_c)
+    doubling = _SINGLETONS * 2.0 ** np.arange(0, 64)
+    edges = np.unique(np.concatenate((np.arange(_SINGLETONS + 1, dtype=float), ratio_edges, doubling)))
+    return [np.append(edges[: np.searchsorted(edges, r)], r) for r in windows.tolist()]
 
 
 def _contracting_scaled(windows, am1, orders, d, z, q, contraction) -> np.ndarray:
@@ -147,12 +151,12 @@ def _contracting_scaled(windows, am1, orders, d, z, q, contraction) -> np.ndarra
     scalar = np.ndim(windows) == 0
     windows = np.atleast_1d(np.asarray(windows, dtype=float))
     log_c = math.log(contraction)
-    edges = [_block_edges(int(r), log_c) for r in windows]
+    edges = _block_edges(windows, log_c)
     first = np.concatenate([e[:-1] for e in edges])
     last = np.concatenate([e[1:] - 1.0 for e in edges])  # inclusive j ranges
     count = np.concatenate([np.diff(e) for e in edges])
     starts = np.cumsum([0] + [e.size - 1 for e in edges[:-1]])
-    log_det = 2.0 * log_c + np.array([float(log_theta(contraction, r)) for r in windows])  # log(c^{2R} / S_R)
+    log_det = 2.0 * log_c + log_theta(contraction, windows)  # log(c^{2R} / S_R)
     log_s = np.log(-np.expm1(2.0 * windows * log_c)) - math.log(-math.expm1(2.0 * log_c))
     log_y0 = math.log(d) + windows * log_c - log_s  # y0 = d c^R / S_R, d > 0 finite
     block_y0 = np.repeat(log_y0, [e.size - 1 for e in edges])

@@ -38,18 +38,16 @@ import functools
 import math
 
 import numpy as np
-from scipy import special, stats
+from scipy import optimize, special, stats
 
 from lastiter_plugins import profiles
 
-#: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice, the best is computed on the
-#: fine one (ending where the coarse law ends).
+#: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice (:func:`_ranking_mixture`), the
+#: best is computed on the fine one (ending where the coarse law ends).
 _COARSE_CELLS = 1000
 _FINE_CELLS = 8000
-#: Below this contraction a prefix left unpaid pays off (candidate_layouts); its few short blocks have
-#: sparse laws, so the fine lattice has _STRONG_FINE_CELLS cells there at about the same cost.
+#: Below this contraction a prefix left unpaid pays off (candidate_layouts).
 _STRONG = 0.999
-_STRONG_FINE_CELLS = 16000
 #: Cells of the final window's mu lattice.
 _WINDOW_CELLS = 8000
 #: A lattice is extended while more than this mass falls beyond it (that mass gets mu = inf).
@@ -298,26 +296,33 @@ def _prefix_shift_law_horizon(
     cells = start + _chernoff_cap(values.astype(float), runs.astype(float), q) + 1
     law = np.zeros(cells)
     law[start] = 1.0
+    end = start + 1  # law is 0 from end on (the small terms come first: the sum's range grows slowly)
     for value, (k, pk) in zip(values.tolist(), _count_laws(tuple(runs.tolist()), q), strict=True):
-        law = _plus_multiples(law, value, k, pk)
+        law, end = _plus_multiples(law, end, value, k, pk)
     return law, unit
 
 
-def _plus_multiples(law: np.ndarray, value: int, counts: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """The law of X + value * K on the lattice of ``law`` (X's law), K independent with
-    P(K = counts[i]) = probs[i], truncated to ``law.size`` cells (what is pushed beyond: mu = inf)."""
+def _plus_multiples(
+    law: np.ndarray, end: int, value: int, counts: np.ndarray, probs: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """The law of X + value * K on the lattice of ``law`` (X's law, 0 from ``end`` on), K independent
+    with P(K = counts[i]) = probs[i], truncated to ``law.size`` cells (what is pushed beyond: mu = inf),
+    and the index from which it is 0. Only the range where X's law can be positive is added (adding
+    zeros would change no entry)."""
     cells = law.size
     shifts = counts * value
     inside = shifts < cells
     shifts, probs = shifts[inside].tolist(), probs[inside].tolist()
+    top = min(cells, end + (shifts[-1] if shifts else 0))
     if shifts[:1] == [0]:  # the unshifted copy starts the sum (0 + x = x: the same numbers as adding it to zeros)
         out = probs[0] * law
         shifts, probs = shifts[1:], probs[1:]
     else:
         out = np.zeros(cells)
     for shift, p in zip(shifts, probs, strict=True):
-        out[shift:] += p * law[: cells - shift]
-    return out
+        width = min(end, cells - shift)
+        out[shift : shift + width] += p * law[:width]
+    return out, top
 
 
 def _chernoff_cap(values: np.ndarray, runs: np.ndarray, q: float) -> int:
@@ -368,6 +373,57 @@ def _unit_mixture(
     weights.setflags(write=False)
     mus.setflags(write=False)
     return weights, mus
+
+
+@functools.lru_cache(maxsize=64)
+def _ranking_mixture(layout: Layout, c: float, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """An estimate of :func:`_unit_mixture` on the coarse lattice, to rank layouts and place the fine
+    lattice's end only (it is not a bound: every layout is valid, and the fine lattice is widened while it
+    cuts off more than _LEFT_OUT). The parts' laws are multiplied in the Fourier domain: one transform per
+    part, a power for a repeated block, one inverse; totals beyond twice the lattice (probability far below
+    _LEFT_OUT) wrap around, and rounding leaves errors of order 1e-16."""
+    parts = _parts(layout, c, q)
+    cells, size = _COARSE_CELLS, 1 << (2 * _COARSE_CELLS - 1).bit_length()  # a power of two >= 2 cells
+    reach2 = _reach_guess(parts, cells)
+    for _ in range(4):  # four times further while more than _LEFT_OUT of the mass falls beyond
+        unit2 = reach2 / cells
+        spectrum = np.ones(size // 2 + 1, dtype=complex)
+        for values, probs, count in parts:
+            law = np.bincount(_ceil_index(values, unit2), weights=probs)[:size]
+            spectrum *= np.fft.rfft(law, size) ** count
+        total = np.maximum(np.fft.irfft(spectrum, size)[:cells], 0.0)
+        if 1.0 - float(total.sum()) <= _LEFT_OUT:
+            break
+        reach2 *= 4.0
+    keep = total > 0
+    return np.append(total[keep], max(1.0 - float(total.sum()), 0.0)), np.append(np.sqrt(np.flatnonzero(keep) * unit2), math.inf)
+
+
+def _rough_delta(weights: np.ndarray, nus: np.ndarray, s: float, eps: float) -> float:
+    r"""The delta at ``eps`` of the mixture with mus ``s * nus``, by the profile's formula
+    :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon\Phi(-\varepsilon/\mu - \mu/2)` summed directly: rounding
+    errors of about 1e-16 per component, far below the deltas compared. To rank layouts only (the reported
+    numbers come from :mod:`lastiter_plugins.profiles`)."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        mus = nus * s
+        live = (mus > 0) & np.isfinite(mus)
+        mu = mus[live]
+        a = -eps / mu + mu / 2.0
+        terms = special.ndtr(a) - np.exp(eps + special.log_ndtr(a - mu))
+    return float(weights[live] @ np.maximum(terms, 0.0)) + float(weights[np.isinf(mus)].sum())
+
+
+def _rough_epsilon(weights: np.ndarray, nus: np.ndarray, s: float, delta: float) -> float:
+    """An epsilon where :func:`_rough_delta` is about ``delta`` (to a relative 1e-4): where the layouts are
+    compared. Any epsilon would give valid bounds; this one makes the comparison about the deltas that matter."""
+    target = math.log(delta)
+    excess = lambda eps: math.log(max(_rough_delta(weights, nus, s, eps), 1e-300)) - target  # noqa: E731  (decreasing)
+    if excess(0.0) <= 0.0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0.0 and hi < 1e6:
+        hi *= 2.0
+    return hi if excess(hi) > 0.0 else float(optimize.brentq(excess, 0.0, hi, rtol=1e-4))
 
 
 def _reach_of(weights: np.ndarray, mus: np.ndarray) -> float:
@@ -470,6 +526,11 @@ def _merge_small(parts):
     return out
 
 
+#: The thetas of :func:`_reach_guess` (times 1 / scale), and those it tries first: every 4th, and the last.
+_THETAS = np.geomspace(1e-2, 1e4, 40)
+_COARSE_THETAS = np.append(np.arange(0, _THETAS.size, 4), _THETAS.size - 1)
+
+
 def _reach_guess(parts, cells: int) -> float:
     """Where the mu^2 lattice should end: a Chernoff bound on the sum of the parts, exceeded with
     probability at most _LEFT_OUT / 4 (P(X > x) <= E e^(theta X) / e^(theta x), minimised over a
@@ -478,21 +539,37 @@ def _reach_guess(parts, cells: int) -> float:
     cuts off more than _LEFT_OUT."""
     mean = sum(count * float(values @ probs) for values, probs, count in parts)
     scale = max(mean, max(float(values.max()) for values, _, _ in parts), 1e-300)
-    thetas = np.geomspace(1e-2, 1e4, 40) / scale
-    log_mgf = np.zeros(thetas.size)
-    for values, probs, count in parts:
-        keep = probs > 0
-        v, p = values[keep], probs[keep]
+    values, logs, counts = [], [], []
+    for v, p, count in parts:
+        keep = p > 0
+        v, p = v[keep], p[keep]
         if v.size > 256 and v.max() > 0:  # each value rounded up onto 256 bins: only raises the bound
             top = float(v.max())
             bins = np.minimum(np.ceil(v / top * 256.0), 256.0)
             p = np.bincount(bins.astype(np.int64), weights=p, minlength=257)
             v = np.arange(257) * (top / 256.0)
             v, p = v[p > 0], p[p > 0]
-        terms = thetas[:, None] * v[None, :] + np.log(p)[None, :]
-        top = terms.max(axis=1)
-        log_mgf += count * (top + np.log(np.exp(terms - top[:, None]).sum(axis=1)))
-    reach = float(np.min((log_mgf - math.log(_LEFT_OUT / 4.0)) / thetas))
+        values.append(v)
+        logs.append(np.log(p))
+        counts.append(count)
+    sizes = [v.size for v in values]
+    starts = np.cumsum([0, *sizes[:-1]])
+    values, logs, counts = np.concatenate(values), np.concatenate(logs), np.asarray(counts, dtype=float)
+
+    def bound(thetas):  # (log E e^(theta X) - log(_LEFT_OUT / 4)) / theta, each part's log-sum-exp by reduceat
+        terms = thetas[:, None] * values[None, :] + logs[None, :]
+        top = np.maximum.reduceat(terms, starts, axis=1)
+        sums = np.add.reduceat(np.exp(terms - np.repeat(top, sizes, axis=1)), starts, axis=1)
+        return ((top + np.log(sums)) @ counts - math.log(_LEFT_OUT / 4.0)) / thetas
+
+    # the bound is unimodal in theta (its derivative has the sign of theta L'(theta) - L(theta) - log(4 /
+    # _LEFT_OUT), nondecreasing as L = log E e^(theta X) is convex): its minimum over the 40 thetas of the
+    # grid lies within 3 of the best of every 4th
+    grid = _THETAS / scale
+    at_coarse = bound(grid[_COARSE_THETAS])
+    best = int(_COARSE_THETAS[np.argmin(at_coarse)])
+    near = [i for i in range(max(0, best - 3), min(grid.size, best + 4)) if i % 4 and i != grid.size - 1]
+    reach = min(float(at_coarse.min()), float(bound(grid[near]).min()) if near else math.inf)
     return reach * (1.0 + len(parts) / cells) + 1e-300
 
 
@@ -575,23 +652,19 @@ def membership_profile(
     # REFERENCE_DELTA; without the extra mass, which adds the same to every layout): every block
     # size with a window of 4 steps, then the best with windows of 2 and 8; compute the best on the
     # fine lattice, ending where its coarse law ends
-    def coarse(lay):
-        return _scaled(*_unit_mixture(lay, c, q, _COARSE_CELLS, None), s, 0.0)
-
     first = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(4,))
     assert first, (steps, q, c)  # test_every_run_gets_layouts_covering_its_steps
-    eps0 = coarse(first[0]).epsilon(REFERENCE_DELTA)
+    eps0 = _rough_epsilon(*_ranking_mixture(first[0], c, q), s, REFERENCE_DELTA)
 
     @functools.cache
     def coarse_delta(lay):
-        return coarse(lay).delta(eps0)
+        return _rough_delta(*_ranking_mixture(lay, c, q), s, eps0)
 
     best = min(first, key=coarse_delta)
     others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))
     same = [lay for lay in others if (lay.repeat, lay.prefix > 0) == (best.repeat, best.prefix > 0)]
     best = min([best, *same], key=coarse_delta)
-    fine = _STRONG_FINE_CELLS if c < _STRONG else _FINE_CELLS
-    w, m = _unit_mixture(best, c, q, fine, _reach_of(*_unit_mixture(best, c, q, _COARSE_CELLS, None)))
+    w, m = _unit_mixture(best, c, q, _FINE_CELLS, _reach_of(*_ranking_mixture(best, c, q)))
     return _scaled(w, m, s, extra_mass)
 
 
