@@ -118,27 +118,30 @@ def test_search_over_the_window_is_within_the_family_and_near_its_minimum():
     assert np.all(got <= refined.min(axis=0) * (1 + 1e-3))
 
 
-def test_convex_minimiser_is_where_the_derivative_turns():
+@pytest.mark.parametrize(
+    ("q", "z", "d", "steps"),
+    [(0.01, 1.0, 1200.0, 10**6), (0.3, 0.7, 3.0, 50), (0.001, 4.0, 1e4, 10**9), (0.5, 2.0, 0.1, 10)],
+)
+def test_convex_minimiser_is_where_the_derivative_turns(q, z, d, steps):
     """The convex window bound's minimiser (a grid refined 7 times) against a plain bisection written
     here on the derivative of the same function in log R, to a relative 1e-9 in R."""
     orders = np.array([1.1, 1.5, 2.0, 4.0, 8.0, 32.0, 256.0])
     am1 = orders - 1.0
-    for q, z, d, steps in ((0.01, 1.0, 1200.0, 10**6), (0.3, 0.7, 3.0, 50), (0.001, 4.0, 1e4, 10**9), (0.5, 2.0, 0.1, 10)):
-        got = bounded_domain._convex_minimiser(orders, am1, d, z, q, steps)
+    got = bounded_domain._convex_minimiser(orders, am1, d, z, q, steps)
 
-        def derivative(log_r):  # d/dR of alpha d^2 / (2R) + R L(kappa0 + beta / R), times (alpha - 1)
-            r = np.exp(log_r)
-            x = 2 * orders / z**2 + 2 * orders * d / (z * r)
-            ell = np.logaddexp(math.log1p(-q), math.log(q) + am1 * x)
-            slope = np.exp(math.log(q) + am1 * x - ell)
-            return -am1 * orders * d**2 / 2 / r**2 + ell - am1 * (2 * orders * d / z) * slope / r
+    def derivative(log_r):  # d/dR of alpha d^2 / (2R) + R L(kappa0 + beta / R), times (alpha - 1)
+        r = np.exp(log_r)
+        x = 2 * orders / z**2 + 2 * orders * d / (z * r)
+        ell = np.logaddexp(math.log1p(-q), math.log(q) + am1 * x)
+        slope = np.exp(math.log(q) + am1 * x - ell)
+        return -am1 * orders * d**2 / 2 / r**2 + ell - am1 * (2 * orders * d / z) * slope / r
 
-        lo, hi = np.zeros(orders.size), np.full(orders.size, math.log(steps))
-        for _ in range(200):
-            mid = (lo + hi) / 2
-            rising = derivative(mid) >= 0
-            lo, hi = np.where(rising, lo, mid), np.where(rising, mid, hi)
-        np.testing.assert_allclose(got, np.exp((lo + hi) / 2), rtol=1e-9)
+    lo, hi = np.zeros(orders.size), np.full(orders.size, math.log(steps))
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        rising = derivative(mid) >= 0
+        lo, hi = np.where(rising, lo, mid), np.where(rising, mid, hi)
+    np.testing.assert_allclose(got, np.exp((lo + hi) / 2), rtol=1e-9)
 
 
 def test_block_edges_are_each_windows_own():

@@ -163,7 +163,13 @@ def test_power_is_repeated_convolution():
 def test_prefix_law_adds_only_where_the_law_can_be_positive():
     """The prefix's shift law (its adds limited to where the partial law can be positive) equals, number
     for number, the same sums over the whole lattice, written here independently."""
-    for c, q, prefix in ((0.975, 0.01, 10**6), (0.9, 0.2, 10**5), (0.995, 0.05, 10**6), (0.99, 0.3, 500), (0.5, 0.5, 40)):
+    for c, q, prefix in (
+        (0.975, 0.01, 10**6),
+        (0.9, 0.2, 10**5),
+        (0.995, 0.05, 10**6),
+        (0.99, 0.3, 500),
+        (0.5, 0.5, 40),
+    ):
         law, unit = mm._prefix_shift_law(1.0, c, q, prefix)
         horizon = min(prefix, math.ceil(math.log((1.0 - c) / mm._Z_PER_SHIFT) / math.log(c)))
         per_shift = max(1, round(mm._Z_PER_SHIFT / max(1.0, q / (1.0 - c))))

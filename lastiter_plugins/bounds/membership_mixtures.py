@@ -384,19 +384,20 @@ def _ranking_mixture(layout: Layout, c: float, q: float) -> tuple[np.ndarray, np
     _LEFT_OUT) wrap around, and rounding leaves errors of order 1e-16."""
     parts = _parts(layout, c, q)
     cells, size = _COARSE_CELLS, 1 << (2 * _COARSE_CELLS - 1).bit_length()  # a power of two >= 2 cells
+    held = math.prod(float(probs.sum()) ** count for _, probs, count in parts)  # the parts' own missing mass aside
     reach2 = _reach_guess(parts, cells)
     for _ in range(4):  # four times further while more than _LEFT_OUT of the mass falls beyond
         unit2 = reach2 / cells
         spectrum = np.ones(size // 2 + 1, dtype=complex)
         for values, probs, count in parts:
-            law = np.bincount(_ceil_index(values, unit2), weights=probs)[:size]
-            spectrum *= np.fft.rfft(law, size) ** count
+            spectrum *= np.fft.rfft(np.bincount(_ceil_index(values, unit2), weights=probs)[:size], size) ** count
         total = np.maximum(np.fft.irfft(spectrum, size)[:cells], 0.0)
-        if 1.0 - float(total.sum()) <= _LEFT_OUT:
+        if held - float(total.sum()) <= _LEFT_OUT:
             break
         reach2 *= 4.0
     keep = total > 0
-    return np.append(total[keep], max(1.0 - float(total.sum()), 0.0)), np.append(np.sqrt(np.flatnonzero(keep) * unit2), math.inf)
+    weights = np.append(total[keep], max(1.0 - float(total.sum()), 0.0))
+    return weights, np.append(np.sqrt(np.flatnonzero(keep) * unit2), math.inf)
 
 
 def _rough_delta(weights: np.ndarray, nus: np.ndarray, s: float, eps: float) -> float:
@@ -417,7 +418,10 @@ def _rough_epsilon(weights: np.ndarray, nus: np.ndarray, s: float, delta: float)
     """An epsilon where :func:`_rough_delta` is about ``delta`` (to a relative 1e-4): where the layouts are
     compared. Any epsilon would give valid bounds; this one makes the comparison about the deltas that matter."""
     target = math.log(delta)
-    excess = lambda eps: math.log(max(_rough_delta(weights, nus, s, eps), 1e-300)) - target  # noqa: E731  (decreasing)
+
+    def excess(eps: float) -> float:  # decreasing in eps
+        return math.log(max(_rough_delta(weights, nus, s, eps), 1e-300)) - target
+
     if excess(0.0) <= 0.0:
         return 0.0
     hi = 1.0
