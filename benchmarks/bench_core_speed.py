@@ -108,6 +108,9 @@ RATIO_STEPS = (10**4, 10**6)
 RATIO_CASES = (
     ("random_batch", dict(sampling="random_batch"), "opacus-rdp", "rdp"),
     ("shuffle_once", dict(sampling="shuffle_once"), "opacus-rdp", "rdp"),
+    ("cyclic", dict(sampling="cyclic"), "opacus-rdp", "rdp"),
+    ("reshuffle", dict(sampling="reshuffle"), "opacus-rdp", "rdp"),
+    ("full batch (b = n)", dict(sampling="cyclic", batch_size=60_000), "opacus-rdp", "rdp"),
     ("poisson (add/remove)", dict(sampling="poisson", relation="add_or_remove_one", learning_rate=0.005), "dpa-pld",
      "prv"),
     ("poisson (replace-one)", dict(sampling="poisson", relation="replace_one", learning_rate=0.005), "dpa-pld", "prv"),

@@ -410,7 +410,10 @@ def _rough_delta(weights: np.ndarray, nus: np.ndarray, s: float, eps: float) -> 
         live = (mus > 0) & np.isfinite(mus)
         mu = mus[live]
         a = -eps / mu + mu / 2.0
-        terms = special.ndtr(a) - np.exp(eps + special.log_ndtr(a - mu))
+        if eps < 700.0:  # e^eps Phi(a - mu) without overflow
+            terms = special.ndtr(a) - math.exp(eps) * special.ndtr(a - mu)
+        else:
+            terms = special.ndtr(a) - np.exp(eps + special.log_ndtr(a - mu))
     return float(weights[live] @ np.maximum(terms, 0.0)) + float(weights[np.isinf(mus)].sum())
 
 
@@ -424,10 +427,12 @@ def _rough_epsilon(weights: np.ndarray, nus: np.ndarray, s: float, delta: float)
 
     if excess(0.0) <= 0.0:
         return 0.0
-    hi = 1.0
-    while excess(hi) > 0.0 and hi < 1e6:
-        hi *= 2.0
-    return hi if excess(hi) > 0.0 else float(optimize.brentq(excess, 0.0, hi, rtol=1e-4))
+    lo, hi = 0.0, 1.0
+    while excess(hi) > 0.0:  # the root lies in (lo, hi] once this stops
+        if hi >= 1e6:
+            return hi
+        lo, hi = hi, 4.0 * hi
+    return float(optimize.brentq(excess, lo, hi, rtol=1e-4))
 
 
 def _reach_of(weights: np.ndarray, mus: np.ndarray) -> float:
