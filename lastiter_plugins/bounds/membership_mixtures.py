@@ -390,7 +390,7 @@ def _ranking_mixture(layout: Layout, c: float, q: float) -> tuple[np.ndarray, np
         unit2 = reach2 / cells
         spectrum = np.ones(size // 2 + 1, dtype=complex)
         for values, probs, count in parts:
-            spectrum *= np.fft.rfft(np.bincount(_ceil_index(values, unit2), weights=probs)[:size], size) ** count
+            spectrum *= np.fft.rfft(_onto_lattice(values, probs, unit2, size), size) ** count
         total = np.maximum(np.fft.irfft(spectrum, size)[:cells], 0.0)
         if held - float(total.sum()) <= _LEFT_OUT:
             break
