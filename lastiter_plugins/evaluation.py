@@ -477,7 +477,7 @@ def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions:
     Raises:
       BoundBelowTruthError: the lower bound is above a proven bound's epsilon (a bug in that bound).
     """
-    from lastiter_plugins.verification.lower_bounds import lower_bound
+    from lastiter_plugins.lower_end import lower_bound  # numerics loaded only when a lower end is asked for
 
     lower = lower_bound(config, assumptions, result.delta)
     if lower.epsilon is not None and result.proof.proven and lower.epsilon > result.epsilon * (1 + 1e-9) + 1e-12:

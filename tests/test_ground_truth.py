@@ -17,7 +17,7 @@ from scipy import integrate, special, stats
 
 import lastiter_plugins as lp
 from lastiter_plugins.verification import fuzz
-from lastiter_plugins.verification.exact import (
+from lastiter_plugins.lower_end.exact import (
     Instance,
     g1_divergence,
     g1_params,

@@ -12,7 +12,7 @@ from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 from lastiter_plugins.bounds import liang
-from lastiter_plugins.verification.exact import g1_divergence, g1_params, g3_divergence, g3_params
+from lastiter_plugins.lower_end.exact import g1_divergence, g1_params, g3_divergence, g3_params
 
 
 @pytest.mark.parametrize(("q", "z", "steps"), [(0.01, 1.0, 1000), (0.05, 0.8, 1), (0.2, 2.5, 37)])

@@ -20,7 +20,7 @@ from scipy import stats
 import lastiter_plugins as lp
 from lastiter_plugins.bounds import membership_mixtures as mm
 from lastiter_plugins.bounds import shift_schedules as ss
-from lastiter_plugins.verification.exact import g2_laws, g2_params, g3_divergence, g3_params
+from lastiter_plugins.lower_end.exact import g2_laws, g2_params, g3_divergence, g3_params
 
 EPS_GRID = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0]
 
@@ -515,7 +515,7 @@ def test_no_renyi_curve_is_claimed():
     above its lattices, negligible for delta; a Renyi divergence at order 16 is dominated by exactly
     such rare schedules (all steps using the record), so the rows claim no Renyi curve at all."""
     from lastiter_plugins.verification import fuzz
-    from lastiter_plugins.verification.exact import Instance, g1_params
+    from lastiter_plugins.lower_end.exact import Instance, g1_params
 
     params = g1_params(
         learning_rate=0.059464510211914776,

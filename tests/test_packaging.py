@@ -118,7 +118,7 @@ def test_wheel_contents(wheel):
     assert "lastiter_plugins/adapters/opacus/_internals.py" in names
     assert "lastiter_plugins/py.typed" in names
     assert "lastiter_plugins/bounds/sgm.py" in names
-    assert "lastiter_plugins/verification/exact.py" in names
+    assert "lastiter_plugins/lower_end/exact.py" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     top_level = {n.split("/")[0] for n in names}
     assert "adapters" not in top_level

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lastiter_plugins import profiles
-from lastiter_plugins.verification.exact import gaussian_mixture_renyi
+from lastiter_plugins.lower_end.exact import gaussian_mixture_renyi
 
 mpmath.mp.dps = 60
 

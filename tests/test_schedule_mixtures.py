@@ -22,7 +22,7 @@ import lastiter_plugins as lp
 from lastiter_plugins import profiles
 from lastiter_plugins.bounds import shift_schedules as ss
 from lastiter_plugins.bounds import shifted_interpolation as si
-from lastiter_plugins.verification.exact import g2_laws, g2_params, g3_divergence, g3_params
+from lastiter_plugins.lower_end.exact import g2_laws, g2_params, g3_divergence, g3_params
 
 EPS_GRID = [0.0, 0.25, 0.5, 1.0, 2.0, 4.0]
 

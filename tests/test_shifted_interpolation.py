@@ -21,7 +21,7 @@ from scipy import special
 
 from lastiter_plugins import profiles
 from lastiter_plugins.bounds import shifted_interpolation as si
-from lastiter_plugins.verification.exact import g2_params, g2_position_shifts
+from lastiter_plugins.lower_end.exact import g2_params, g2_position_shifts
 
 
 def _paper_cyclic(mu: float, c: float, per_epoch: int, epochs: int) -> float:

@@ -17,7 +17,7 @@ import pytest
 from scipy import special
 
 from lastiter_plugins.bounds import ye_shokri
-from lastiter_plugins.verification.exact import g2_divergence, g2_params
+from lastiter_plugins.lower_end.exact import g2_divergence, g2_params
 
 ORDERS = np.array([1.5, 2.0, 4.0, 16.0, 64.0])
 FAST = {"cells": 3000}

@@ -1,14 +1,14 @@
 r"""Verification suite: exact divergences on instances with computable laws
 (docs/verification.md), soundness fuzzing and the tightness report.
 
-Nothing in the accountant imports this subpackage, except that a result asked for
-with ``lower_bound=True`` imports :mod:`~lastiter_plugins.verification.lower_bounds`
-when it is computed (docs/decisions.md, section 20); it imports the public API
-only (``import lastiter_plugins as lp``) and the math modules (bounds,
-profiles); timings against host libraries live in benchmarks/. See
-docs/verification.md for the mathematics and the commands.
+Nothing in the product imports this subpackage; it imports the public API
+(``import lastiter_plugins as lp``), the math modules (bounds, profiles) and the
+exact laws of :mod:`lastiter_plugins.lower_end.exact`, which the product's lower
+end (``lower_bound=True``, docs/decisions.md, section 20) shares with it; timings
+against host libraries live in benchmarks/. See docs/verification.md for the
+mathematics and the commands.
 
-* :mod:`~lastiter_plugins.verification.exact`: ground truths G1 (linear
+* :mod:`~lastiter_plugins.lower_end.exact` (re-exported here): ground truths G1 (linear
   losses), G2 (strongly convex quadratics) and G3 (the projected 1-D random walk
   of Altschuler & Talwar), each returning a certified interval
   ``[lower, upper]`` for the Renyi divergence of the last iterate, and on
@@ -20,7 +20,7 @@ docs/verification.md for the mathematics and the commands.
   fixed grid, as markdown and PNG (``python -m lastiter_plugins.verification.tightness``).
 """
 
-from lastiter_plugins.verification.exact import (
+from lastiter_plugins.lower_end.exact import (
     ExactDivergence,
     GaussianLaws,
     HockeyStick,

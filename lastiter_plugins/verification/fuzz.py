@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 import lastiter_plugins as lp
-from lastiter_plugins.verification.exact import ExactDivergence, Instance, g1_params, g2_params, g3_params
+from lastiter_plugins.lower_end.exact import ExactDivergence, Instance, g1_params, g2_params, g3_params
 
 #: Orders at which bounds are compared to the truth (integers: the SGM terms are exact there).
 CHECK_ORDERS = np.array([1.5, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0])

@@ -7,7 +7,7 @@ Regenerate docs/tightness.md and docs/tightness.png with::
     python -m lastiter_plugins.verification.tightness --out docs
 
 Renyi columns: ``bound / exact`` at orders 2, 8, 32, where ``exact`` is the
-midpoint of the certified interval of :mod:`lastiter_plugins.verification.exact`
+midpoint of the certified interval of :mod:`lastiter_plugins.lower_end.exact`
 (its relative width is given, so every ratio is known to within that much).
 (epsilon, delta) columns: the bound's epsilon at delta = 1e-5 (what
 ``lp.epsilon`` reports: an RDP curve converted, an f-DP profile inverted exactly)
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 import lastiter_plugins as lp
-from lastiter_plugins.verification.exact import Instance, g1_params, g2_params, g3_params
+from lastiter_plugins.lower_end.exact import Instance, g1_params, g2_params, g3_params
 
 REPORT_ORDERS = np.array([2.0, 8.0, 32.0])
 PLOT_ORDER = 8.0

@@ -1,5 +1,6 @@
 r"""Exact Renyi divergences (and privacy profiles) of the last iterate on instances
-with computable laws: the ground truths G1, G2, G3 of docs/verification.md.
+with computable laws: the ground truths G1, G2, G3 of docs/verification.md, and the
+instances of the lower end (docs/decisions.md, section 20).
 
 Every bound of the library claims ``rdp(alpha) >= D_alpha(X_T || X'_T)`` for
 ALL instances meeting its assumptions. The three families below have laws we can
@@ -61,10 +62,10 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
-import lastiter_plugins as lp
-from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 
 _UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
+_LARGEST_EPSILON = 1e300  # the profile's epsilon search stops doubling here
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -326,7 +327,9 @@ def _binomial_weights(steps: int, q: float) -> tuple[np.ndarray, np.ndarray, flo
 
 
 def _params(params: Mapping[str, Any]) -> tuple[TrainingConfig, LossAssumptions]:
-    return lp.build(**dict(params))
+    from lastiter_plugins.api import build  # the keyword parameters, validated as the API does
+
+    return build(**dict(params))
 
 
 def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
@@ -582,7 +585,8 @@ class HockeyStick:
         r"""Certified interval for the exact :math:`\varepsilon(\delta) = \inf\{\varepsilon \ge 0:
         \delta(\varepsilon) \le \delta\}`: both profile bounds decrease in epsilon, so the
         epsilon where the lower (upper) bound crosses delta is below (above) the truth.
-        Bisection to 1e-9 relative."""
+        Bisection to 1e-9 relative; beyond 1e300 the lower end is 1e300 (still below the truth)
+        and the upper end inf."""
 
         def crossing(side: int) -> float:
             def above(e: float) -> bool:
@@ -592,9 +596,9 @@ class HockeyStick:
                 return 0.0
             hi = 1.0
             while above(hi):
+                if hi > _LARGEST_EPSILON:  # the crossing lies beyond: hi is still a valid lower end
+                    return hi if side == 0 else math.inf
                 hi *= 2.0
-                if hi > 1e7:
-                    return math.inf
             lo = 0.0
             while hi - lo > 1e-9 * hi:
                 mid = 0.5 * (lo + hi)

@@ -3,7 +3,7 @@ r"""How tight: the exact epsilon of an explicit instance that meets every declar
 For a pipeline (a :class:`TrainingConfig`) and declared loss assumptions
 (:class:`LossAssumptions`), :func:`lower_bound` builds one instance (losses, domain,
 position of the differing record) that satisfies every declaration for the same run,
-computes its exact last-iterate laws (:mod:`lastiter_plugins.verification.exact`) and
+computes its exact last-iterate laws (:mod:`lastiter_plugins.lower_end.exact`) and
 returns the LOWER end of the certified epsilon of their hockey-stick divergence at the
 same delta. The worst case over all models meeting the declarations is therefore at
 least that number, and every valid upper bound (``best``) at least as large: the truth
@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.lower_end import exact
 
 #: The largest exact computation tried (components x cells of a Gaussian mixture, enumerated
 #: patterns, G3 steps): beyond it the answer is "too large to compute exactly" (about 1 s).
@@ -179,8 +180,6 @@ def _trimmed_binomial(steps: int, q: float, delta: float) -> tuple[np.ndarray, n
 
 
 def _g1_laws(config: TrainingConfig, delta: float):
-    from lastiter_plugins.verification import exact
-
     if config.sampling not in (Sampling.RANDOM_BATCH, Sampling.POISSON):
         return exact.g1_laws(_params(config, _linear_props("G1", config, LossAssumptions())))
     counts, weights, missing = _trimmed_binomial(config.steps, config.sampling_probability, delta)
@@ -194,8 +193,6 @@ def _g1_laws(config: TrainingConfig, delta: float):
 
 def _g2_laws(config: TrainingConfig, lam: float):
     """Linear data losses plus an l2 term outside the clip: x <- rho x - eta mean(g_B) + noise, rho = 1 - eta lam."""
-    from lastiter_plugins.verification import exact
-
     steps, per_epoch = config.steps, config.steps_per_epoch
     rho = 1.0 - config.learning_rate * lam
     prods = rho ** np.arange(steps - 1, -1, -1, dtype=float)  # step t contracted to the end
@@ -251,8 +248,6 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
     case over all models meeting the declarations), ``note`` names the instance; ``epsilon`` is
     None when no instance fits or it is too large to compute exactly, and ``note`` says why.
     """
-    from lastiter_plugins.verification import exact
-
     why = _no_instance(config, assumptions)
     if why is not None:
         return LowerBound(None, why)

@@ -1,0 +1,16 @@
+r"""The lower end of a certified interval: the exact epsilon of an explicit instance that meets every
+declaration of a pipeline (docs/decisions.md, section 20).
+
+* :mod:`~lastiter_plugins.lower_end.instances`: which instance fits a pipeline and its declarations
+  (:func:`lower_bound`), and its exact epsilon, rounded downward.
+* :mod:`~lastiter_plugins.lower_end.exact`: the exact last-iterate laws of the instances (linear
+  losses G1, strongly convex quadratics G2, the projected walk G3) with certified intervals; the
+  verification suite uses them as ground truths.
+
+This package belongs to the product: ``best`` with ``lower_bound=True`` reads it. It imports the
+core (config, the math modules), never the verification suite.
+"""
+
+from lastiter_plugins.lower_end.instances import LowerBound, lower_bound
+
+__all__ = ["LowerBound", "lower_bound"]
