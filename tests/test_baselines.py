@@ -19,8 +19,8 @@ from scipy import integrate, special
 import lastiter_plugins as lp
 from lastiter_plugins import evaluation
 from lastiter_plugins.bounds import sampled_gaussian_pld as sgp
-from lastiter_plugins.profiles import gdp_epsilon
 from lastiter_plugins.lower_end.exact import g1_laws, g1_params
+from lastiter_plugins.profiles import gdp_epsilon
 
 DELTA = 1e-5
 AOR = "add_or_remove_one"

@@ -16,7 +16,6 @@ from conftest import sweep_size
 from scipy import integrate, special, stats
 
 import lastiter_plugins as lp
-from lastiter_plugins.verification import fuzz
 from lastiter_plugins.lower_end.exact import (
     Instance,
     g1_divergence,
@@ -26,6 +25,7 @@ from lastiter_plugins.lower_end.exact import (
     g2_position_shifts,
     gaussian_mixture_renyi,
 )
+from lastiter_plugins.verification import fuzz
 
 ORDERS = np.array([2.0, 4.0, 8.0, 16.0, 32.0])
 FAST = {"cells": 3000}  # cells for the mixture quadrature in the fast suite

@@ -514,8 +514,8 @@ def test_no_renyi_curve_is_claimed():
     """The fuzzing's counterexample (seed 2026): the profile gives delta = 1 only to mass it cuts off
     above its lattices, negligible for delta; a Renyi divergence at order 16 is dominated by exactly
     such rare schedules (all steps using the record), so the rows claim no Renyi curve at all."""
-    from lastiter_plugins.verification import fuzz
     from lastiter_plugins.lower_end.exact import Instance, g1_params
+    from lastiter_plugins.verification import fuzz
 
     params = g1_params(
         learning_rate=0.059464510211914776,

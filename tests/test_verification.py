@@ -17,7 +17,6 @@ import pytest
 from scipy import integrate, special
 
 import lastiter_plugins as lp
-from lastiter_plugins.verification import fuzz
 from lastiter_plugins.lower_end.exact import (
     Instance,
     g1_divergence,
@@ -28,6 +27,7 @@ from lastiter_plugins.lower_end.exact import (
     g3_params,
     gaussian_mixture_hockey_stick,
 )
+from lastiter_plugins.verification import fuzz
 
 ORDERS = np.array([2.0, 4.0, 8.0])
 SMALL = {"max_nodes": 400, "fine_cells": 4000, "tolerance": 1e-3}
