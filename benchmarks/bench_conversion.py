@@ -29,12 +29,12 @@ from test_conversion import (  # the test's configurations and reference, not a 
 )
 
 from lastiter_plugins.conversion import (
-    DEFAULT_ORDERS,
     OrderGridWarning,
     epsilon_of_linear_rdp,
     rdp_to_epsilon,
     refine_epsilon,
 )
+from lastiter_plugins.validation import DEFAULT_ORDERS
 
 
 def _gap(value: float, reference: float) -> float:

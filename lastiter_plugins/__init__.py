@@ -18,10 +18,11 @@ from lastiter_plugins.api import (
 )
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
-from lastiter_plugins.conversion import DEFAULT_ORDERS, OrderGridWarning
+from lastiter_plugins.conversion import OrderGridWarning
 from lastiter_plugins.errors import CalibrationError, NotApplicableError, PipelineChangedError, UnsupportedHostError
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
 from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
+from lastiter_plugins.validation import DEFAULT_ORDERS
 
 #: The package version; the only place it is written (pyproject.toml reads it from here).
 __version__ = "0.2.0"

@@ -16,10 +16,10 @@ from typing_extensions import Required, TypedDict, Unpack
 
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, refuse_renamed
-from lastiter_plugins.conversion import validate_orders
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
 from lastiter_plugins.registry import Kind, Protects
+from lastiter_plugins.validation import validate_delta, validate_orders
 
 
 class Parameters(TypedDict, total=False):
@@ -115,6 +115,7 @@ def compute_rdp(bound: str, config: TrainingConfig, assumptions: LossAssumptions
 
     Raises:
       NotApplicableError: a precondition of the bound fails.
+      ValueError: invalid orders.
     """
     return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders))
 
@@ -132,8 +133,14 @@ def compute_epsilon(
 
     Returns the same kind of value as :func:`epsilon`: an :class:`EpsilonResult` (with its
     ``lower_bound`` when ``lower_bound`` is True).
+
+    Raises:
+      NotApplicableError: a precondition of the bound fails.
+      ValueError: an invalid delta or invalid orders.
     """
-    return evaluation.epsilon_result(bound, config, assumptions, delta, orders, lower_bound=lower_bound)
+    delta = validate_delta(delta)
+    grid = None if orders is None else validate_orders(orders)  # None: the default grid, converted losslessly
+    return evaluation.epsilon_result(bound, config, assumptions, delta, grid, lower_bound=lower_bound)
 
 
 def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Parameters]) -> np.ndarray:
@@ -150,7 +157,7 @@ def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Param
       ValueError: an invalid value.
     """
     config, assumptions = build(**params)
-    return compute_rdp(bound, config, assumptions, validate_orders(orders))
+    return compute_rdp(bound, config, assumptions, orders)
 
 
 def epsilon(
@@ -184,7 +191,7 @@ def applicable_bounds(**params: Unpack[Parameters]) -> dict[str, BoundEvaluation
     params.setdefault("noise_multiplier", 1.0)
     config, assumptions = build(**params)
     out = evaluation.evaluate_all(config, assumptions)
-    usable = [bid for bid, e in out.items() if e.applies and e.proof.proven and e.relation is config.relation]
+    usable = [bid for bid, e in out.items() if evaluation.counts_for_best(e, config.relation)]
     out[registry.BEST] = BoundEvaluation(
         bound=registry.BEST,
         title="the smallest epsilon over the proven bounds valid for the pipeline",

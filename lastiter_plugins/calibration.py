@@ -3,24 +3,16 @@ r"""Noise calibration: the smallest noise multiplier whose epsilon meets a targe
 from __future__ import annotations
 
 import math
-import numbers
-from typing import Any
 
 from typing_extensions import Unpack
 
-from lastiter_plugins import evaluation, registry
-from lastiter_plugins.api import Parameters, build, compute_epsilon
-from lastiter_plugins.conversion import validate_delta, validate_orders
+from lastiter_plugins import evaluation
+from lastiter_plugins.api import Parameters, build
 from lastiter_plugins.errors import CalibrationError
+from lastiter_plugins.validation import positive_number, validate_delta, validate_orders
 
 #: Below this noise multiplier the search stops and returns the last value that met the target.
 MIN_NOISE_MULTIPLIER = 1e-6
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
-    return float(value)
 
 
 def calibrate_noise(
@@ -78,21 +70,19 @@ def calibrate_noise(
       CalibrationError: even ``max_noise_multiplier`` does not reach the target.
       ValueError: invalid inputs.
     """
-    if isinstance(target_epsilon, bool) or not isinstance(target_epsilon, numbers.Real):
-        raise ValueError(f"target_epsilon must be a finite number > 0. Found {target_epsilon!r}.")
-    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
-        raise ValueError(f"target_epsilon must be a finite number > 0. Found {target_epsilon!r}.")
+    target_epsilon = positive_number("target_epsilon", target_epsilon)
     delta = validate_delta(delta)
-    cap = _positive("max_noise_multiplier", max_noise_multiplier)
-    rtol = _positive("rtol", rtol)
-    grid = validate_orders(orders)
-    use_orders = None if orders is None else grid  # None keeps the library's lossless default conversion
+    cap = positive_number("max_noise_multiplier", max_noise_multiplier)
+    rtol = positive_number("rtol", rtol)
+    use_orders = None if orders is None else validate_orders(orders)  # None: the lossless default conversion
     params.pop("noise_multiplier", None)
     config, assumptions = build(noise_multiplier=1.0, **params)
     evaluation.require_applicable(bound, config, assumptions)  # raises NotApplicableError before any search
 
     def epsilon_at(z: float) -> float:
-        return compute_epsilon(bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders).epsilon
+        return evaluation.epsilon_result(
+            bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders
+        ).epsilon
 
     def probe(z: float) -> tuple[bool, float | None]:
         eps = epsilon_at(z)
@@ -191,13 +181,16 @@ class _BestSearch:
         self._config, self._assumptions, self._delta, self._orders = config, assumptions, delta, orders
         self._target = target
         self._missed_at: dict[str, float] = {}
+        # best's candidates: no precondition depends on the noise multiplier
+        self._candidates = evaluation.best_candidates(config, assumptions)
 
     def probe(self, z: float) -> tuple[bool, float | None]:
         """(whether best meets the target at z, the smallest epsilon of the rows computed there or None)."""
         config = self._config.replace(noise_multiplier=z)
         met, smallest = False, None
-        for bid, spec in registry.BOUNDS.items():
-            if not spec.proof.proven or self._missed_at.get(bid, 0.0) >= z:
+        for spec in self._candidates:
+            bid = spec.id
+            if self._missed_at.get(bid, 0.0) >= z:
                 continue
             # (a row whose proven lower estimate is above the target is not computed: it misses)
             row = evaluation.evaluate_bound(

@@ -28,8 +28,8 @@ import lastiter_plugins
 from lastiter_plugins import advice, api, compare, plot, registry, scenarios
 from lastiter_plugins.calibration import calibrate_noise
 from lastiter_plugins.config import Relation, Sampling
-from lastiter_plugins.conversion import validate_delta
 from lastiter_plugins.jsonout import dump_json
+from lastiter_plugins.validation import validate_delta
 
 EXIT_USAGE = 2
 

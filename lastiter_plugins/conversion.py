@@ -10,13 +10,18 @@ the RDP bound's own value at that order. Three ways of choosing the order:
 * :func:`refine_epsilon`: starting from the grid optimum, a bounded search that
   evaluates the bound at new orders.
 
+Delta at a given epsilon is the counterpart, with dp-accounting's ``compute_delta``:
+:func:`delta_of_linear_rdp` (the continuous optimum of a line) and :func:`refine_delta`
+(the grid, refined by evaluating the bound at new orders).
+
 :func:`monotone_envelope` raises a curve to its running maximum over the orders
 (valid, and free on a non-decreasing curve), which lets
 :func:`epsilon_lower_estimate` bound the refined epsilon from below with the
 curve at a few orders (docs/decisions.md, section 22).
 
 A finer choice of order can only lower epsilon to a value the curve proves; it
-never interpolates RDP values between orders.
+never interpolates RDP values between orders. Inputs are trusted: the public edge
+validates delta, epsilon and the orders (:mod:`lastiter_plugins.validation`).
 """
 
 from __future__ import annotations
@@ -24,26 +29,11 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 from scipy import optimize
-
-
-def _default_orders() -> np.ndarray:
-    fractional = 1.0 + np.geomspace(0.01, 0.95, 32)  # 1.01 .. 1.95
-    small = np.arange(2.0, 101.0)  # every integer 2 .. 100
-    large = np.unique(np.round(np.geomspace(100.0, 1e4, 121)))[1:]  # 101 .. 10^4
-    grid = np.concatenate([fractional, small, large])
-    grid.setflags(write=False)
-    return grid
-
-
-#: The library's one default grid of Renyi orders: 1.01 .. 10^4, dense near 1,
-#: every integer up to 100 (the sampled-Gaussian bounds are exact at integers),
-#: then geometric. Read-only; pass your own ``orders`` to change it.
-DEFAULT_ORDERS: np.ndarray = _default_orders()
 
 #: dp-accounting's conversion gives ``inf`` at orders <= 1.01 (a numerical
 #: cut-off); the smallest order at which it gives a number is the next float.
@@ -54,31 +44,6 @@ RdpCallable = Callable[[np.ndarray], np.ndarray]
 
 class OrderGridWarning(UserWarning):
     """The optimal order sits at an edge of the order grid: widen the grid."""
-
-
-def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
-    """A validated copy of ``orders`` (or the default grid). Orders must be finite and > 1."""
-    if orders is None:
-        return DEFAULT_ORDERS.copy()
-    if isinstance(orders, numbers.Real):
-        orders = [orders]
-    try:
-        arr = np.array(orders, dtype=float).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"orders must be a sequence of numbers > 1. Found {orders!r}.") from None
-    if arr.size == 0:
-        raise ValueError("orders must contain at least one order > 1. Found an empty sequence.")
-    bad = arr[~np.isfinite(arr) | (arr <= 1.0)]
-    if bad.size:
-        raise ValueError(f"orders must be finite and > 1. Found {bad[0]:g}.")
-    return arr
-
-
-def validate_delta(delta: float) -> float:
-    """``delta`` as a float, checked to lie in (0, 1)."""
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not (0.0 < float(delta) < 1.0):
-        raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
-    return float(delta)
 
 
 def _warn_if_at_edge(orders: np.ndarray, order: float, eps: float) -> None:
@@ -152,7 +117,6 @@ def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[f
     Raises:
       ValueError: an invalid delta, mismatched lengths, or a negative RDP value.
     """
-    delta = validate_delta(delta)
     orders = np.asarray(orders, dtype=float).reshape(-1)
     eps, order = _grid_epsilon(orders, rdp, delta)
     _warn_if_at_edge(orders, order, eps)
@@ -211,7 +175,6 @@ def epsilon_of_linear_rdp(rho: float, delta: float) -> tuple[float, float]:
     Raises:
       ValueError: ``rho`` is negative or NaN, or ``delta`` is not in (0, 1).
     """
-    delta = validate_delta(delta)
     if isinstance(rho, bool) or not isinstance(rho, numbers.Real) or math.isnan(rho) or rho < 0:
         raise ValueError(f"rho (the RDP per unit order) must be >= 0. Found {rho!r}.")
     rho = float(rho)
@@ -320,7 +283,6 @@ def refine_epsilon(
       ValueError: an invalid delta, points or rounds, mismatched lengths, a negative
         RDP value, or ``rdp_at`` returning the wrong number of values.
     """
-    delta = validate_delta(delta)
     if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 1:
         raise ValueError(f"points must be an integer >= 1. Found {points!r}.")
     if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 0:
@@ -356,6 +318,151 @@ def refine_epsilon(
     if refined < eps:
         return refined, refined_order
     return eps, order
+
+
+# ---------------------------------------------------------------- delta at a given epsilon
+
+
+def _host_delta(orders: np.ndarray, rdp: np.ndarray, eps: float) -> tuple[float, float]:
+    """dp-accounting's ``compute_delta`` over the finite values ((1, first order) when none)."""
+    finite = np.isfinite(rdp)
+    if not finite.any():
+        return 1.0, float(orders[0])
+    found, order = _dp_rdp.compute_delta(orders[finite], rdp[finite], eps)
+    return float(found), float(order)
+
+
+def _log_delta_each(orders: np.ndarray, rdp: np.ndarray, eps: float) -> np.ndarray:
+    """dp-accounting's per-order log delta, vectorised (to rank candidate orders only)."""
+    out = np.zeros(orders.shape)  # non-finite RDP: delta 1
+    finite = np.isfinite(rdp)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = np.where(finite, rdp, 0.0)
+        kl = np.where(r > 0, 0.5 * np.log1p(-np.exp(-r)), -np.inf)
+        improved = (orders - 1.0) * (r - eps + np.log1p(-1.0 / orders)) - np.log(orders)
+        value = np.where(orders > 1.01, np.minimum(kl, improved), kl)
+    out[finite] = value[finite]
+    return np.where(np.isnan(out), 0.0, out)
+
+
+def delta_of_linear_rdp(rho: float, eps: float) -> tuple[float, float]:
+    r"""(delta, order) at ``eps`` for the RDP curve :math:`\rho\alpha`, at the continuous optimum.
+
+    dp-accounting's improved conversion (Canonne, Kamath & Steinke 2020, arXiv
+    2004.00010, Prop. 12) at order :math:`\alpha` gives
+    :math:`\log\delta = (\alpha-1)(\rho\alpha - \varepsilon + \log(1 - 1/\alpha)) - \log\alpha`,
+    whose derivative :math:`\rho(2\alpha-1) - \varepsilon + \log((\alpha-1)/\alpha)` is
+    increasing (second derivative :math:`2\rho + 1/(\alpha(\alpha-1)) > 0`): one
+    minimiser, found by Brent's method. The number is dp-accounting's
+    ``compute_delta`` at that order (clipped to its domain, > 1.01) and at the
+    smallest order (its KL bound), with the line's values: valid whatever the
+    precision of the root.
+    """
+    if rho == 0.0 or math.isinf(eps):
+        return 0.0, MIN_CONVERSION_ORDER
+    if not math.isfinite(rho):
+        return 1.0, MIN_CONVERSION_ORDER
+
+    def slope(a: float) -> float:
+        return rho * (2.0 * a - 1.0) - eps + math.log1p(-1.0 / a)
+
+    lo = MIN_CONVERSION_ORDER
+    order = lo
+    if slope(lo) < 0.0:
+        hi = max(2.0, (eps + math.log(2.0)) / (2.0 * rho) + 1.0)  # slope(hi) > 0
+        order = max(optimize.brentq(slope, lo, hi, xtol=1e-12, rtol=4.0 * np.finfo(float).eps, maxiter=500), lo)
+    orders = np.array([order, lo])
+    return _host_delta(orders, rho * orders, eps)
+
+
+def refine_delta(
+    rdp_at, orders: np.ndarray, rdp: np.ndarray, eps: float, *, points: int = 12, rounds: int = 4
+) -> tuple[float, float]:
+    """(delta, order) at ``eps``: the grid conversion, refined by evaluating the bound at new orders.
+
+    The counterpart of :func:`refine_epsilon` for delta:
+    each round evaluates ``rdp_at`` at ``points`` orders evenly spaced between
+    the evaluated neighbours of the best order so far and at the integers next
+    to it (the first round around each of the three best local minima). The
+    search stays within the grid's range. The number is dp-accounting's
+    ``compute_delta`` over every evaluated order (never above the grid's).
+    """
+    order_arr = np.asarray(orders, dtype=float)
+    sort = np.argsort(order_arr, kind="stable")
+    seen_orders, seen_rdp = order_arr[sort], np.asarray(rdp, dtype=float)[sort]
+    low, high = float(seen_orders[0]), float(seen_orders[-1])
+    seen_log = _log_delta_each(seen_orders, seen_rdp, eps)
+    for step in range(rounds):
+        if not np.isfinite(seen_log.min()) or seen_log.min() >= 0.0:
+            break  # delta 0 already, or no order gives anything below 1
+        centres = _local_minima(seen_log) if step == 0 else [int(np.argmin(seen_log))]
+        new = np.setdiff1d(np.concatenate([_around(c, seen_orders, low, high, points) for c in centres]), seen_orders)
+        if new.size == 0:
+            break
+        values = np.asarray(rdp_at(new.copy()), dtype=float).reshape(-1)
+        if values.shape != new.shape or (values < 0).any():
+            raise RuntimeError(f"internal error: invalid RDP values at new orders: {values}")
+        seen_orders = np.concatenate([seen_orders, new])
+        seen_rdp = np.concatenate([seen_rdp, values])
+        seen_log = np.concatenate([seen_log, _log_delta_each(new, values, eps)])
+        sort = np.argsort(seen_orders, kind="stable")
+        seen_orders, seen_rdp, seen_log = seen_orders[sort], seen_rdp[sort], seen_log[sort]
+    polished = _polish(rdp_at, seen_orders, seen_log, eps, low, high)
+    if polished is not None:
+        seen_orders = np.append(seen_orders, polished[0])
+        seen_rdp = np.append(seen_rdp, polished[1])
+    return _host_delta(seen_orders, seen_rdp, eps)
+
+
+def _polish(rdp_at, orders: np.ndarray, log_delta: np.ndarray, eps: float, low: float, high: float):
+    """(order, RDP) at the minimiser of log delta between the evaluated neighbours of the best order,
+    by bounded Brent to near machine precision, or None.
+
+    Why: the set of orders at which (eps, delta) holds is the set at which epsilon at delta is
+    <= eps, an interval around the continuous optimum. The core's epsilon search stops inside
+    it at some precision; finding the minimiser of delta more precisely lands inside it too,
+    so delta at the epsilon reported for delta is <= delta (up to rounding)."""
+    best = int(np.argmin(log_delta))
+    if not (np.isfinite(log_delta[best]) and log_delta[best] < 0.0):
+        return None
+    lo = max(float(orders[max(best - 1, 0)]), low, MIN_CONVERSION_ORDER)
+    hi = min(float(orders[min(best + 1, orders.size - 1)]), high)
+    if not lo < hi:
+        return None
+
+    def objective(a: float) -> float:
+        value = float(np.asarray(rdp_at(np.array([a])), dtype=float).reshape(-1)[0])
+        return float(_log_delta_each(np.array([a]), np.array([value]), eps)[0])
+
+    found = optimize.minimize_scalar(
+        objective, bounds=(lo, hi), method="bounded", options={"xatol": 1e-13 * hi, "maxiter": 200}
+    )
+    order = float(found.x)
+    value = float(np.asarray(rdp_at(np.array([order])), dtype=float).reshape(-1)[0])
+    if not value >= 0.0:
+        raise RuntimeError(f"internal error: invalid RDP value {value} at order {order}")
+    return order, value
+
+
+def _local_minima(values: np.ndarray, at_most: int = 3) -> list[int]:
+    left = np.concatenate(([math.inf], values[:-1]))
+    right = np.concatenate((values[1:], [math.inf]))
+    found = np.flatnonzero((values < left) & (values <= right))
+    if found.size == 0:
+        found = np.array([int(np.argmin(values))])
+    return [int(i) for i in found[np.argsort(values[found], kind="stable")][:at_most]]
+
+
+def _around(centre: int, orders: np.ndarray, low: float, high: float, points: int) -> np.ndarray:
+    mid = float(orders[centre])
+    lo = max(float(orders[max(centre - 1, 0)]), low, MIN_CONVERSION_ORDER)
+    hi = min(float(orders[min(centre + 1, orders.size - 1)]), high)
+    if not lo < hi:
+        return np.empty(0)
+    new = [*np.linspace(lo, mid, points // 2 + 2)[1:-1], *np.linspace(mid, hi, points - points // 2 + 2)[1:-1]]
+    new += [math.floor(mid), math.ceil(mid)] if mid != math.floor(mid) else [mid - 1.0, mid + 1.0]
+    arr = np.array(new, dtype=float)
+    return arr[(arr > lo) & (arr < hi)]
 
 
 # ---------------------------------------------------------------- lower estimates (decisions.md, section 22)

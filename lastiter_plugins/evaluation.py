@@ -12,10 +12,14 @@ Rules kept here:
 * A bound that does not apply has no number.
 * An unproven bound (``Proof.proven`` False) is computed only when asked for by
   name; it never enters ``best``; its results carry ``unproven: <reason>``.
-* ``best`` is the smallest epsilon over the proven bounds that apply to the
-  pipeline with the declared relation (:func:`best_of`, the one function every
-  "best" line uses). Each candidate is a valid (epsilon, delta) guarantee for
-  that relation, so the minimum is one too.
+* ``best`` is the smallest epsilon over its candidates: the proven bounds that
+  apply to the pipeline with the declared relation. :func:`counts_for_best` is
+  the one rule, :func:`best_candidates` the one candidate set (the API, calibration,
+  advice, compare and every adapter use them), :func:`best_of` the one minimum.
+  Each candidate is a valid (epsilon, delta) guarantee for that relation, so the
+  minimum is one too.
+* Inputs are trusted here: the public edge (the API, the CLI, the adapters' entry
+  points) validates them once (:mod:`lastiter_plugins.validation`).
 * A bound with a proven lower estimate (a PLD row) is computed for ``best`` only
   when that estimate is not above the best so far: a bound whose epsilon is
   provably larger cannot be the minimum (docs/decisions.md section 18 part 5).
@@ -33,15 +37,16 @@ import numpy as np
 from lastiter_plugins import registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.conversion import (
+    delta_of_linear_rdp,
     epsilon_lower_estimate,
     epsilon_of_linear_rdp,
     monotone_envelope,
+    refine_delta,
     refine_epsilon,
-    validate_delta,
-    validate_orders,
 )
 from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
+from lastiter_plugins.validation import validate_delta, validate_orders
 
 BEST = registry.BEST
 
@@ -225,6 +230,21 @@ def _epsilon_of(
     return refine_epsilon(raised_at, orders, raised, delta)
 
 
+def _delta_of(
+    spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, eps: float, orders: np.ndarray, default_orders: bool
+) -> tuple[float, float | None]:
+    """(delta, order) at ``eps`` of one applicable bound, the counterpart of :func:`_epsilon_of`: a privacy
+    profile exactly (order None); a curve linear in the order at the continuous optimum over all orders
+    (default grid), on the line the epsilon side uses; any other curve refined between the grid orders by
+    evaluating the bound at new orders (the curve itself: every RDP value is valid, no envelope needed)."""
+    if spec.profile is not None:
+        return min(float(spec.profile(cfg, a).delta(eps)), 1.0), None
+    curve = registry.rdp_curve(spec, cfg, a, orders)
+    if _converts_in_closed_form(spec, default_orders):
+        return delta_of_linear_rdp(float(np.max(curve / orders)), eps)
+    return refine_delta(lambda new: registry.rdp_curve(spec, cfg, a, new), orders, curve, eps)
+
+
 def _converts_in_closed_form(spec: BoundSpec, default_orders: bool) -> bool:
     return spec.linear_in_order and default_orders
 
@@ -296,7 +316,7 @@ def evaluate_bound(
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
     default_orders = orders is None
-    orders = validate_orders(orders)
+    orders = validate_orders(None) if default_orders else orders
     lower = None
     if beat is not None and spec.lower_estimate is not None:
         lower = spec.lower_estimate(config, assumptions, delta)
@@ -339,7 +359,8 @@ def evaluate_all(
     unproven: Iterable[str] = (),
     under_own_relation: bool = False,
 ) -> dict[str, BoundEvaluation]:
-    """Every bound of the table for one pipeline, in table order.
+    """Every bound of the table for one pipeline, in table order (a public function: validates
+    ``delta`` and ``orders``).
 
     Args:
       delta: compute numbers at this delta (None: applicability only).
@@ -349,6 +370,7 @@ def evaluate_all(
     """
     if delta is not None:
         delta = validate_delta(delta)
+    orders = None if orders is None else validate_orders(orders)
     asked = set(unproven)
     return {
         bid: evaluate_bound(
@@ -367,18 +389,34 @@ def evaluate_all(
 # ---------------------------------------------------------------- best
 
 
-def _best_candidates(evaluations: Iterable[BoundEvaluation], relation: Relation) -> list[BoundEvaluation]:
-    return [e for e in evaluations if e.applies and e.proof.proven and e.relation is relation and e.result is not None]
+def counts_for_best(e: BoundEvaluation, relation: Relation) -> bool:
+    """The one rule for a candidate of ``best``: the row applies to the pipeline with ``relation`` (its
+    sampling scheme, relation and every precondition) and its proof is proven. Rows evaluated under
+    their own relation (compare) count only for the relation they were evaluated under."""
+    return e.applies and e.proof.proven and e.relation is relation
+
+
+def best_candidates(config: TrainingConfig, assumptions: LossAssumptions) -> tuple[BoundSpec, ...]:
+    """The rows ``best`` takes its minimum over for this pipeline, in table order (possibly none).
+
+    The one candidate set: evaluation, the API, calibration, advice and every adapter read it.
+    """
+    return tuple(
+        spec
+        for spec in registry.BOUNDS.values()
+        if counts_for_best(evaluate_bound(spec, config, assumptions), config.relation)
+    )
 
 
 def best_of(evaluations: Iterable[BoundEvaluation], relation: Relation) -> BoundEvaluation | None:
-    """The winner among evaluated bounds: the smallest epsilon over the proven ones that apply with
-    ``relation`` and carry a number (ties: the first bound id in alphabetical order); None if none.
+    """The winner among evaluated bounds: the smallest epsilon over the candidates of ``best`` for
+    ``relation`` (:func:`counts_for_best`) that carry a number (ties: the first bound id in alphabetical
+    order); None if none.
 
-    The one definition of "best": :func:`best_result`, compare's best lines and the reports use it.
+    The one minimum: :func:`best_result`, compare's best lines and the reports use it.
     """
-    candidates = _best_candidates(evaluations, relation)
-    return min(candidates, key=lambda e: (e.result.epsilon, e.bound)) if candidates else None
+    numbered = [e for e in evaluations if counts_for_best(e, relation) and e.result is not None]
+    return min(numbered, key=lambda e: (e.result.epsilon, e.bound)) if numbered else None
 
 
 def _no_bound_applies(config: TrainingConfig, evaluations: dict[str, BoundEvaluation]) -> NotApplicableError:
@@ -396,7 +434,7 @@ def best_result(
     config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
 ) -> EpsilonResult:
     """The smallest epsilon at ``delta`` over the proven bounds valid for the pipeline and its relation."""
-    evaluations = evaluate_for_best(config, assumptions, validate_delta(delta), orders)
+    evaluations = evaluate_for_best(config, assumptions, delta, orders)
     winner = best_of(evaluations.values(), config.relation)
     if winner is None:
         raise _no_bound_applies(config, evaluations)
@@ -414,7 +452,6 @@ def evaluate_for_best(
     the Renyi rows refined from their curve (section 22's estimate from a few orders), then the rows
     with their own estimate (the PLD rows, liang-bounded), each against the best so far.
     """
-    delta = validate_delta(delta)
     default_orders = orders is None
     barred = [bid for bid, spec in registry.BOUNDS.items() if _has_grid_estimate(spec, default_orders)]
     barred += [bid for bid, spec in registry.BOUNDS.items() if spec.lower_estimate is not None]
@@ -436,18 +473,11 @@ def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.nd
     Valid at every order separately (each curve is an RDP bound for the same
     relation), for composing the run with other mechanisms in RDP.
     """
-    curves = []
-    for spec in registry.BOUNDS.values():
-        check = registry.applicability(spec, config, assumptions)
-        if check.applies and spec.proof.proven and spec.compute is not None:
-            curves.append(registry.rdp_curve(spec, config, assumptions, orders))
+    candidates = best_candidates(config, assumptions)
+    curves = [registry.rdp_curve(spec, config, assumptions, orders) for spec in candidates if spec.has_renyi_curve]
     if not curves:
         evaluations = evaluate_all(config, assumptions)
-        pld = [
-            e.bound
-            for e in evaluations.values()
-            if e.applies and e.bound in registry.BOUNDS and not registry.BOUNDS[e.bound].has_renyi_curve
-        ]
+        pld = [spec.id for spec in candidates]
         if pld:
             raise NotApplicableError(
                 f"no proven bound with a Renyi-DP curve applies to sampling={config.sampling.value} with "
@@ -463,9 +493,8 @@ def require_applicable(bound: str, config: TrainingConfig, assumptions: LossAssu
     if bound != BEST:
         registry.require(registry.get_spec(bound), config, assumptions)
         return
-    evaluations = evaluate_all(config, assumptions)
-    if not any(e.applies and e.proof.proven and e.relation is config.relation for e in evaluations.values()):
-        raise _no_bound_applies(config, evaluations)
+    if not best_candidates(config, assumptions):
+        raise _no_bound_applies(config, evaluate_all(config, assumptions))
 
 
 # ---------------------------------------------------------------- by name
@@ -474,12 +503,20 @@ def require_applicable(bound: str, config: TrainingConfig, assumptions: LossAssu
 def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions) -> EpsilonResult:
     """``result`` with its ``lower_bound`` (docs/decisions.md, section 20).
 
+    A lower end that cannot be computed (no instance fits, too large, an overflow) is None, and
+    ``lower_bound_note`` says why: it never becomes ``inf`` and never turns the result into an error.
+
     Raises:
       BoundBelowTruthError: the lower bound is above a proven bound's epsilon (a bug in that bound).
     """
-    from lastiter_plugins.lower_end import lower_bound  # numerics loaded only when a lower end is asked for
+    from lastiter_plugins.lower_end import LowerBound, lower_bound  # loaded only when a lower end is asked for
 
-    lower = lower_bound(config, assumptions, result.delta)
+    try:
+        lower = lower_bound(config, assumptions, result.delta)
+    except (OverflowError, MemoryError, FloatingPointError) as err:
+        lower = LowerBound(None, f"the instance's exact epsilon could not be computed ({type(err).__name__}: {err})")
+    if lower.epsilon is not None and not math.isfinite(lower.epsilon):
+        lower = LowerBound(None, f"the instance's exact epsilon is beyond what can be computed ({lower.note})")
     if lower.epsilon is not None and result.proof.proven and lower.epsilon > result.epsilon * (1 + 1e-9) + 1e-12:
         raise BoundBelowTruthError(
             f"{result.winner} gives epsilon {result.epsilon!r} at delta {result.delta:g}, below the exact epsilon "
@@ -502,7 +539,6 @@ def epsilon_result(
 
     ``lower_bound``: also compute the result's ``lower_bound`` (:func:`with_lower_bound`).
     """
-    delta = validate_delta(delta)
     if bound == BEST:
         result = best_result(config, assumptions, delta, orders)
     else:
@@ -512,6 +548,34 @@ def epsilon_result(
         assert evaluation.result is not None  # it applies and was asked for by name
         result = evaluation.result
     return with_lower_bound(result, config, assumptions) if lower_bound else result
+
+
+def delta_of(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, eps: float, orders: np.ndarray | None = None
+) -> tuple[float, float | None]:
+    """(delta, order) at ``eps`` >= 0 of ``bound`` (an id, or ``best``): the counterpart of
+    :func:`epsilon_result`. ``best``: the smallest delta over :func:`best_candidates`, each row converted
+    as it is for epsilon (:func:`_delta_of`; order None for a privacy profile). Every delta is valid for
+    (eps, delta), so their minimum is too.
+
+    Raises:
+      NotApplicableError: the named bound does not apply, or (``best``) none does.
+    """
+    if bound == BEST:
+        specs = best_candidates(config, assumptions)
+        if not specs:
+            raise _no_bound_applies(config, evaluate_all(config, assumptions))
+    else:
+        specs = (registry.get_spec(bound),)
+        registry.require(specs[0], config, assumptions)
+    default_orders = orders is None
+    grid = validate_orders(None) if default_orders else orders
+    best: tuple[float, float | None] = (1.0, None)
+    for spec in specs:
+        found = _delta_of(spec, config, assumptions, float(eps), grid, default_orders)
+        if found[0] < best[0]:
+            best = found
+    return best
 
 
 def rdp_of(bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:

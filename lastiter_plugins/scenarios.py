@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lastiter_plugins import api
-from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.validation import validate_delta
 
 DEFAULT_DELTA = 1e-5
 #: What a scenario given by flags alone must set (with ``steps`` or ``epochs``).

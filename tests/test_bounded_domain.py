@@ -17,8 +17,8 @@ from scipy import special
 from lastiter_plugins.bounds import bounded_domain
 from lastiter_plugins.bounds.bounded_domain import random_batch_rdp
 from lastiter_plugins.bounds.composition import random_batch_rdp as composition_rdp
-from lastiter_plugins.conversion import DEFAULT_ORDERS
 from lastiter_plugins.lower_end.exact import g2_divergence, g2_params, g3_divergence, g3_params
+from lastiter_plugins.validation import DEFAULT_ORDERS
 from lastiter_plugins.verification import fuzz
 
 ORDERS = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0])

@@ -103,13 +103,13 @@ def test_epsilon_is_computed_as_lp_epsilon_computes_it(monkeypatch):
     # orders=None must reach the core as None (the default grid and its lossless conversion: the
     # continuous optimum for curves linear in the order), not as an explicit copy of the grid.
     seen = []
-    real = calibration.compute_epsilon
+    real = calibration.evaluation.epsilon_result
 
-    def spy(bound, config, assumptions, delta, orders=None):
+    def spy(bound, config, assumptions, delta, orders=None, **kw):
         seen.append(orders)
-        return real(bound, config, assumptions, delta, orders)
+        return real(bound, config, assumptions, delta, orders, **kw)
 
-    monkeypatch.setattr(calibration, "compute_epsilon", spy)
+    monkeypatch.setattr(calibration.evaluation, "epsilon_result", spy)
     lp.calibrate_noise("ye-shokri-convex", 3.0, DELTA, **SI_CYCLIC)
     assert seen and all(orders is None for orders in seen)
     seen.clear()
@@ -151,7 +151,7 @@ def _fake_epsilon(monkeypatch, epsilon_of_z):
         calls.append(config.noise_multiplier)
         return _FakeResult(epsilon_of_z(config.noise_multiplier))
 
-    monkeypatch.setattr(calibration, "compute_epsilon", fake)
+    monkeypatch.setattr(calibration.evaluation, "epsilon_result", fake)
     return calls
 
 
@@ -198,7 +198,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
 
         def probe(self, z):
             config = self.config.replace(noise_multiplier=z)
-            eps = calibration.compute_epsilon("best", config, self.assumptions, self.delta).epsilon
+            eps = lp.compute_epsilon("best", config, self.assumptions, self.delta).epsilon
             return eps <= self.target, eps
 
     monkeypatch.setattr(calibration, "_BestSearch", WholeBest)

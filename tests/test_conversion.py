@@ -22,15 +22,13 @@ from scipy import optimize
 import lastiter_plugins as lp
 from lastiter_plugins.bounds.sgm import sgm_rdp
 from lastiter_plugins.conversion import (
-    DEFAULT_ORDERS,
     MIN_CONVERSION_ORDER,
     OrderGridWarning,
     epsilon_of_linear_rdp,
     rdp_to_epsilon,
     refine_epsilon,
-    validate_delta,
-    validate_orders,
 )
+from lastiter_plugins.validation import DEFAULT_ORDERS, validate_delta, validate_orders
 
 pytestmark = pytest.mark.filterwarnings("ignore::lastiter_plugins.OrderGridWarning")
 

@@ -190,8 +190,14 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         "strong_convexity",
         "diameter",
         "gradient_norms_within_clip",
+        "clipped_loss_convex_smooth",
+        "l2_outside_clip",
     ]
     defaults = LastIterateDpSgdEvent("cyclic", 100, 10, 1.0, 10, None)
+    assert (defaults.clipped_loss_convex_smooth, defaults.l2_outside_clip) == (False, False)
+    # every declaration of the core's keyword API is a field (relation is the accountant's)
+    fields = {f.name for f in attr.fields(LastIterateDpSgdEvent)}
+    assert set(lp.PARAMETERS) - fields == {"relation", "epochs"}
     assert (defaults.clip_norm, defaults.smoothness, defaults.weak_convexity) == (1.0, None, 0.0)
     assert (defaults.strong_convexity, defaults.diameter, defaults.gradient_norms_within_clip) == (0.0, None, False)
     with pytest.raises(attr.exceptions.FrozenInstanceError):
@@ -472,12 +478,13 @@ def test_relation_mismatch_is_refused_with_the_reason():
         accountant(AOR).compose(KR)
     with pytest.raises(dp_accounting.UnsupportedEventError, match="relation must be add_or_remove_one"):
         accountant(R1, bound="liang-bounded").compose(LIANG)
-    # best under replace-one: only the PLD row applies, and it has no Renyi curve to compose
+    # best under replace-one: only the PLD row applies, and it has no Renyi curve to compose with
+    # another event (alone, the run is answered from its profile: see the tests at the end)
     with pytest.raises(
         dp_accounting.UnsupportedEventError,
         match="composition-pld-poisson-replace-one applies, but it has no Renyi curve",
     ):
-        accountant(R1).compose(LIANG)
+        accountant(R1).compose(GAUSS).compose(LIANG)
 
 
 def test_last_iterate_event_inside_a_sampling_wrapper_is_refused():
@@ -813,3 +820,67 @@ def test_pld_zero_noise_run_is_non_private():
     assert acc.get_epsilon(DELTA) == math.inf and acc.get_delta(100.0) == 1.0
     assert attr.evolve(SI_CYCLIC, noise_multiplier=0).gaussian_mu() == math.inf
     assert "a non-private operation" in acc.statement(DELTA)
+
+
+# ---------------------------------------------------------------- every declaration; a run alone by its profile
+
+#: The GLM route with torch weight decay outside the clip (issue "One number on every route"): the event
+#: takes the declarations lp.rdp takes, and gives lp.epsilon's number (no false gradient_norms_within_clip).
+GLM_WEIGHT_DECAY = dict(sampling="reshuffle", dataset_size=2000, batch_size=100, noise_multiplier=1.0, steps=400,
+                        learning_rate=0.5, smoothness=0.26, strong_convexity=0.01, clipped_loss_convex_smooth=True,
+                        l2_outside_clip=True)  # fmt: skip
+#: The issue's reshuffle-like run with Poisson sampling: only rows without a Renyi curve apply.
+POISSON_PROFILE_ONLY = dict(sampling="poisson", dataset_size=1000, batch_size=50, noise_multiplier=4.0, steps=400,
+                            learning_rate=1.0, smoothness=0.25, strong_convexity=0.05,
+                            gradient_norms_within_clip=True)  # fmt: skip
+
+
+def test_the_event_takes_every_declaration_of_the_core_and_gives_its_number():
+    event = LastIterateDpSgdEvent(**GLM_WEIGHT_DECAY)
+    assert event.to_params() == {k: v for k, v in {**GLM_WEIGHT_DECAY, **event.to_params()}.items()}
+    acc = LastIterateAccountant()
+    acc.compose(event)
+    core = lp.epsilon("best", DELTA, **event.to_params())
+    assert acc.get_epsilon(DELTA) == core.epsilon
+    # without the declarations the run gets a larger (every-iterate) number: they matter
+    plain = {**GLM_WEIGHT_DECAY, "clipped_loss_convex_smooth": False, "l2_outside_clip": False}
+    assert lp.epsilon("best", DELTA, **plain).epsilon > 1.5 * core.epsilon
+    assert dp_event.DpEvent.from_named_tuple(event.to_named_tuple()) == event
+
+
+@pytest.mark.parametrize(
+    ("bound", "relation"),
+    [("best", R1), ("shifted-interpolation-poisson-replace-one", R1), ("shifted-interpolation-poisson", AOR)],
+)
+def test_a_run_alone_gets_the_cores_number_from_its_profile(bound, relation):
+    event = LastIterateDpSgdEvent(**POISSON_PROFILE_ONLY)
+    acc = LastIterateAccountant(bound=bound, neighboring_relation=relation)
+    assert acc.supports(event)
+    acc.compose(event)
+    core_relation = "replace_one" if relation == R1 else "add_or_remove_one"
+    core = lp.epsilon(bound, DELTA, relation=core_relation, **event.to_params())
+    eps, order = acc.get_epsilon_and_optimal_order(DELTA)
+    assert (eps, order) == (core.epsilon, core.order)
+    assert acc.get_delta(eps) <= DELTA * (1 + 1e-6)
+
+
+def test_a_run_without_a_renyi_curve_is_refused_in_company_and_the_ledger_is_untouched():
+    event = LastIterateDpSgdEvent(**POISSON_PROFILE_ONLY)
+    gaussian = dp_event.GaussianDpEvent(2.0)
+    acc = LastIterateAccountant()
+    acc.compose(event)
+    before = acc.get_epsilon(DELTA)
+    for other in (gaussian, event):
+        assert not acc.supports(other)
+        with pytest.raises(dp_accounting.UnsupportedEventError, match="no Renyi-DP curve"):
+            acc.compose(other)
+    assert acc.get_epsilon(DELTA) == before and acc.ledger == event
+    # the other order: a standard event first, then the run
+    acc = LastIterateAccountant()
+    acc.compose(gaussian)
+    assert not acc.supports(event)
+    with pytest.raises(dp_accounting.UnsupportedEventError, match="answered on its own"):
+        acc.compose(event)
+    # twice the same run is two events
+    with pytest.raises(dp_accounting.UnsupportedEventError):
+        LastIterateAccountant().compose(event, 2)

@@ -10,7 +10,8 @@ import pytest
 
 import lastiter_plugins as lp
 from lastiter_plugins import conversion, evaluation, registry
-from lastiter_plugins.conversion import DEFAULT_ORDERS, epsilon_lower_estimate, monotone_envelope, refine_epsilon
+from lastiter_plugins.conversion import epsilon_lower_estimate, monotone_envelope, refine_epsilon
+from lastiter_plugins.validation import DEFAULT_ORDERS
 
 SAMPLINGS = (
     dict(sampling="cyclic"),

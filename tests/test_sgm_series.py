@@ -16,7 +16,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 from lastiter_plugins.bounds import sgm
-from lastiter_plugins.conversion import validate_orders
+from lastiter_plugins.validation import validate_orders
 
 SAMPLING_RATES = [1e-4, 0.01, 0.1, 0.5, 0.9]
 NOISES = [0.3, 0.7, 1.0, 2.0, 10.0, 100.0]

@@ -314,12 +314,18 @@ def test_fuzz_command_writes_a_record_per_bound(tmp_path):
 
 # ------------------------------------------------------------------ layering
 
-_ALLOWED = ("lastiter_plugins.bounds", "lastiter_plugins.profiles", "lastiter_plugins.verification")
+_ALLOWED = (
+    "lastiter_plugins.bounds",
+    "lastiter_plugins.profiles",
+    "lastiter_plugins.lower_end",
+    "lastiter_plugins.verification",
+)
 
 
 def test_verification_imports_only_the_public_api_and_the_math_modules():
     """lastiter_plugins.verification uses `import lastiter_plugins as lp` (the public API), the math
-    modules (bounds, profiles) and itself: no adapters, no registry, evaluation, compare or api
+    modules (bounds, profiles), the exact laws it shares with the product's lower end (lower_end) and
+    itself: no adapters, no registry, evaluation, compare or api
     internals, and no host library (host comparisons live in benchmarks/)."""
     folder = Path(lp.__file__).parent / "verification"
     bad = []
@@ -337,4 +343,35 @@ def test_verification_imports_only_the_public_api_and_the_math_modules():
                     bad.append(f"{path.name}: {name}")
                 if name.split(".")[0] in ("opacus", "tensorflow", "tensorflow_privacy", "torch", "dp_accounting"):
                     bad.append(f"{path.name}: {name}")
+    assert not bad, bad
+
+
+def _imported_modules(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def test_no_module_of_the_product_imports_the_verification_suite():
+    """Layers point one way: the verification suite may import the product, never the reverse (the
+    lower end lives in lastiter_plugins.lower_end). Every module of the package and the adapters is read,
+    function-level imports included."""
+    import lastiter_plugins.adapters as adapters_package  # installed from adapters/ (a package of its own)
+
+    root = Path(lp.__file__).parent
+    adapters = Path(adapters_package.__file__).parent
+    files = [p for p in root.rglob("*.py") if "verification" not in p.relative_to(root).parts]
+    files += list(adapters.rglob("*.py"))
+    assert len(files) > 30  # the package and the adapters were found
+    bad = [
+        f"{path.relative_to(path.parents[1])}: {name}"
+        for path in files
+        for name in _imported_modules(path)
+        if name.startswith("lastiter_plugins.verification")
+    ]
     assert not bad, bad

@@ -55,8 +55,9 @@ docs/dp_accounting.md.
 Tested against dp-accounting 0.4.3 (pinned by TF Privacy 0.9) and 0.6.0.
 
 Modules of this package: this facade (the events and ``LastIterateAccountant``),
-``_run`` (one run on its own: its lossless (epsilon, delta) and its mu-GDP
-guarantee) and ``_pld`` (``LastIteratePldAccountant``).
+``_gdp`` (one run certified mu-GDP, composed as a Gaussian mechanism) and ``_pld``
+(``LastIteratePldAccountant``). A run alone gets the core's lossless (epsilon, delta)
+(:mod:`lastiter_plugins.evaluation`); its inputs are validated here, at the adapter's edge.
 """
 
 import dataclasses
@@ -74,11 +75,13 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
-from lastiter_plugins.adapters.dp_accounting import _run
-from lastiter_plugins.api import build, compute_rdp
+from lastiter_plugins import evaluation
+from lastiter_plugins.adapters.dp_accounting import _gdp
+from lastiter_plugins.api import build
 from lastiter_plugins.config import Relation, Sampling, refuse_renamed
-from lastiter_plugins.conversion import rdp_to_epsilon, validate_orders
+from lastiter_plugins.conversion import rdp_to_epsilon
 from lastiter_plugins.registry import BOUND_IDS
+from lastiter_plugins.validation import validate_orders
 
 if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ (it imports this module)
     from lastiter_plugins.adapters.dp_accounting._pld import LastIteratePldAccountant
@@ -203,6 +206,14 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
       strong_convexity: lam >= 0.
       diameter: D of the convex set projected onto after each step (None: no projection).
       gradient_norms_within_clip: True asserts every per-example gradient norm <= C on the whole domain.
+      clipped_loss_convex_smooth: True asserts the scalar-GLM route: every per-example loss is
+        phi(<a, x>) with phi convex and M-smooth, so its clipped gradient is the gradient of a convex,
+        M-smooth loss (docs/decisions.md, section 15); clipping may be active.
+      l2_outside_clip: True says the strong convexity is an l2 term added after clipping and averaging
+        (torch's ``weight_decay`` under Opacus), not part of each clipped per-example loss.
+
+    The parameters are those of ``lastiter_plugins.rdp`` / ``epsilon`` (``relation`` aside: the
+    accountant's), with the same meaning and defaults.
     """
 
     sampling: SamplingScheme = attr.ib(converter=_to_sampling)  # type: ignore[valid-type]
@@ -217,6 +228,8 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     strong_convexity: float = 0.0
     diameter: float | None = None
     gradient_norms_within_clip: bool = False
+    clipped_loss_convex_smooth: bool = False
+    l2_outside_clip: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "LastIterateDpSgdEvent":
         refuse_renamed(kwargs)
@@ -242,6 +255,8 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "strong_convexity": self.strong_convexity,
             "diameter": self.diameter,
             "gradient_norms_within_clip": self.gradient_norms_within_clip,
+            "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
+            "l2_outside_clip": self.l2_outside_clip,
             "sampling": self.sampling.value,
         }
 
@@ -256,7 +271,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
           ValueError: an invalid parameter.
         """
         config, assumptions, no_noise = self._build(neighboring_relation)
-        curve = compute_rdp(_to_bound(bound).value, config, assumptions, orders)
+        curve = evaluation.rdp_of(_to_bound(bound).value, config, assumptions, validate_orders(orders))
         return np.full_like(curve, np.inf) if no_noise else curve
 
     def gaussian_mu(self, bound: str = "best", neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> float:
@@ -274,7 +289,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             precondition); the message says which and what to use instead.
         """
         config, assumptions, no_noise = self._build(neighboring_relation)
-        mu, _ = _run.gaussian_mu(_to_bound(bound).value, config, assumptions)
+        mu, _ = _gdp.gaussian_mu(_to_bound(bound).value, config, assumptions)
         return math.inf if no_noise else mu
 
     def _build(self, neighboring_relation: Any) -> tuple[Any, Any, bool]:
@@ -448,7 +463,7 @@ def _single_run_epsilon(
     run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, delta: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    result = _run.epsilon(bound, config, assumptions, delta, orders)
+    result = evaluation.epsilon_result(bound, config, assumptions, delta, orders)
     return float(result.epsilon), result.order
 
 
@@ -457,7 +472,7 @@ def _single_run_delta(
     run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, eps: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    return _run.delta(bound, config, assumptions, eps, orders)
+    return evaluation.delta_of(bound, config, assumptions, eps, orders)
 
 
 # ---------------------------------------------------------------- the accountant
@@ -472,6 +487,8 @@ class _Plan:
     standard_events: int = 0
     non_private: bool = False
     run: Any = None  # the first last-iterate run (the answer when it is the only event)
+    alone_only: str = ""  # why a run can be accounted only on its own (its rows have no Renyi curve)
+    alone_event: Any = None  # that run
 
     def __iadd__(self, other: "_Plan") -> "_Plan":
         self.rdp = self.rdp + other.rdp
@@ -479,7 +496,13 @@ class _Plan:
         self.run = self.run if self.run is not None else other.run
         self.standard_events += other.standard_events
         self.non_private = self.non_private or other.non_private
+        if not self.alone_only:
+            self.alone_only, self.alone_event = other.alone_only, other.alone_event
         return self
+
+    @property
+    def events(self) -> int:
+        return self.last_iterate_runs + self.standard_events + int(self.non_private)
 
 
 def _check_count(count: Any) -> int:
@@ -540,7 +563,10 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
 
     A ledger holding exactly one last-iterate run and nothing else is answered
     exactly as ``lastiter_plugins.compute_epsilon`` answers for that run
-    (lossless; an f-DP bound's privacy profile converted exactly). Anything
+    (lossless; an f-DP bound's privacy profile converted exactly), also when the
+    rows that apply have no Renyi-DP curve (a privacy loss distribution, or a
+    profile with truncated tails): such a run is accepted alone and refused in
+    a ledger with anything else. Anything
     else composed (a second run, the same run twice, a standard event) is the
     sum of the RDP curves (an f-DP bound enters with the RDP its profile
     implies: alpha mu^2 / 2, or the mixture's) converted on the order grid.
@@ -575,6 +601,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._standard_events = 0
         self._non_private = False
         self._run: LastIterateDpSgdEvent | None = None
+        self._alone_only = ""
 
     # ------------------------------------------------------------ planning
 
@@ -588,11 +615,41 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         return _Plan(self._scale(np.full_like(self._orders, np.inf), count), non_private=count > 0)
 
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
+        alone_only = ""
         try:
             curve = event.rdp(self._bound.value, self._orders, self._relation)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
-            raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
-        return _Plan(self._scale(curve, count), last_iterate_runs=count, run=event if count else None)
+            if not self._applies_without_curve(event):
+                raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
+            # Its rows have an (epsilon, delta) profile but no Renyi curve: the run alone is answered by the
+            # core from that profile; composed with anything else it has no RDP to add (refused then).
+            curve, alone_only = np.full_like(self._orders, np.inf), str(exc)
+        plan = _Plan(self._scale(curve, count), last_iterate_runs=count, run=event if count else None)
+        if count and alone_only:
+            plan.alone_only, plan.alone_event = alone_only, event
+        return plan
+
+    def _applies_without_curve(self, event: Any) -> bool:
+        """The accountant's bound applies to the run (``best``: some candidate does), none with a Renyi curve."""
+        try:
+            config, assumptions, _ = event._build(self._relation)
+            evaluation.require_applicable(self._bound.value, config, assumptions)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    def _refusal_if_not_alone(self, plan: _Plan) -> _Refusal | None:
+        """A run whose rows have no Renyi curve is accounted only as the one event of the ledger."""
+        alone_only = self._alone_only or plan.alone_only
+        if not alone_only or self._events + plan.events <= 1:
+            return None
+        return _Refusal(
+            plan.alone_event if plan.alone_only else self._run,
+            f"{alone_only} A run accounted by a privacy profile is answered on its own (compose it alone into a "
+            "LastIterateAccountant: get_epsilon and get_delta use its profile exactly); composed with other events "
+            "it has no Renyi-DP curve to add. Use LastIteratePldAccountant for runs certified mu-GDP, or account "
+            "the run with bound='composition'.",
+        )
 
     def _plan_standard(self, event: Any, count: int) -> _Plan:
         _check_standard(event)
@@ -605,6 +662,11 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._standard_events += plan.standard_events
         self._non_private = self._non_private or plan.non_private
         self._run = self._run if self._run is not None else plan.run
+        self._alone_only = self._alone_only or plan.alone_only
+
+    @property
+    def _events(self) -> int:
+        return self._last_iterate_runs + self._standard_events + int(self._non_private)
 
     # ------------------------------------------------------------ PrivacyAccountant API
 
@@ -618,6 +680,12 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         try:
             plan = self._plan(event, int(count))
         except _Refusal as refusal:
+            return CompositionErrorDetails(invalid_event=refusal.event, error_message=refusal.message)
+        try:  # supports() asks with count 0: would the event be accepted once?
+            refusal = self._refusal_if_not_alone(plan if count else self._plan(event, 1))
+        except _Refusal as refused:
+            refusal = refused
+        if refusal is not None:
             return CompositionErrorDetails(invalid_event=refusal.event, error_message=refusal.message)
         if do_compose:
             self._commit(plan)
@@ -638,6 +706,9 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         count = _check_count(count)
         try:
             plan = self._plan(event, count)
+            refusal = self._refusal_if_not_alone(plan)
+            if refusal is not None:
+                raise refusal
         except _Refusal as refusal:
             raise dp_accounting.UnsupportedEventError(
                 f"Unsupported event: {event}. Error: [{refusal.message}] caused by subevent {refusal.event}."

@@ -53,11 +53,11 @@ from lastiter_plugins.adapters.dp_accounting import (
     _check_count,
     _check_standard,
     _EventPlanning,
+    _gdp,
     _is_int,
     _is_real,
     _parse_relation,
     _Refusal,
-    _run,
     _to_bound,
 )
 from lastiter_plugins.config import Relation
@@ -161,7 +161,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     ):
         relation = _parse_relation(neighboring_relation)
         self._bound = _to_bound(bound)
-        allowed = (BEST, *_run.gdp_bound_ids())
+        allowed = (BEST, *_gdp.gdp_bound_ids())
         if self._bound.value not in allowed:
             raise ValueError(
                 f"bound must be one of {', '.join(allowed)} for LastIteratePldAccountant (a run composes as a "
@@ -189,7 +189,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
         try:
             config, assumptions, no_noise = event._build(self._relation)
-            mu, winner = _run.gaussian_mu(self._bound.value, config, assumptions)
+            mu, winner = _gdp.gaussian_mu(self._bound.value, config, assumptions)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
             raise _Refusal(event, f"{exc} (LastIteratePldAccountant, relation {self._relation.value})") from None
         if no_noise:

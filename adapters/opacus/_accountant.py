@@ -501,7 +501,7 @@ class LastIterateAccountant(IAccountant):
 
 def _delta(delta: Any) -> float:
     """``delta`` as a float in (0, 1); a 0-dim tensor or array (``torch.tensor(1e-5)``) is its value."""
-    from lastiter_plugins.conversion import validate_delta
+    from lastiter_plugins.validation import validate_delta
 
     if isinstance(delta, (torch.Tensor, np.ndarray)) and delta.ndim == 0:
         delta = delta.item()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import lastiter_plugins as lp
 from lastiter_plugins.config import refuse_renamed
-from lastiter_plugins.conversion import validate_orders
+from lastiter_plugins.validation import validate_orders
 
 if TYPE_CHECKING:
     from lastiter_plugins.adapters.opacus._glm import GlmDeclaration

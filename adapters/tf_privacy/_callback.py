@@ -14,7 +14,7 @@ import tensorflow as tf
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, PipelineChangedError, Relation, Sampling, TrainingConfig
 from lastiter_plugins.config import refuse_renamed
-from lastiter_plugins.conversion import validate_delta, validate_orders
+from lastiter_plugins.validation import validate_delta, validate_orders
 
 from . import _config as conf
 from . import _glm

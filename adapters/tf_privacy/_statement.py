@@ -13,7 +13,7 @@ from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _t
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.config import refuse_renamed
-from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.validation import validate_delta
 
 from . import _internals as internals
 from ._config import flag

@@ -13,7 +13,7 @@ import numpy as np
 
 from lastiter_plugins import api, plot
 from lastiter_plugins.compare.table import compare_rows
-from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.validation import validate_delta
 
 DEFAULT_POINTS = 25
 _NOT_DRAWN = ("opacus-gdp",)  # an approximation, not a bound: never drawn

@@ -28,10 +28,10 @@ from lastiter_plugins import api, evaluation, registry
 from lastiter_plugins.compare import hosts
 from lastiter_plugins.compare.rows import BestLine, Comparison, Row, catching, host_log
 from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
-from lastiter_plugins.conversion import validate_delta, validate_orders
 from lastiter_plugins.evaluation import BoundEvaluation
 from lastiter_plugins.registry import Protects
 from lastiter_plugins.scenarios import DEFAULT_DELTA
+from lastiter_plugins.validation import validate_delta, validate_orders
 
 # ---------------------------------------------------------------- registry rows
 
@@ -76,7 +76,7 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         order=e.order,
         protects=e.protects.value,
         reference=e.reference,
-        counted=e.applies and e.proof.proven and e.result is not None,
+        counted=evaluation.counts_for_best(e, e.relation) and e.result is not None,  # in its relation's best line
         proof=str(e.proof),
         notes=e.notes + notes,
         first_unmet=e.unmet[0].short if e.unmet else "",
@@ -149,11 +149,7 @@ def best_lines(
                 out.append(BestLine(relation.value, True, None, None, None, None, "no valid accountant"))
             continue
         every = evaluation.best_of((e for e in evaluations if e.protects is Protects.EVERY_ITERATE), relation)
-        counted = [
-            e.bound
-            for e in evaluations
-            if e.applies and e.proof.proven and e.relation is relation and e.result is not None
-        ]
+        counted = [e.bound for e in evaluations if evaluation.counts_for_best(e, relation) and e.result is not None]
         lower = (
             None
             if assumptions is None

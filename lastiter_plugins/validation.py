@@ -1,0 +1,77 @@
+r"""Validation of the numbers users pass at the public edge, in one place.
+
+The public functions (``lastiter_plugins.rdp`` / ``epsilon`` / ``compute_*`` / ``calibrate_noise`` /
+``evaluate_all``, the CLI, the adapters' entry points) check their inputs here once; the layers below
+them (evaluation, conversion, the bounds) trust what they are given. A pipeline is validated by
+constructing its :class:`~lastiter_plugins.config.TrainingConfig` and
+:class:`~lastiter_plugins.config.LossAssumptions`.
+
+Every error is a ``ValueError`` naming the parameter, the constraint and the value found.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _default_orders() -> np.ndarray:
+    fractional = 1.0 + np.geomspace(0.01, 0.95, 32)  # 1.01 .. 1.95
+    small = np.arange(2.0, 101.0)  # every integer 2 .. 100
+    large = np.unique(np.round(np.geomspace(100.0, 1e4, 121)))[1:]  # 101 .. 10^4
+    grid = np.concatenate([fractional, small, large])
+    grid.setflags(write=False)
+    return grid
+
+
+#: The library's one default grid of Renyi orders: 1.01 .. 10^4, dense near 1,
+#: every integer up to 100 (the sampled-Gaussian bounds are exact at integers),
+#: then geometric. Read-only; pass your own ``orders`` to change it.
+DEFAULT_ORDERS: np.ndarray = _default_orders()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
+    """A validated copy of ``orders`` (or the default grid). Orders must be finite and > 1."""
+    if orders is None:
+        return DEFAULT_ORDERS.copy()
+    if isinstance(orders, numbers.Real):
+        orders = [orders]
+    try:
+        arr = np.array(orders, dtype=float).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"orders must be a sequence of numbers > 1. Found {orders!r}.") from None
+    if arr.size == 0:
+        raise ValueError("orders must contain at least one order > 1. Found an empty sequence.")
+    bad = arr[~np.isfinite(arr) | (arr <= 1.0)]
+    if bad.size:
+        raise ValueError(f"orders must be finite and > 1. Found {bad[0]:g}.")
+    return arr
+
+
+def validate_delta(delta: Any) -> float:
+    """``delta`` as a float, checked to lie in (0, 1)."""
+    if not _is_number(delta) or not (0.0 < float(delta) < 1.0):
+        raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
+    return float(delta)
+
+
+def validate_epsilon(epsilon: Any, name: str = "epsilon") -> float:
+    """``epsilon`` as a float, checked to be a number >= 0 (``inf`` allowed: delta 0)."""
+    if not _is_number(epsilon) or math.isnan(float(epsilon)) or float(epsilon) < 0.0:
+        raise ValueError(f"{name} must be a number >= 0. Found {epsilon!r}.")
+    return float(epsilon)
+
+
+def positive_number(name: str, value: Any) -> float:
+    """``value`` as a float, checked to be a finite number > 0."""
+    if not _is_number(value) or not (math.isfinite(float(value)) and float(value) > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
+    return float(value)
