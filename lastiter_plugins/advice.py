@@ -1,17 +1,21 @@
-r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries a fixed list of single changes to the
-pipeline (sampling scheme, learning rate, weight decay, projection, the certified
-linear-model route, noise) and returns those that lower ``best``, best first.
+r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries every single change to the
+pipeline from a fixed list (noise, epochs, batch size, learning rate, weight decay, projection, the
+certified linear-model route, a declaration, the sampler) and returns those that lower ``best``,
+best first.
 
-Every suggestion is evaluated by the one evaluation path (``epsilon("best", ...)`` with
-the changed parameters) in the same neighbouring relation as the pipeline's; nothing
-here is a bound of its own. A suggestion that changes training (the model, its
-updates or its batches) says so: its number holds only for the changed run.
+Every suggestion is evaluated by the one evaluation path (``epsilon("best", ...)`` with the
+changed parameters); nothing here is a bound of its own. A suggestion that changes training (the
+model, its updates or its batches) says so: its number holds only for the changed run. A
+suggestion whose guarantee is for another neighbouring relation (Poisson sampling under
+add-or-remove, what Opacus reports) is listed after the others with one sentence saying so: its
+number does not compare with the pipeline's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,6 +26,16 @@ from lastiter_plugins.config import LossAssumptions, Relation, Sampling, Trainin
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult
 from lastiter_plugins.registry import Protects
+
+#: Said once under every suggestion for another relation.
+RELATION_NOTE = (
+    "a different guarantee: add-or-remove neighbours (a record present or absent) instead of replace-one (a record "
+    "replaced); a replace-one epsilon is at most twice an add-or-remove one, so the numbers do not compare."
+)
+
+#: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
+#: logistic regression on features clipped to norm 1 (|a|^2 / 4; docs/decisions.md, section 15).
+GLM_SMOOTHNESS = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +50,7 @@ class Suggestion:
       changes_training: True when the model, its updates or its batches change (the
         number then holds for the changed run only); False for a declaration alone.
       result: the full result, for its relation, proof and what it protects.
+      note: what the change requires or means, when it needs saying (another relation, say).
     """
 
     change: str
@@ -44,20 +59,108 @@ class Suggestion:
     winner: str
     changes_training: bool
     result: EpsilonResult
+    note: str = ""
+
+    @property
+    def relation(self) -> Relation:
+        return self.result.relation
 
     def __str__(self) -> str:
         kind = "changes training" if self.changes_training else "accounting only"
         args = ", ".join(f"{k}={v!r}" for k, v in self.parameters.items())
-        return f"{self.change} ({args}; {kind}): epsilon {self.epsilon:.4g} via {self.winner}"
+        line = (
+            f"{self.change} ({args}; {kind}): epsilon {self.epsilon:.4g} ({self.relation.value}, "
+            f"{self.result.protects.value}) via {self.winner}"
+        )
+        return f"{line}. Note: {self.note}" if self.note else line
 
 
-def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool]]:
-    """(words, parameter changes, changes_training), in a fixed order."""
+def _scaled_length(params: Mapping[str, Any], factor: float) -> dict[str, Any] | None:
+    """The run's length times ``factor`` (epochs or steps, whichever was given), or None if unchanged."""
+    key = "epochs" if params.get("epochs") is not None else "steps"
+    value = params.get(key)
+    if value is None:
+        return None
+    new = max(round(value * factor), 1)
+    return {key: new} if new != value else None
+
+
+def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool, str]]:
+    """(words, parameter changes, changes_training, note), in a fixed order."""
     sampling = Sampling(params["sampling"])
     relation = Relation(params.get("relation", Relation.REPLACE_ONE))
     lr, smooth = params.get("learning_rate"), params.get("smoothness")
     convex = params.get("weak_convexity", 0.0) == 0.0
-    z = params.get("noise_multiplier")
+    lam = params.get("strong_convexity", 0.0) or 0.0
+    outside = bool(params.get("l2_outside_clip"))
+    glm = bool(params.get("clipped_loss_convex_smooth"))
+    z, n, b = params.get("noise_multiplier"), params["dataset_size"], params["batch_size"]
+
+    if z is not None:
+        for factor in (1.5, 2.0):
+            yield f"raise the noise multiplier to {z * factor:.4g}", {"noise_multiplier": z * factor}, True, ""
+    for factor in (0.5, 0.25):
+        shorter = _scaled_length(params, factor)
+        if shorter is not None:
+            ((key, value),) = shorter.items()
+            yield f"train for {value} {key} instead", shorter, True, ""
+    for factor in (2, 4):
+        if b * factor <= n:
+            changes: dict[str, Any] = {"batch_size": b * factor}
+            if params.get("steps") is not None:  # the same number of epochs: fewer steps
+                changes["steps"] = max(params["steps"] // factor, 1)
+            yield f"use batches of {b * factor} (the same number of epochs)", changes, True, ""
+    if lr is not None:
+        rates = [lr * f for f in (0.1, 0.25, 0.5, 1.5, 2.0, 3.0)]
+        if smooth is not None and lam > 0:  # the fastest contraction of a lam-strongly convex M-smooth step
+            rates.append(2.0 / (smooth + lam))
+        for rate in sorted(set(rates)):
+            if rate != lr:
+                verb = "lower" if rate < lr else "raise"
+                yield f"{verb} the learning rate to {rate:.4g}", {"learning_rate": rate}, True, ""
+    if smooth is not None and convex and (lam == 0.0 or outside):
+        base = smooth - lam  # the loss's own smoothness; weight decay adds to both constants
+        for w in sorted({1e-3, 1e-2, 0.05, 0.1, 2 * lam, 5 * lam} - {0.0}):
+            if w > lam:
+                what = "add weight decay" if lam == 0.0 else "raise the weight decay"
+                yield (
+                    f"{what} (an l2 term outside the clip, torch SGD weight_decay) to {w:.3g}",
+                    {"strong_convexity": w, "smoothness": base + w, "l2_outside_clip": True},
+                    True,
+                    "",
+                )
+    if params.get("diameter") is None:
+        for d in (1.0, 10.0):
+            yield (
+                f"project the weights onto a ball of diameter {d:g} after every step (if they stay inside it anyway)",
+                {"diameter": d},
+                True,
+                "",
+            )
+    if not glm and convex:
+        needs = (
+            "a linear model (logistic or softmax regression, a linear probe) with a feature clip, registered as one "
+            "(Opacus: model='glm'; Keras: FeatureNormClip + Dense): the clipped update is then a gradient step"
+        )
+        m = smooth if smooth is not None else GLM_SMOOTHNESS
+        route = {"clipped_loss_convex_smooth": True, "smoothness": m}
+        said = "" if smooth is not None else f"smoothness {m:g} is binary logistic regression on features of norm <= 1"
+        yield f"train {needs}", route, True, said
+        if lam == 0.0:
+            yield (
+                f"train {needs}, with weight decay 0.01 (torch SGD weight_decay)",
+                {**route, "smoothness": m + 0.01, "strong_convexity": 0.01, "l2_outside_clip": True},
+                True,
+                said,
+            )
+    if not params.get("gradient_norms_within_clip") and not glm:
+        yield (
+            "declare gradient_norms_within_clip=True, if every per-example gradient norm is at most the clip "
+            "norm on the whole domain (a fact about your loss and domain that you must check)",
+            {"gradient_norms_within_clip": True},
+            False,
+            "",
+        )
     if relation is Relation.REPLACE_ONE and sampling is not Sampling.SHUFFLE_ONCE:
         yield (
             "draw one secret permutation before training and keep its order every epoch (Opacus: "
@@ -65,73 +168,59 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
             "fit(shuffle=False); keep the seed secret)",
             {"sampling": Sampling.SHUFFLE_ONCE.value},
             True,
+            "",
         )
-    if not params.get("gradient_norms_within_clip") and not params.get("clipped_loss_convex_smooth"):
-        yield (
-            "declare gradient_norms_within_clip=True, if every per-example gradient norm is at most the clip "
-            "norm on the whole domain (a fact about your loss and domain that you must check)",
-            {"gradient_norms_within_clip": True},
-            False,
-        )
-        if smooth is not None and convex:
-            yield (
-                "train a linear model (logistic/softmax regression, a linear probe) with a feature clip and "
-                "register it as one (model='glm'): the clipped update is then a gradient step",
-                {"clipped_loss_convex_smooth": True},
-                True,
-            )
-    if lr is not None:
-        for factor in (0.5, 0.25, 0.1):
-            yield f"lower the learning rate to {lr * factor:.4g}", {"learning_rate": lr * factor}, True
-    if smooth is not None and convex and params.get("strong_convexity", 0.0) == 0.0:
-        for decay in (1e-3, 1e-2):
-            w = decay * max(smooth, 1.0)
-            yield (
-                f"add weight decay (an l2 term) of {w:.3g}: it adds {w:.3g} to the strong convexity and the smoothness",
-                {"strong_convexity": w, "smoothness": smooth + w},
-                True,
-            )
-    if params.get("diameter") is None:
-        for d in (1.0, 10.0):
-            yield (
-                f"project the weights onto a ball of diameter {d:g} after every step (if they stay inside it anyway)",
-                {"diameter": d},
-                True,
-            )
-    if z is not None:
-        for factor in (1.5, 2.0):
-            yield f"raise the noise multiplier to {z * factor:.4g}", {"noise_multiplier": z * factor}, True
+    if sampling is not Sampling.POISSON:
+        poisson = "sample each batch by Poisson sampling at rate b/n from a secret seed (Opacus: poisson_sampling=True)"
+        yield poisson, {"sampling": Sampling.POISSON.value}, True, ""
+        if relation is Relation.REPLACE_ONE:
+            changes = {"sampling": Sampling.POISSON.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
+            yield poisson + ", accounted under add-or-remove as Opacus does", changes, True, RELATION_NOTE
+
+
+def _check_top(top: Any) -> int | None:
+    if top is None:
+        return None
+    if isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 1:
+        raise ValueError(f"top must be an integer >= 1 (or None: every suggestion). Found {top!r}.")
+    return int(top)
 
 
 def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]) -> tuple[Suggestion, ...]:
-    r"""Single changes to the pipeline that lower ``best``, best first.
+    r"""Every single change to the pipeline that lowers ``best``, best first.
 
     Args:
       delta: the delta of the guarantee.
-      top: return at most this many (default: all that help).
+      top: return at most this many (an integer >= 1; default: all that help).
       **params: the pipeline, as for :func:`lastiter_plugins.epsilon`.
 
     Returns:
-      The suggestions whose ``best`` (same relation) is below the pipeline's by more than
-      0.1%, sorted by epsilon; one per kind of change (the lowest, e.g. one learning rate).
+      The suggestions whose ``best`` in the pipeline's relation is below the pipeline's by more
+      than 0.1%, sorted by epsilon, one per kind of change (the lowest, e.g. one learning rate);
+      then the suggestions for another relation whose number is below the pipeline's (Poisson
+      sampling under add-or-remove), each with a note that the numbers do not compare.
 
     Raises:
-      NotApplicableError / ValueError: as :func:`lastiter_plugins.epsilon` for the pipeline itself.
+      NotApplicableError / ValueError: as :func:`lastiter_plugins.epsilon` for the pipeline itself;
+        ValueError for a ``top`` that is not an integer >= 1.
     """
+    top = _check_top(top)
     current = epsilon("best", delta, **params)
-    best_per_kind: dict[str, Suggestion] = {}
-    for words, changes, changes_training in _candidates(params):
+    best_per_kind: dict[tuple[str, str], Suggestion] = {}
+    for words, changes, changes_training, note in _candidates(params):
         try:
             result = epsilon("best", delta, **{**params, **changes})
         except (NotApplicableError, ValueError):
             continue
-        if result.relation is not current.relation or not result.epsilon < current.epsilon * (1 - 1e-3):
+        if not result.epsilon < current.epsilon * (1 - 1e-3):
             continue
-        kind = ",".join(sorted(changes))
-        suggestion = Suggestion(words, changes, result.epsilon, result.winner, changes_training, result)
+        kind = (result.relation.value, ",".join(sorted(changes)))
+        suggestion = Suggestion(words, changes, result.epsilon, result.winner, changes_training, result, note)
         if kind not in best_per_kind or suggestion.epsilon < best_per_kind[kind].epsilon:
             best_per_kind[kind] = suggestion
-    ranked = sorted(best_per_kind.values(), key=lambda s: (s.epsilon, s.changes_training))
+    same = [s for s in best_per_kind.values() if s.relation is current.relation]
+    other = [s for s in best_per_kind.values() if s.relation is not current.relation]
+    ranked = sorted(same, key=lambda s: (s.epsilon, s.changes_training)) + sorted(other, key=lambda s: s.epsilon)
     return tuple(ranked[:top] if top is not None else ranked)
 
 

@@ -29,16 +29,75 @@ def test_advice_lowers_best_and_says_how():
     assert lp.is_standard_baseline(current)
     advice = lp.advise(1e-5, **RESHUFFLE_LR_TOO_LARGE)
     assert advice, "a smaller step size opens the reshuffle bound"
-    assert [s.epsilon for s in advice] == sorted(s.epsilon for s in advice)
+    same = [s for s in advice if s.relation is current.relation]
+    other = [s for s in advice if s.relation is not current.relation]
+    assert list(advice) == same + other  # the pipeline's relation first, each group by epsilon
+    assert [s.epsilon for s in same] == sorted(s.epsilon for s in same)
     first = advice[0]
-    assert first.parameters == {"learning_rate": 1.5} and first.changes_training
+    # 2 / (M + lam): the fastest contraction of the step, inside the range the bounds allow (< 2/M)
+    assert first.parameters == {"learning_rate": pytest.approx(2 / 1.5)} and first.changes_training
     assert first.winner == "shifted-interpolation-reshuffle" and first.epsilon < current.epsilon / 10
-    for s in advice:  # each number is what the API gives for the changed pipeline, in the same relation
+    for s in advice:  # each number is what the API gives for the changed pipeline
         again = lp.epsilon("best", 1e-5, **{**RESHUFFLE_LR_TOO_LARGE, **s.parameters})
-        assert s.epsilon == again.epsilon and s.winner == again.winner
-        assert s.result.relation is current.relation and s.epsilon < current.epsilon
+        assert s.epsilon == again.epsilon and s.winner == again.winner and s.epsilon < current.epsilon
         assert str(s.epsilon)[:3] in str(s) and ("changes training" in str(s)) == s.changes_training
+    # another relation is listed last, and says that its number does not compare
+    assert [s.parameters for s in other] == [{"sampling": "poisson", "relation": "add_or_remove_one"}]
+    assert other[0].note == lp.advice.RELATION_NOTE and "do not compare" in str(other[0])
+    assert all(not s.note for s in same if "smoothness" not in s.parameters)
     assert len(lp.advise(1e-5, top=1, **RESHUFFLE_LR_TOO_LARGE)) == 1
+
+
+@pytest.mark.parametrize("top", [0, -1, -2, 1.5, True, "2"])
+def test_top_must_be_a_positive_integer(top):
+    with pytest.raises(ValueError, match="top must be an integer >= 1"):
+        lp.advise(1e-5, top=top, **RESHUFFLE_LR_TOO_LARGE)
+
+
+#: The issue's user pipeline (n 2000, b 100, z 1, lr 0.5, 20 epochs, shuffle=True, delta 1e-5).
+USER = dict(dataset_size=2000, batch_size=100, noise_multiplier=1.0, learning_rate=0.5, epochs=20,
+            sampling="reshuffle")  # fmt: skip
+#: The same on the certified linear-model route with weight decay 0.01 (11.88 everywhere).
+USER_GLM = {**USER, "smoothness": 0.26, "strong_convexity": 0.01, "l2_outside_clip": True,
+            "clipped_loss_convex_smooth": True}  # fmt: skip
+#: The issue's second example: 4.95; lr 1.5 gives 4.13 and weight decay 0.05 gives 3.87.
+SMALL_GLM = {**USER_GLM, "dataset_size": 1000, "batch_size": 50, "noise_multiplier": 2.0}
+
+
+def _by_kind(advice) -> dict[str, lp.Suggestion]:
+    return {",".join(sorted(s.parameters)): s for s in advice}
+
+
+def test_the_linear_model_route_is_offered_with_what_it_requires():
+    current = lp.epsilon("best", 1e-5, **USER).epsilon
+    advice = _by_kind(lp.advise(1e-5, **USER))
+    route = advice["clipped_loss_convex_smooth,l2_outside_clip,smoothness,strong_convexity"]
+    assert route.epsilon == lp.epsilon("best", 1e-5, **USER_GLM).epsilon < current / 5
+    assert "linear model" in route.change and "feature clip" in route.change
+    assert "logistic regression on features of norm <= 1" in route.note  # the smoothness it assumed
+    assert route.epsilon < advice["noise_multiplier"].epsilon  # more noise is not the only way, nor the best
+
+
+@pytest.mark.parametrize(("params", "rate", "decay"), [(USER_GLM, 9.80, 8.69), (SMALL_GLM, 4.13, 3.87)])
+def test_learning_rate_and_weight_decay_are_offered(params, rate, decay):
+    current = lp.epsilon("best", 1e-5, **params).epsilon
+    advice = _by_kind(lp.advise(1e-5, **params))
+    assert round(advice["learning_rate"].epsilon, 2) <= rate < current  # the issue's figures, 2 decimals
+    assert round(advice["l2_outside_clip,smoothness,strong_convexity"].epsilon, 2) <= decay < current
+    assert advice["l2_outside_clip,smoothness,strong_convexity"].parameters["smoothness"] == pytest.approx(
+        0.25 + advice["l2_outside_clip,smoothness,strong_convexity"].parameters["strong_convexity"]
+    )  # weight decay adds to both constants
+
+
+def test_switching_the_sampler_is_weighed_on_the_anchor():
+    """Poisson (replace-one, every iterate) against reshuffling (final model), in the same relation."""
+    anchor = dict(dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=50, learning_rate=1.0,
+                  smoothness=1.0, strong_convexity=1e-4, gradient_norms_within_clip=True, sampling="reshuffle")  # fmt: skip
+    advice = _by_kind(lp.advise(1e-5, **anchor))
+    poisson = advice["sampling"]
+    assert poisson.parameters == {"sampling": "poisson"} and poisson.relation is lp.Relation.REPLACE_ONE
+    assert poisson.epsilon == pytest.approx(3.12, abs=0.01)
+    assert advice["relation,sampling"].note == lp.advice.RELATION_NOTE
 
 
 def test_a_declaration_alone_is_marked_accounting_only():
@@ -99,14 +158,14 @@ def test_lastiter_advise_json_is_the_api():
     data = json.loads(proc.stdout)
     api = lp.advise(1e-5, **RESHUFFLE_LR_TOO_LARGE)
     assert [row["epsilon"] for row in data["suggestions"]] == [s.epsilon for s in api]
-    assert data["suggestions"][0]["parameters"] == {"learning_rate": 1.5}
+    assert data["suggestions"][0]["parameters"] == {"learning_rate": pytest.approx(2 / 1.5)}
     assert data["best"]["winner"] == lp.epsilon("best", 1e-5, **RESHUFFLE_LR_TOO_LARGE).winner
 
 
 def test_lastiter_epsilon_says_when_best_is_a_standard_baseline():
     proc = _run("epsilon", "--bound", "best", *_flags())
     assert proc.returncode == 0, proc.stderr
-    assert "standard baseline" in proc.stdout and "lower the learning rate to 1.5" in proc.stdout
+    assert "standard baseline" in proc.stdout and "lower the learning rate to 1.333" in proc.stdout
     shifted = _run("epsilon", "--bound", "best", *_flags(learning_rate="1.5"))
     assert shifted.returncode == 0, shifted.stderr
     assert "shifted-interpolation-reshuffle" in shifted.stdout and "standard baseline" not in shifted.stdout
@@ -121,7 +180,7 @@ def test_opacus_report_says_when_best_is_a_standard_baseline():
 
     config, assumptions = lp.build(**RESHUFFLE_LR_TOO_LARGE)
     report = _report.build_report("last-iterate", config, assumptions, 1e-5, None)
-    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.5" in str(report)
+    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.333" in str(report)
     assert report.to_dict()["advice"] == report.advice
     fine = _report.build_report(
         "last-iterate", *lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}), 1e-5, None
@@ -146,6 +205,6 @@ def test_keras_statement_says_when_best_is_a_standard_baseline():
         gradient_norms_within_clip=True,
     )
     text = " ".join(compute_last_iterate_privacy_statement(learning_rate=3.0, **common).split())
-    assert "This is a standard baseline (composition" in text and "lower the learning rate to 1.5" in text
+    assert "This is a standard baseline (composition" in text and "lower the learning rate to 1.333" in text
     fine = " ".join(compute_last_iterate_privacy_statement(learning_rate=1.5, **common).split())
     assert "This is a standard baseline" not in fine and "shifted-interpolation-reshuffle" in fine
