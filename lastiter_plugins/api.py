@@ -110,14 +110,19 @@ def build(**params: Unpack[Parameters]) -> tuple[TrainingConfig, LossAssumptions
     return config, assumptions
 
 
-def compute_rdp(bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders=None) -> np.ndarray:
+def compute_rdp(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders=None, *, published_only: bool = False
+) -> np.ndarray:
     """RDP (nats) of ``bound`` (an id, or ``best``) at each order for a validated configuration.
+
+    ``published_only``: ``best`` over the rows whose proof is a published theorem for this pipeline
+    (a named row must be one).
 
     Raises:
       NotApplicableError: a precondition of the bound fails.
       ValueError: invalid orders.
     """
-    return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders))
+    return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders), published_only)
 
 
 def compute_epsilon(
@@ -128,6 +133,7 @@ def compute_epsilon(
     orders=None,
     *,
     lower_bound: bool = False,
+    published_only: bool = False,
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` (an id, or ``best``) for a validated configuration, labelled.
 
@@ -140,10 +146,14 @@ def compute_epsilon(
     """
     delta = validate_delta(delta)
     grid = None if orders is None else validate_orders(orders)  # None: the default grid, converted losslessly
-    return evaluation.epsilon_result(bound, config, assumptions, delta, grid, lower_bound=lower_bound)
+    return evaluation.epsilon_result(
+        bound, config, assumptions, delta, grid, lower_bound=lower_bound, published_only=published_only
+    )
 
 
-def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Parameters]) -> np.ndarray:
+def rdp(
+    bound: str, orders: Sequence[float] | np.ndarray, *, published_only: bool = False, **params: Unpack[Parameters]
+) -> np.ndarray:
     """Renyi-DP epsilon (nats) of ``bound`` at each order.
 
     Args:
@@ -157,7 +167,7 @@ def rdp(bound: str, orders: Sequence[float] | np.ndarray, **params: Unpack[Param
       ValueError: an invalid value.
     """
     config, assumptions = build(**params)
-    return compute_rdp(bound, config, assumptions, orders)
+    return compute_rdp(bound, config, assumptions, orders, published_only=published_only)
 
 
 def epsilon(
@@ -166,6 +176,7 @@ def epsilon(
     orders: Sequence[float] | np.ndarray | None = None,
     *,
     lower_bound: bool = False,
+    published_only: bool = False,
     **params: Unpack[Parameters],
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` at ``delta`` for the pipeline described by ``params``.
@@ -176,22 +187,27 @@ def epsilon(
     With ``lower_bound=True`` it also carries ``lower_bound``: the exact epsilon of an
     instance meeting every declaration (or None, and ``lower_bound_note`` says why), so that
     the worst case over the models meeting the declarations lies in ``[lower_bound, epsilon]``
-    (docs/decisions.md, section 20; up to about a second more). Raises like :func:`rdp`.
+    (docs/decisions.md, section 20; up to about a second more). Its ``provenance`` says whether the
+    winner's proof is a published theorem or this library's derivation; ``published_only=True``
+    restricts ``best`` to published theorems (a named bound must be one). Raises like :func:`rdp`.
     """
     config, assumptions = build(**params)
-    return compute_epsilon(bound, config, assumptions, delta, orders, lower_bound=lower_bound)
+    return compute_epsilon(
+        bound, config, assumptions, delta, orders, lower_bound=lower_bound, published_only=published_only
+    )
 
 
-def applicable_bounds(**params: Unpack[Parameters]) -> dict[str, BoundEvaluation]:
+def applicable_bounds(*, published_only: bool = False, **params: Unpack[Parameters]) -> dict[str, BoundEvaluation]:
     """For every bound id (``best`` included): applies or not, and why, with its
-    relation, proof status, what it protects and its reference.
+    relation, proof status, provenance, what it protects and its reference.
 
-    ``noise_multiplier`` may be omitted (no precondition depends on it).
+    ``noise_multiplier`` may be omitted (no precondition depends on it). ``published_only``: ``best``
+    over the rows whose proof is a published theorem for this pipeline.
     """
     params.setdefault("noise_multiplier", 1.0)
     config, assumptions = build(**params)
     out = evaluation.evaluate_all(config, assumptions)
-    usable = [bid for bid, e in out.items() if evaluation.counts_for_best(e, config.relation)]
+    usable = [bid for bid, e in out.items() if evaluation.counts_for_best(e, config.relation, published_only)]
     out[registry.BEST] = BoundEvaluation(
         bound=registry.BEST,
         title="the smallest epsilon over the proven bounds valid for the pipeline",

@@ -23,6 +23,7 @@ def calibrate_noise(
     orders=None,
     max_noise_multiplier: float = 1e4,
     rtol: float = 1e-4,
+    published_only: bool = False,
     **params: Unpack[Parameters],
 ) -> float:
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
@@ -59,6 +60,7 @@ def calibrate_noise(
       orders: Renyi orders (default: the library's grid and conversion).
       max_noise_multiplier: the largest noise multiplier tried (> 0).
       rtol: relative precision of the bisection (> 0).
+      published_only: ``best`` over the rows whose proof is a published theorem (a named bound must be one).
       **params: the pipeline (:class:`~lastiter_plugins.api.Parameters`), without ``noise_multiplier``
         (ignored if given).
 
@@ -77,11 +79,12 @@ def calibrate_noise(
     use_orders = None if orders is None else validate_orders(orders)  # None: the lossless default conversion
     params.pop("noise_multiplier", None)
     config, assumptions = build(noise_multiplier=1.0, **params)
-    evaluation.require_applicable(bound, config, assumptions)  # raises NotApplicableError before any search
+    evaluation.require_applicable(bound, config, assumptions, published_only)  # refuses before any search
 
     def epsilon_at(z: float) -> float:
+        at_z = config.replace(noise_multiplier=z)
         return evaluation.epsilon_result(
-            bound, config.replace(noise_multiplier=z), assumptions, delta, use_orders
+            bound, at_z, assumptions, delta, use_orders, published_only=published_only
         ).epsilon
 
     def probe(z: float) -> tuple[bool, float | None]:
@@ -89,7 +92,7 @@ def calibrate_noise(
         return eps <= target_epsilon, eps
 
     if bound == evaluation.BEST:
-        probe = _BestSearch(config, assumptions, delta, use_orders, target_epsilon).probe
+        probe = _BestSearch(config, assumptions, delta, use_orders, target_epsilon, published_only).probe
 
     def certified(z: float) -> float:
         found = epsilon_at(z)
@@ -177,12 +180,12 @@ class _BestSearch:
     bisection below it evaluates only the rows that met there. These answers only steer the
     search: the value returned is certified by ``best`` itself."""
 
-    def __init__(self, config, assumptions, delta: float, orders, target: float) -> None:
+    def __init__(self, config, assumptions, delta: float, orders, target: float, published_only: bool = False) -> None:
         self._config, self._assumptions, self._delta, self._orders = config, assumptions, delta, orders
         self._target = target
         self._missed_at: dict[str, float] = {}
         # best's candidates: no precondition depends on the noise multiplier
-        self._candidates = evaluation.best_candidates(config, assumptions)
+        self._candidates = evaluation.best_candidates(config, assumptions, published_only)
 
     def probe(self, z: float) -> tuple[bool, float | None]:
         """(whether best meets the target at z, the smallest epsilon of the rows computed there or None)."""

@@ -76,6 +76,10 @@ class EpsilonResult:
         interval): the worst case over the models meeting the declarations lies in
         ``[lower_bound, epsilon]``. None when not asked for or when no instance fits.
       lower_bound_note: the instance, or why ``lower_bound`` is None (empty when not asked for).
+      published: whether the winner's proof is a published theorem for this pipeline (False: this
+        library's derivation, see ``provenance``).
+      provenance: one line, ``published: <authors, venue, theorem>`` or ``derived here: <docs section;
+        the independent checks it passed>``.
     """
 
     bound: str
@@ -92,6 +96,8 @@ class EpsilonResult:
     kind: Kind = Kind.RDP
     lower_bound: float | None = None
     lower_bound_note: str = ""
+    published: bool = True
+    provenance: str = ""
 
     def __float__(self) -> float:
         """The epsilon, so ``float(result)`` works where a number is expected."""
@@ -121,6 +127,8 @@ class EpsilonResult:
             "proof": str(self.proof),
             "kind": self.kind.value,
             "reference": self.reference,
+            "published": self.published,
+            "provenance": self.provenance,
             "lower_bound": None if self.lower_bound is None else float(self.lower_bound),
             "lower_bound_note": self.lower_bound_note or None,
         }
@@ -182,6 +190,8 @@ class BoundEvaluation:
     result: EpsilonResult | None = None
     notes: tuple[str, ...] = ()
     unmet: tuple[registry.Unmet, ...] = ()  # the failed conditions as data (``reasons`` in words)
+    published: bool = True  # the proof is a published theorem for this pipeline (else this library's derivation)
+    provenance: str = ""  # ``published: ...`` or ``derived here: ...`` for this pipeline
 
     @property
     def rdp(self) -> tuple[float, ...] | None:
@@ -254,7 +264,9 @@ def _has_grid_estimate(spec: BoundSpec, default_orders: bool) -> bool:
     return spec.lower_estimate is None and spec.profile is None and not _converts_in_closed_form(spec, default_orders)
 
 
-def _result(spec: BoundSpec, cfg: TrainingConfig, eps: float, delta: float, order: float | None) -> EpsilonResult:
+def _result(
+    spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, eps: float, delta: float, order: float | None
+) -> EpsilonResult:
     return EpsilonResult(
         bound=spec.id,
         epsilon=eps,
@@ -268,6 +280,8 @@ def _result(spec: BoundSpec, cfg: TrainingConfig, eps: float, delta: float, orde
         proof=spec.proof,
         protects=spec.protects,
         kind=spec.kind,
+        published=spec.provenance.why_derived(cfg, a) is None,
+        provenance=spec.provenance.describe(cfg, a),
     )
 
 
@@ -312,6 +326,8 @@ def evaluate_bound(
         reference=spec.reference,
         assumptions=spec.assumptions,
         covers=tuple(spec.covers),
+        published=spec.provenance.why_derived(config, assumptions) is None,
+        provenance=spec.provenance.describe(config, assumptions),
     )
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
@@ -338,7 +354,7 @@ def evaluate_bound(
             base,
             orders=tuple(orders.tolist()) if spec.kind is Kind.GDP else None,
             profile=profile,
-            result=_result(spec, config, profile.epsilon(delta), delta, None),
+            result=_result(spec, config, assumptions, profile.epsilon(delta), delta, None),
         )
     curve = registry.rdp_curve(spec, config, assumptions, orders)
     eps, order = _epsilon_of(spec, config, assumptions, delta, orders, curve, default_orders)
@@ -346,7 +362,7 @@ def evaluate_bound(
         base,
         orders=tuple(orders.tolist()),
         rdp_values=tuple(curve.tolist()),
-        result=_result(spec, config, eps, delta, order),
+        result=_result(spec, config, assumptions, eps, delta, order),
     )
 
 
@@ -389,14 +405,17 @@ def evaluate_all(
 # ---------------------------------------------------------------- best
 
 
-def counts_for_best(e: BoundEvaluation, relation: Relation) -> bool:
+def counts_for_best(e: BoundEvaluation, relation: Relation, published_only: bool = False) -> bool:
     """The one rule for a candidate of ``best``: the row applies to the pipeline with ``relation`` (its
-    sampling scheme, relation and every precondition) and its proof is proven. Rows evaluated under
+    sampling scheme, relation and every precondition) and its proof is proven; with ``published_only``,
+    also a published theorem for this pipeline (not this library's derivation). Rows evaluated under
     their own relation (compare) count only for the relation they were evaluated under."""
-    return e.applies and e.proof.proven and e.relation is relation
+    return e.applies and e.proof.proven and e.relation is relation and (e.published or not published_only)
 
 
-def best_candidates(config: TrainingConfig, assumptions: LossAssumptions) -> tuple[BoundSpec, ...]:
+def best_candidates(
+    config: TrainingConfig, assumptions: LossAssumptions, published_only: bool = False
+) -> tuple[BoundSpec, ...]:
     """The rows ``best`` takes its minimum over for this pipeline, in table order (possibly none).
 
     The one candidate set: evaluation, the API, calibration, advice and every adapter read it.
@@ -404,45 +423,74 @@ def best_candidates(config: TrainingConfig, assumptions: LossAssumptions) -> tup
     return tuple(
         spec
         for spec in registry.BOUNDS.values()
-        if counts_for_best(evaluate_bound(spec, config, assumptions), config.relation)
+        if counts_for_best(evaluate_bound(spec, config, assumptions), config.relation, published_only)
     )
 
 
-def best_of(evaluations: Iterable[BoundEvaluation], relation: Relation) -> BoundEvaluation | None:
+def best_of(
+    evaluations: Iterable[BoundEvaluation], relation: Relation, published_only: bool = False
+) -> BoundEvaluation | None:
     """The winner among evaluated bounds: the smallest epsilon over the candidates of ``best`` for
     ``relation`` (:func:`counts_for_best`) that carry a number (ties: the first bound id in alphabetical
     order); None if none.
 
     The one minimum: :func:`best_result`, compare's best lines and the reports use it.
     """
-    numbered = [e for e in evaluations if counts_for_best(e, relation) and e.result is not None]
+    numbered = [e for e in evaluations if counts_for_best(e, relation, published_only) and e.result is not None]
     return min(numbered, key=lambda e: (e.result.epsilon, e.bound)) if numbered else None
 
 
-def _no_bound_applies(config: TrainingConfig, evaluations: dict[str, BoundEvaluation]) -> NotApplicableError:
+def _no_bound_applies(
+    config: TrainingConfig, evaluations: dict[str, BoundEvaluation], published_only: bool = False
+) -> NotApplicableError:
     # the reason of a bound that covers this sampling says more than "sampling must be ..."
     covering = [e.reason for e in evaluations.values() if not e.applies and config.sampling in e.covers]
     reasons = covering or [e.reason for e in evaluations.values() if not e.applies]
+    if published_only:
+        reasons += [
+            f"{e.bound} applies, but it is {e.provenance}."
+            for e in evaluations.values()
+            if e.applies and not e.published
+        ]
     last = reasons[-1] if reasons else ""
+    which = "proven bound with a published proof" if published_only else "proven bound"
     return NotApplicableError(
-        f"no proven bound applies to sampling={config.sampling.value} with relation={config.relation.value} "
+        f"no {which} applies to sampling={config.sampling.value} with relation={config.relation.value} "
         f"(best: the smallest epsilon over the proven bounds valid for the pipeline; see {registry.DOCS}): {last}"
     )
 
 
+def _require_published(spec: BoundSpec, config: TrainingConfig, assumptions: LossAssumptions) -> None:
+    why = spec.provenance.why_derived(config, assumptions)
+    if why is not None:
+        raise NotApplicableError(
+            f"{spec.id} is this library's derivation for this pipeline ({why}), not a published theorem "
+            f"(published_only=True): {spec.provenance.describe(config, assumptions)}."
+        )
+
+
 def best_result(
-    config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    orders: np.ndarray | None = None,
+    published_only: bool = False,
 ) -> EpsilonResult:
-    """The smallest epsilon at ``delta`` over the proven bounds valid for the pipeline and its relation."""
-    evaluations = evaluate_for_best(config, assumptions, delta, orders)
-    winner = best_of(evaluations.values(), config.relation)
+    """The smallest epsilon at ``delta`` over the proven bounds valid for the pipeline and its relation
+    (``published_only``: over those whose proof is a published theorem)."""
+    evaluations = evaluate_for_best(config, assumptions, delta, orders, published_only)
+    winner = best_of(evaluations.values(), config.relation, published_only)
     if winner is None:
-        raise _no_bound_applies(config, evaluations)
+        raise _no_bound_applies(config, evaluations, published_only)
     return dataclasses.replace(winner.result, bound=BEST)
 
 
 def evaluate_for_best(
-    config: TrainingConfig, assumptions: LossAssumptions, delta: float, orders: np.ndarray | None = None
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    orders: np.ndarray | None = None,
+    published_only: bool = False,
 ) -> dict[str, BoundEvaluation]:
     """Every bound of the table, in table order, as :func:`evaluate_all` with ``delta``, except that a
     bound with a proven lower estimate is computed only when that estimate is not above the best so
@@ -461,19 +509,21 @@ def evaluate_for_best(
         if bid not in barred
     }
     for bid in barred:
-        so_far = best_of(out.values(), config.relation)
+        so_far = best_of(out.values(), config.relation, published_only)
         beat = math.inf if so_far is None else so_far.result.epsilon
         out[bid] = evaluate_bound(registry.BOUNDS[bid], config, assumptions, delta, orders, beat=beat)
     return {bid: out[bid] for bid in registry.BOUNDS}
 
 
-def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+def best_rdp(
+    config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray, published_only: bool = False
+) -> np.ndarray:
     """Per-order minimum of the RDP curves of the proven bounds valid for the pipeline and its relation.
 
     Valid at every order separately (each curve is an RDP bound for the same
     relation), for composing the run with other mechanisms in RDP.
     """
-    candidates = best_candidates(config, assumptions)
+    candidates = best_candidates(config, assumptions, published_only)
     curves = [registry.rdp_curve(spec, config, assumptions, orders) for spec in candidates if spec.has_renyi_curve]
     if not curves:
         evaluations = evaluate_all(config, assumptions)
@@ -484,17 +534,23 @@ def best_rdp(config: TrainingConfig, assumptions: LossAssumptions, orders: np.nd
                 f"relation={config.relation.value}: {', '.join(pld)} applies, but it has no Renyi curve (a privacy "
                 f"loss distribution, or a profile with truncated tails; ask for its epsilon; see {registry.DOCS})."
             )
-        raise _no_bound_applies(config, evaluations)
+        raise _no_bound_applies(config, evaluations, published_only)
     return np.min(np.vstack(curves), axis=0)
 
 
-def require_applicable(bound: str, config: TrainingConfig, assumptions: LossAssumptions) -> None:
-    """Raise NotApplicableError unless ``bound`` (an id, or ``best``: some proven bound) applies."""
+def require_applicable(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, published_only: bool = False
+) -> None:
+    """Raise NotApplicableError unless ``bound`` (an id, or ``best``: some proven bound) applies (with a
+    published proof, if ``published_only``)."""
     if bound != BEST:
-        registry.require(registry.get_spec(bound), config, assumptions)
+        spec = registry.get_spec(bound)
+        registry.require(spec, config, assumptions)
+        if published_only:
+            _require_published(spec, config, assumptions)
         return
-    if not best_candidates(config, assumptions):
-        raise _no_bound_applies(config, evaluate_all(config, assumptions))
+    if not best_candidates(config, assumptions, published_only):
+        raise _no_bound_applies(config, evaluate_all(config, assumptions), published_only)
 
 
 # ---------------------------------------------------------------- by name
@@ -526,6 +582,34 @@ def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions:
     return dataclasses.replace(result, lower_bound=lower.epsilon, lower_bound_note=lower.note)
 
 
+def published_note(
+    result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray | None = None
+) -> str:
+    """What the outputs print under a ``best`` whose proof is this library's derivation: the number
+    ``best`` gives over published theorems only (``published_only=True``), or that none applies. Empty
+    when the result already rests on a published theorem, or is not ``best``."""
+    if result.published or result.bound != BEST:
+        return ""
+    try:
+        published = best_result(config, assumptions, result.delta, orders, published_only=True)
+    except NotApplicableError:
+        return (
+            f"{result.winner} is this library's derivation ({_derived_where(result.provenance)}); no published "
+            "theorem applies to this pipeline (published_only=True refuses it)."
+        )
+    return (
+        f"{result.winner} is this library's derivation ({_derived_where(result.provenance)}); over published "
+        f"theorems only (published_only=True): {published.epsilon:.4g} via {published.winner} "
+        f"({published.provenance.removeprefix('published: ')})."
+    )
+
+
+def _derived_where(provenance: str) -> str:
+    """``docs/decisions.md section N ...`` of a ``derived here: ...`` line, without its checks."""
+    where = provenance.split(": ", 1)[-1]
+    return where.split("; checks:")[0]
+
+
 def epsilon_result(
     bound: str,
     config: TrainingConfig,
@@ -534,16 +618,21 @@ def epsilon_result(
     orders: np.ndarray | None = None,
     *,
     lower_bound: bool = False,
+    published_only: bool = False,
 ) -> EpsilonResult:
     """(epsilon, delta) of ``bound`` (an id, or ``best``); raises NotApplicableError when it does not apply.
 
     ``lower_bound``: also compute the result's ``lower_bound`` (:func:`with_lower_bound`).
+    ``published_only``: ``best`` over the rows whose proof is a published theorem for this pipeline; a
+    named row must be one.
     """
     if bound == BEST:
-        result = best_result(config, assumptions, delta, orders)
+        result = best_result(config, assumptions, delta, orders, published_only)
     else:
         spec = registry.get_spec(bound)
         registry.require(spec, config, assumptions)
+        if published_only:
+            _require_published(spec, config, assumptions)
         evaluation = evaluate_bound(spec, config, assumptions, delta, orders, compute_unproven=True)
         assert evaluation.result is not None  # it applies and was asked for by name
         result = evaluation.result
@@ -551,7 +640,12 @@ def epsilon_result(
 
 
 def delta_of(
-    bound: str, config: TrainingConfig, assumptions: LossAssumptions, eps: float, orders: np.ndarray | None = None
+    bound: str,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    eps: float,
+    orders: np.ndarray | None = None,
+    published_only: bool = False,
 ) -> tuple[float, float | None]:
     """(delta, order) at ``eps`` >= 0 of ``bound`` (an id, or ``best``): the counterpart of
     :func:`epsilon_result`. ``best``: the smallest delta over :func:`best_candidates`, each row converted
@@ -562,12 +656,12 @@ def delta_of(
       NotApplicableError: the named bound does not apply, or (``best``) none does.
     """
     if bound == BEST:
-        specs = best_candidates(config, assumptions)
+        specs = best_candidates(config, assumptions, published_only)
         if not specs:
-            raise _no_bound_applies(config, evaluate_all(config, assumptions))
+            raise _no_bound_applies(config, evaluate_all(config, assumptions), published_only)
     else:
         specs = (registry.get_spec(bound),)
-        registry.require(specs[0], config, assumptions)
+        require_applicable(bound, config, assumptions, published_only)
     default_orders = orders is None
     grid = validate_orders(None) if default_orders else orders
     best: tuple[float, float | None] = (1.0, None)
@@ -578,10 +672,12 @@ def delta_of(
     return best
 
 
-def rdp_of(bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+def rdp_of(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray, published_only: bool = False
+) -> np.ndarray:
     """RDP curve of ``bound`` (an id, or ``best``) at ``orders``; raises NotApplicableError when it does not apply."""
     if bound == BEST:
-        return best_rdp(config, assumptions, orders)
+        return best_rdp(config, assumptions, orders, published_only)
     spec = registry.get_spec(bound)
-    registry.require(spec, config, assumptions)
+    require_applicable(bound, config, assumptions, published_only)
     return registry.rdp_curve(spec, config, assumptions, orders)

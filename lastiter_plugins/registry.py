@@ -105,6 +105,52 @@ class Proof:
 
 PROVEN = Proof(True)
 
+#: A check that says why a pipeline leaves a published statement (None: it stays within it).
+OutsidePublished = Callable[[TrainingConfig, LossAssumptions], "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where a row's proof comes from (beside its proof status).
+
+    Attributes:
+      published: the published theorem the row applies within its stated assumptions (authors,
+        venue or arXiv id, theorem); empty when none.
+      derived: this library's derivation, extension or correction: the docs section and the
+        independent checks it passed (exact instances, fuzzing, re-derivation); empty when none.
+      outside_published: checks that say when a pipeline leaves the published statement (a short
+        last batch, a projection the paper does not have, the linear-model route, ...): then the
+        number rests on ``derived``.
+    """
+
+    published: str = ""
+    derived: str = ""
+    outside_published: tuple[OutsidePublished, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (self.published or self.derived):
+            raise ValueError("a provenance names a published theorem or a derivation (or both).")
+        if self.outside_published and not (self.published and self.derived):
+            raise ValueError("a row that leaves its published statement needs both the theorem and the derivation.")
+
+    def why_derived(self, cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+        """None when the number rests on the published theorem for this pipeline, else why not."""
+        if not self.published:
+            return "no published theorem states it"
+        for check in self.outside_published:
+            why = check(cfg, a)
+            if why is not None:
+                return why
+        return None
+
+    def describe(self, cfg: TrainingConfig, a: LossAssumptions) -> str:
+        """One line: ``published: ...`` or ``derived here: ...`` for this pipeline."""
+        why = self.why_derived(cfg, a)
+        if why is None:
+            return f"published: {self.published}"
+        prefix = f"derived here ({why}): " if self.published else "derived here: "
+        return prefix + self.derived
+
 
 @dataclasses.dataclass(frozen=True)
 class BoundSpec:
@@ -130,6 +176,7 @@ class BoundSpec:
         computes an expensive bound only when this is not above the best so far.
       estimate_curve: a cheaper curve at or below ``compute`` at every order, which the lower
         estimate from a few orders may use instead (docs/decisions.md, section 22, part 5).
+      provenance: whether the proof is a published theorem or this library's derivation.
     """
 
     id: str
@@ -146,6 +193,7 @@ class BoundSpec:
     linear_in_order: bool = False
     lower_estimate: LowerEstimate | None = None
     estimate_curve: RdpFunction | None = None
+    provenance: Provenance | None = None  # every row of the table has one (checked when the table is built)
 
     def __post_init__(self) -> None:
         if (self.kind is Kind.RDP) != (self.profile is None):
@@ -626,6 +674,38 @@ def _pld_steps(cfg: TrainingConfig, a: LossAssumptions):
     return None
 
 
+# ---------------------------------------------------------------- provenance: leaving a published statement
+
+
+def _glm_route(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    return "the linear-model route, docs/decisions.md section 15" if a.clipped_loss_convex_smooth else None
+
+
+def _l2_outside(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    return "an l2 term outside the clip, section 15 part 4" if a.l2_outside_clip else None
+
+
+def _projected(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    return "a projection the theorem does not have, sections 7 and 14" if a.diameter is not None else None
+
+
+def _short_last_batch(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    short = cfg.dataset_size % cfg.batch_size
+    return f"a short last batch of {short}, section 11" if short else None
+
+
+def _partial_epoch(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    return "a partial last epoch, section 7" if cfg.steps % cfg.steps_per_epoch else None
+
+
+def _clipping_may_be_active(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
+    return None if a.update_is_gradient_step else "clipping may be active: the constant sqrt(2) L_eta, section 3"
+
+
+_FIXED_BATCH_OUTSIDE = (_short_last_batch, _partial_epoch, _projected, _l2_outside, _glm_route)
+_FUZZ = "benchmarks/fuzz_1000.json"
+_FUZZ_MEMBERSHIP = "benchmarks/fuzz_1000_membership.json"
+
 # ---------------------------------------------------------------- the table
 
 
@@ -692,6 +772,12 @@ _SI_ASSUMES = (
 _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="kong-ribero-cyclic",
+        provenance=Provenance(
+            published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.3",
+            derived="docs/decisions.md section 15 (the linear-model route: the clipped update is a gradient step); "
+            f"checks: exact instances G1-G3 (tests/test_ground_truth.py), fuzzing ({_FUZZ})",
+            outside_published=(_glm_route,),
+        ),
         title="cyclic traversal, weakly convex smooth losses",
         reference=f"{KONG_RIBERO}, Theorem 2.3",
         covers=_covers(FIXED_BATCH_SCHEMES),
@@ -702,6 +788,13 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="kong-ribero-bounded",
+        provenance=Provenance(
+            published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.2, with clipping never active",
+            derived="docs/decisions.md sections 1, 3 and 5 (the Lipschitz constant of the clipped update, Prop. "
+            "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 (tests/test_ground_truth.py), "
+            f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            outside_published=(_clipping_may_be_active, _glm_route),
+        ),
         title="bounded domain, weakly convex smooth losses, independent of T",
         reference=f"{KONG_RIBERO}, Theorem 2.2",
         covers=_covers(AT_MOST_B_SCHEMES),
@@ -712,6 +805,7 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="kong-ribero-curvature-free",
+        provenance=Provenance(published="Kong & Ribero 2024 (arXiv 2407.05237v1), Theorem 4.3"),
         title="no assumption on the losses (always worse than composition)",
         reference="Kong & Ribero 2024, arXiv 2407.05237v1, Theorem 4.3",
         covers=_covers(AT_MOST_B_SCHEMES),
@@ -722,6 +816,9 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="altschuler-talwar",
+        provenance=Provenance(
+            published="Altschuler & Talwar, NeurIPS 2022 (arXiv 2205.13710), eq. 3.6 (its proof has a gap)"
+        ),
         title="bounded domain, convex smooth losses, sampled batches (unproven)",
         reference=f"{ALTSCHULER_TALWAR}, eq. 3.6; strongly convex: eq. 5.3, Remark 5.3",
         covers=_covers((Sampling.RANDOM_BATCH, Sampling.POISSON)),
@@ -740,6 +837,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="bounded-domain-random",
+        provenance=Provenance(
+            derived="docs/decisions.md section 10 (Feldman, Mironov, Talwar & Thakurta 2018, Lemmas 20-21, per batch "
+            "sequence, averaged over the batches); checks: exact instances G3 (tests/test_bounded_domain.py), "
+            f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})"
+        ),
         title="bounded domain, convex smooth losses, random or Poisson batches",
         reference="Feldman, Mironov, Talwar & Thakurta 2018, arXiv 1808.06651, Lemmas 20-21, per fixed batch "
         f"sequence ({ALTSCHULER_TALWAR}, Prop. 3.2 and 5.6), mixed over batch sequences by joint convexity "
@@ -752,6 +854,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="liang-bounded",
+        provenance=Provenance(
+            derived="docs/decisions.md sections 1, 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.4, "
+            "corrected: the exact sampled-Gaussian term with sensitivity C, the expansion of Poisson batches); "
+            f"checks: exact instances G1 and G3 (tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+        ),
         title="bounded domain, smooth (non-convex) losses, Poisson sampling",
         reference=f"{LIANG}, Theorem 3.4",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
@@ -763,6 +870,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="liang-unbounded",
+        provenance=Provenance(
+            derived="docs/decisions.md sections 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.3, "
+            "corrected: the exact sampled-Gaussian term with sensitivity C); checks: exact instances G1 "
+            f"(tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+        ),
         title="smooth losses, Poisson sampling (composition in disguise)",
         reference=f"{LIANG}, Theorem 3.3",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
@@ -772,6 +884,13 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="ye-shokri-cyclic",
+        provenance=Provenance(
+            published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 3.3",
+            derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            f"fuzzing ({_FUZZ})",
+            outside_published=_FIXED_BATCH_OUTSIDE,
+        ),
         title="strongly convex, fixed batches (any fixed partition)",
         reference=f"{YE_SHOKRI}, Theorem 3.3",
         covers=_covers(FIXED_BATCH_SCHEMES),
@@ -783,6 +902,13 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="ye-shokri-shuffle",
+        provenance=Provenance(
+            published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.2",
+            derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            f"fuzzing ({_FUZZ})",
+            outside_published=_FIXED_BATCH_OUTSIDE,
+        ),
         title="strongly convex, shuffle once and partition",
         reference=f"{YE_SHOKRI}, Theorem 4.2",
         covers=_covers((Sampling.SHUFFLE_ONCE,)),
@@ -792,6 +918,12 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="ye-shokri-random",
+        provenance=Provenance(
+            published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.3",
+            derived="docs/decisions.md sections 7 and 15 (a projection, the linear-model route); checks: exact "
+            f"instances G2 (tests/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            outside_published=(_projected, _l2_outside, _glm_route),
+        ),
         title="strongly convex, random batch of size b every step",
         reference=f"{YE_SHOKRI}, Theorem 4.3",
         covers=_covers((Sampling.RANDOM_BATCH,)),
@@ -802,6 +934,12 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="ye-shokri-convex",
+        provenance=Provenance(
+            published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem D.4",
+            derived="docs/decisions.md sections 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            f"projection, the linear-model route); checks: exact instances G1 and G2, fuzzing ({_FUZZ})",
+            outside_published=_FIXED_BATCH_OUTSIDE,
+        ),
         title="convex, fixed batches",
         reference=f"{YE_SHOKRI}, Theorem D.4",
         covers=_covers(FIXED_BATCH_SCHEMES),
@@ -818,6 +956,12 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="ye-shokri-full-batch",
+        provenance=Provenance(
+            published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem D.6",
+            derived="docs/decisions.md sections 7 and 15 (a projection, the linear-model route); checks: exact "
+            f"instances G2, fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            outside_published=(_projected, _l2_outside, _glm_route),
+        ),
         title="convex, full-batch gradient descent",
         reference=f"{YE_SHOKRI}, Theorem D.6",
         covers=_covers(ALL_SCHEMES),
@@ -836,6 +980,13 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-full-batch",
+        provenance=Provenance(
+            published="Bok, Su & Altschuler, ICML 2024 (arXiv 2403.00278), section 4 (NoisyGD)",
+            derived="docs/decisions.md section 14, parts 1-2 (re-derived from f-DP composition; projected restarts; "
+            "the linear-model route); checks: exact on the quadratic G2, fuzzing "
+            f"({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            outside_published=(_projected, _l2_outside, _glm_route),
+        ),
         title="f-DP, full-batch noisy gradient descent (exact for strongly convex losses)",
         reference=f"{BOK_SU_ALTSCHULER}, section 4 (shifted interpolation, mu-GDP); derivation in docs/decisions.md",
         covers=_covers(ALL_SCHEMES),
@@ -847,6 +998,13 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-cyclic",
+        provenance=Provenance(
+            published="Bok, Su & Altschuler, ICML 2024 (arXiv 2403.00278), section 4 (NoisyCGD)",
+            derived="docs/decisions.md section 14, parts 1 and 3 (re-derived from f-DP composition; a short last "
+            "batch, a partial last pass, projected restarts, the linear-model route); checks: exact instances G2 "
+            f"(tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
+            outside_published=_FIXED_BATCH_OUTSIDE,
+        ),
         title="f-DP, fixed-order batches, worst position of the differing example",
         reference=f"{BOK_SU_ALTSCHULER}, section 4 (noisy cyclic GD, mu-GDP); derivation in docs/decisions.md",
         covers=_covers(FIXED_BATCH_SCHEMES),
@@ -858,6 +1016,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-shuffle",
+        provenance=Provenance(
+            derived="docs/decisions.md section 14, part 4 (per-position mu-GDP averaged by joint convexity); checks: "
+            f"exact instances G2 (tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
+        ),
         title="f-DP, one secret random permutation: privacy profiles averaged over positions",
         reference=f"our extension of {BOK_SU_ALTSCHULER}, section 4: per-position mu-GDP averaged by joint "
         "convexity of the hockey-stick divergence; derivation in docs/decisions.md",
@@ -870,6 +1032,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-reshuffle",
+        provenance=Provenance(
+            derived="docs/decisions.md section 17 (a schedule mixture); checks: exact instances "
+            "(tests/test_schedule_mixtures.py), an independent re-derivation"
+        ),
         title="f-DP, a fresh secret permutation every epoch: schedule mixture over the last epoch's position",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): earlier "
         "epochs at their worst position, the last epoch's position averaged by joint convexity of the "
@@ -883,6 +1049,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-random-batch",
+        provenance=Provenance(
+            derived="docs/decisions.md section 19 (a schedule mixture over the memberships); checks: exact instances "
+            f"(tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
+        ),
         title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
         "allocation whose cost is a sum of independent block terms, its exact law on a lattice (rounded up), "
@@ -897,6 +1067,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-poisson",
+        provenance=Provenance(
+            derived="docs/decisions.md section 19, part 4 (a schedule mixture; batch sizes conditioned); checks: "
+            f"exact instances (tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent "
+            "re-derivation"
+        ),
         title="f-DP, Poisson sampling, add-or-remove (Opacus' default): schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
@@ -910,6 +1085,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-poisson-replace-one",
+        provenance=Provenance(
+            derived="docs/decisions.md section 19, part 4 (a schedule mixture; batch sizes conditioned); checks: "
+            f"exact instances (tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent "
+            "re-derivation"
+        ),
         title="f-DP, Poisson sampling, replace-one: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
@@ -923,6 +1103,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="composition",
+        provenance=Provenance(
+            published="Mironov 2017 (arXiv 1702.07476); Mironov, Talwar & Zhang 2019 (arXiv 1908.10530); Wang, "
+            "Balle & Kasiviswanathan 2019 (arXiv 1808.00087): the (sampled) Gaussian mechanism's RDP, composed"
+        ),
         title="standard composition over all steps (certifies every iterate)",
         reference="Gaussian / sampled Gaussian mechanism composed over all steps (Mironov 2017, arXiv 1702.07476; "
         "Mironov, Talwar & Zhang 2019, arXiv 1908.10530; Wang, Balle & Kasiviswanathan 2019, arXiv 1808.00087), "
@@ -939,6 +1123,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="composition-gdp-epochs",
+        provenance=Provenance(
+            published="Dong, Roth & Su 2019 (arXiv 1905.02383), Cor. 3.3: Gaussian mechanisms composed exactly, "
+            "one per epoch"
+        ),
         title="one Gaussian mechanism per epoch, composed exactly in mu-GDP (certifies every iterate)",
         reference="exact composition of ceil(T/l) Gaussian mechanisms of shift 2/z: mu = 2 sqrt(ceil(T/l))/z "
         "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; docs/decisions.md section 18",
@@ -952,6 +1140,10 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="composition-pld-poisson",
+        provenance=Provenance(
+            published="Zhu, Dong & Wang 2022 (arXiv 2106.08567); Doroshenko et al. 2022 (arXiv 2207.04380): "
+            "dp-accounting's PLD of the Poisson-sampled Gaussian"
+        ),
         title="Poisson-sampled Gaussian composed by dp-accounting's privacy loss distribution (every iterate)",
         reference="dp-accounting's PLDAccountant on PoissonSampledDpEvent(q, GaussianDpEvent(z)) x T (Zhu, Dong & "
         "Wang 2022, arXiv 2106.08567; Doroshenko et al. 2022, arXiv 2207.04380): interval 1e-4, pessimistic; "
@@ -967,6 +1159,11 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="composition-pld-poisson-replace-one",
+        provenance=Provenance(
+            derived="docs/decisions.md section 18, part 3 (our dominating pair, proven for every epsilon); checks: "
+            f"the theorem on random configurations and exact at T = 1 (tests/test_baselines.py), fuzzing "
+            f"({_FUZZ_MEMBERSHIP})"
+        ),
         title="Poisson-sampled Gaussian under replace-one: a dominating pair composed as a privacy loss "
         "distribution (every iterate)",
         reference="our dominating pair ((1-q)N(0,1) + qN(1/z,1), (1-q)N(0,1) + qN(-1/z,1)), proven for every "
@@ -983,6 +1180,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         lower_estimate=baselines.poisson_pld_lower_epsilon,
     ),
 )
+
+_missing = [spec.id for spec in _TABLE if spec.provenance is None]
+if _missing:  # a defect of ours: every row says where its proof comes from
+    raise RuntimeError(f"internal error: rows without a provenance: {_missing}")
 
 #: bound id -> its row. Read-only.
 BOUNDS: Mapping[str, BoundSpec] = types.MappingProxyType({spec.id: spec for spec in _TABLE})
