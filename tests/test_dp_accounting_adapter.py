@@ -884,3 +884,23 @@ def test_a_run_without_a_renyi_curve_is_refused_in_company_and_the_ledger_is_unt
     # twice the same run is two events
     with pytest.raises(dp_accounting.UnsupportedEventError):
         LastIterateAccountant().compose(event, 2)
+
+
+def test_statements_say_what_the_winner_protects():
+    """The issue: the PLD accountant's statement said "final model only" when the winner (a standard
+    baseline) covers every iterate."""
+    plain = LastIterateDpSgdEvent("reshuffle", 2000, 100, 1.0, 400, 0.5)  # best: composition-gdp-epochs
+    for acc in (LastIterateAccountant(), LastIteratePldAccountant()):
+        acc.compose(plain)
+        text = acc.statement(DELTA)
+        assert "every iterate of 1 DP-SGD run(s)" in text and "final model only" not in text
+        assert "composition-gdp-epochs" in text
+    for acc in (LastIterateAccountant(), LastIteratePldAccountant()):
+        acc.compose(SI_CYCLIC)
+        text = acc.statement(DELTA)
+        assert "the final model only of 1 DP-SGD run(s)" in text and "shifted-interpolation-cyclic" in text
+    # composed with another mechanism: the per-order minimum may use a last-iterate curve
+    acc = LastIterateAccountant(orders=ORDERS).compose(SI_CYCLIC).compose(GAUSS)
+    assert "the final model only" in acc.statement(DELTA)
+    acc = LastIterateAccountant(bound="composition", orders=ORDERS).compose(SI_CYCLIC).compose(GAUSS)
+    assert "every iterate of 1 DP-SGD run(s), bound composition" in acc.statement(DELTA)

@@ -75,12 +75,12 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
-from lastiter_plugins import evaluation
+from lastiter_plugins import evaluation, registry
 from lastiter_plugins.adapters.dp_accounting import _gdp
 from lastiter_plugins.api import build
 from lastiter_plugins.config import Relation, Sampling, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon
-from lastiter_plugins.registry import BOUND_IDS
+from lastiter_plugins.registry import BEST, BOUND_IDS, Protects
 from lastiter_plugins.validation import validate_orders
 
 if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ (it imports this module)
@@ -489,6 +489,7 @@ class _Plan:
     run: Any = None  # the first last-iterate run (the answer when it is the only event)
     alone_only: str = ""  # why a run can be accounted only on its own (its rows have no Renyi curve)
     alone_event: Any = None  # that run
+    final_model_only: bool = False  # some run's guarantee may come from a last-iterate bound
 
     def __iadd__(self, other: "_Plan") -> "_Plan":
         self.rdp = self.rdp + other.rdp
@@ -498,6 +499,7 @@ class _Plan:
         self.non_private = self.non_private or other.non_private
         if not self.alone_only:
             self.alone_only, self.alone_event = other.alone_only, other.alone_event
+        self.final_model_only = self.final_model_only or other.final_model_only
         return self
 
     @property
@@ -602,6 +604,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._non_private = False
         self._run: LastIterateDpSgdEvent | None = None
         self._alone_only = ""
+        self._final_model_only = False
 
     # ------------------------------------------------------------ planning
 
@@ -625,9 +628,20 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             # core from that profile; composed with anything else it has no RDP to add (refused then).
             curve, alone_only = np.full_like(self._orders, np.inf), str(exc)
         plan = _Plan(self._scale(curve, count), last_iterate_runs=count, run=event if count else None)
+        plan.final_model_only = count > 0 and self._may_be_final_model_only(event)
         if count and alone_only:
             plan.alone_only, plan.alone_event = alone_only, event
         return plan
+
+    def _may_be_final_model_only(self, event: Any) -> bool:
+        """Whether a bound that protects the final model only may enter the run's number (``best``: some
+        candidate does; a named bound: that bound does)."""
+        config, assumptions, _ = event._build(self._relation)
+        if self._bound.value == BEST:
+            specs = evaluation.best_candidates(config, assumptions)
+        else:
+            specs = (registry.BOUNDS[self._bound.value],)
+        return any(spec.protects is Protects.FINAL_MODEL for spec in specs)
 
     def _applies_without_curve(self, event: Any) -> bool:
         """The accountant's bound applies to the run (``best``: some candidate does), none with a Renyi curve."""
@@ -663,6 +677,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._non_private = self._non_private or plan.non_private
         self._run = self._run if self._run is not None else plan.run
         self._alone_only = self._alone_only or plan.alone_only
+        self._final_model_only = self._final_model_only or plan.final_model_only
 
     @property
     def _events(self) -> int:
@@ -802,10 +817,21 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         """A one-line, honest description of the current guarantee."""
         eps, order = self.get_epsilon_and_optimal_order(target_delta)
         parts = []
+        single = self._single_run()
+        if single is not None:  # the run alone: what its winner protects
+            config, assumptions, _ = single[0]._build(self._relation)
+            orders = None if single[3] is None else self._orders
+            winner = evaluation.epsilon_result(self._bound.value, config, assumptions, target_delta, orders)
+            final_only = winner.protects is Protects.FINAL_MODEL
+            bound = f"{self._bound.value}{f' via {winner.winner}' if self._bound.value == BEST else ''}"
+        else:
+            final_only, bound = self._final_model_only, self._bound.value
         if self._last_iterate_runs:
+            runs = f"{self._last_iterate_runs} DP-SGD run(s), bound {bound}"
             parts.append(
-                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s), bound "
-                f"{self._bound.value} (intermediate iterates must not be released)"
+                f"the final model only of {runs} (intermediate iterates must not be released)"
+                if final_only
+                else f"every iterate of {runs}"
             )
         if self._standard_events:
             parts.append(f"the outputs of {self._standard_events} standard mechanism application(s)")

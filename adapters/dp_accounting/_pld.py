@@ -45,6 +45,7 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant as _dp_pld
 
+from lastiter_plugins import registry
 from lastiter_plugins.adapters.dp_accounting import (
     _HOST_RELATION,
     CompositionErrorDetails,
@@ -63,7 +64,7 @@ from lastiter_plugins.adapters.dp_accounting import (
 from lastiter_plugins.config import Relation
 from lastiter_plugins.errors import UnsupportedHostError
 from lastiter_plugins.profiles import gdp_delta
-from lastiter_plugins.registry import BEST
+from lastiter_plugins.registry import BEST, Protects
 
 __all__ = ["LastIteratePldAccountant"]
 
@@ -315,10 +316,15 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         parts = []
         if self._last_iterate_runs:
             via = ", ".join(sorted(self._winners))
+            how = f"mu-GDP by {self._bound.value}{f' via {via}' if self._bound.value == BEST and via else ''}"
+            every = bool(self._winners) and all(
+                registry.BOUNDS[w].protects is Protects.EVERY_ITERATE for w in self._winners
+            )
+            runs = f"{self._last_iterate_runs} DP-SGD run(s)"
             parts.append(
-                f"the final model only of {self._last_iterate_runs} last-iterate DP-SGD run(s), mu-GDP by "
-                f"{self._bound.value}{f' via {via}' if self._bound.value == BEST and via else ''} "
-                "(intermediate iterates must not be released)"
+                f"every iterate of {runs}, {how}"
+                if every
+                else f"the final model only of {runs}, {how} (intermediate iterates must not be released)"
             )
         if self._standard_events:
             parts.append(f"the outputs of {self._standard_events} standard mechanism application(s)")
