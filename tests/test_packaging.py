@@ -28,6 +28,10 @@ import lastiter_plugins as lp
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Builds the sdist and the wheel and installs them into fresh environments (a minute or two):
+# scripts/test_environments.sh runs it, the second step of .ci/run, not the README's test command.
+pytestmark = pytest.mark.packaging
+
 # Tested host releases that the published ranges must admit (constraints/ci.txt,
 # constraints/opacus15.txt, constraints/dpa06.txt).
 TESTED = {

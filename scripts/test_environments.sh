@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The second step of .ci/run, after the README's test command (scripts/test.sh), in the
+# same .venv: what is slow or needs environments of its own.
+#   1. packaging (tests marked `packaging`: python -m build, twine check, the wheel with the
+#      `opacus` extra installed next to an existing torch);
+#   2. the core and dp-accounting adapter tests against dp-accounting 0.6.x in a second venv
+#      (.venv-dpa06, pinned by constraints/dpa06.txt);
+#   3. the Opacus adapter and comparison tests against Opacus 1.5.x in a third venv
+#      (.venv-opacus15, pinned by constraints/opacus15.txt).
+# Every step runs even when an earlier one fails; the exit status is the first failing
+# step's. A fixed selection that collects no test (pytest's 5) is a failure here.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+failed=()
+first_status=0
+step() {
+  echo "+ $*"
+  "$@"
+  local status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "test_environments.sh: FAILED (exit $status): $*" >&2
+    failed+=("$* (exit $status)")
+    # a fixed selection that collects nothing (pytest's 5) is a defect here: fail
+    [ "$first_status" -ne 0 ] || { [ "$status" -eq 5 ] && first_status=1 || first_status=$status; }
+  fi
+}
+
+step .venv/bin/python -m pytest -q -m packaging tests/test_packaging.py
+step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
+step bash scripts/test_opacus_15.sh
+
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "test_environments.sh: steps that failed:" >&2
+  printf '  %s\n' "${failed[@]}" >&2
+fi
+exit "$first_status"
