@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -55,8 +56,10 @@ BEST = registry.BEST
 class EpsilonResult:
     r"""An (epsilon, delta) guarantee with everything needed to read it honestly.
 
-    Also behaves as the pair ``(epsilon, order)`` that version 0.1's ``epsilon()``
-    returned: ``eps, order = lp.epsilon(...)`` and ``lp.epsilon(...)[0]`` keep working.
+    Read its fields (``result.epsilon``, ``result.order``); ``float(result)`` is the epsilon. Unpacking
+    it as the pair ``(epsilon, order)`` of version 0.1 (``eps, order = lp.epsilon(...)``,
+    ``lp.epsilon(...)[0]``) still works but is deprecated (a ``DeprecationWarning``) and will be removed
+    in 1.0.
 
     Attributes:
       bound: the bound asked for (a bound id or ``best``).
@@ -103,14 +106,23 @@ class EpsilonResult:
         """The epsilon, so ``float(result)`` works where a number is expected."""
         return float(self.epsilon)
 
+    def _as_pair(self) -> tuple[float, float | None]:
+        warnings.warn(
+            "using an EpsilonResult as the pair (epsilon, order) is deprecated and will be removed in 1.0; read "
+            "result.epsilon and result.order",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return (self.epsilon, self.order)
+
     def __iter__(self) -> Iterator[Any]:
-        return iter((self.epsilon, self.order))
+        return iter(self._as_pair())
 
     def __getitem__(self, index: int) -> Any:
-        return (self.epsilon, self.order)[index]
+        return self._as_pair()[index]
 
     def __len__(self) -> int:
-        return 2
+        return len(self._as_pair())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (non-finite numbers become None)."""

@@ -180,7 +180,9 @@ def test_opacus_report_says_when_best_is_a_standard_baseline():
 
     config, assumptions = lp.build(**RESHUFFLE_LR_TOO_LARGE)
     report = _report.build_report("last-iterate", config, assumptions, 1e-5, None)
-    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.333" in str(report)
+    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.333" in str(
+        report
+    )
     assert report.to_dict()["advice"] == report.advice
     fine = _report.build_report(
         "last-iterate", *lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}), 1e-5, None

@@ -260,7 +260,7 @@ def test_typed_config_objects_round_trip_and_are_frozen():
     with pytest.raises(ValueError):
         config.replace(steps=0)
     assert lp.compute_epsilon("ye-shokri-cyclic", config, assumptions, 1e-5).epsilon == pytest.approx(
-        lp.epsilon("ye-shokri-cyclic", 1e-5, **strongly_convex(sampling="cyclic"))[0]
+        lp.epsilon("ye-shokri-cyclic", 1e-5, **strongly_convex(sampling="cyclic")).epsilon
     )
     assert lp.Relation.parse("ADD-OR-REMOVE-ONE") is lp.Relation.ADD_OR_REMOVE_ONE
 
@@ -275,8 +275,8 @@ def test_calibrate_noise_reaches_target_and_refuses_impossible_targets():
     params = strongly_convex(sampling="shuffle_once")
     params.pop("noise_multiplier")
     z = lp.calibrate_noise("best", 2.0, 1e-5, **params)
-    assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params)[0] <= 2.0
-    assert lp.epsilon("best", 1e-5, noise_multiplier=0.99 * z, **params)[0] > 2.0
+    assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params).epsilon <= 2.0
+    assert lp.epsilon("best", 1e-5, noise_multiplier=0.99 * z, **params).epsilon > 2.0
     with pytest.raises(lp.CalibrationError, match="no noise_multiplier <= max_noise_multiplier = 10"):
         lp.calibrate_noise("kong-ribero-curvature-free", 1e-3, 1e-5, max_noise_multiplier=10.0, **params)
     with pytest.raises(lp.NotApplicableError):
@@ -292,7 +292,7 @@ def test_no_finite_epsilon_is_ever_returned_for_a_violated_precondition():
             params = pipeline(sampling=sampling.value, learning_rate=0.1, smoothness=1.0, diameter=1.0)
             app = lp.applicable_bounds(**params)[bound]
             if app.applies:
-                assert math.isfinite(lp.epsilon(bound, 1e-5, **params)[0])
+                assert math.isfinite(lp.epsilon(bound, 1e-5, **params).epsilon)
             else:
                 with pytest.raises(lp.NotApplicableError):
                     lp.epsilon(bound, 1e-5, **params)
@@ -343,3 +343,20 @@ def test_numpy_bool_flags_are_accepted_and_other_values_refused():
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match="gradient_norms_within_clip must be True or False"):
             lp.build(**strongly_convex(sampling="cyclic", gradient_norms_within_clip=bad))
+
+
+def test_using_a_result_as_the_old_pair_is_deprecated():
+    """Version 0.1's epsilon() returned (epsilon, order); the result still unpacks, with a warning (removed
+    at 1.0)."""
+    result = lp.epsilon("composition", 1e-5, dataset_size=1000, batch_size=10, noise_multiplier=1.0, steps=500,
+                        sampling="cyclic")  # fmt: skip
+    with pytest.warns(DeprecationWarning, match="removed in 1.0"):
+        eps, order = result
+    assert (eps, order) == (result.epsilon, result.order)
+    with pytest.warns(DeprecationWarning):
+        assert result[0] == result.epsilon
+    with pytest.warns(DeprecationWarning):
+        assert len(result) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(result) == result.epsilon and result.to_dict()["epsilon"] == result.epsilon

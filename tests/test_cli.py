@@ -43,7 +43,7 @@ def test_epsilon_json_names_the_winner(capsys):
     assert {"epsilon", "order", "delta", "relation", "bound", "winner"} <= set(data)
     assert data["bound"] == "best" and data["winner"] == "shifted-interpolation-shuffle"
     assert data["proof"] == "proven" and data["kind"] == "gdp"
-    assert data["epsilon"] == pytest.approx(lp.epsilon("best", 1e-5, **KWARGS)[0])
+    assert data["epsilon"] == pytest.approx(lp.epsilon("best", 1e-5, **KWARGS).epsilon)
     assert data["protects"] == "the final model only"
 
 
@@ -60,7 +60,9 @@ def test_bounds_table_and_json(capsys):
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert set(rows) == set(lp.BOUND_IDS)
     assert rows["liang-bounded"]["applies"] is False and rows["liang-bounded"]["epsilon"] is None
-    assert rows["ye-shokri-shuffle"]["epsilon"] == pytest.approx(lp.epsilon("ye-shokri-shuffle", 1e-5, **KWARGS)[0])
+    assert rows["ye-shokri-shuffle"]["epsilon"] == pytest.approx(
+        lp.epsilon("ye-shokri-shuffle", 1e-5, **KWARGS).epsilon
+    )
 
 
 def test_calibrate(capsys):
@@ -72,7 +74,7 @@ def test_calibrate(capsys):
     )
     assert code == 0
     z = json.loads(out)["noise_multiplier"]
-    assert lp.epsilon("best", 1e-5, **{**KWARGS, "noise_multiplier": z})[0] <= 3.0
+    assert lp.epsilon("best", 1e-5, **{**KWARGS, "noise_multiplier": z}).epsilon <= 3.0
 
 
 @pytest.mark.parametrize(

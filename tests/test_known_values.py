@@ -327,8 +327,9 @@ def test_poisson_composition_equals_opacus_and_dp_accounting(n, b, z, steps):
     acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps)
     np.testing.assert_allclose(ours, acc.rdp, rtol=1e-9)
     # epsilon: the same conversion at the order we return, never above the grid's (refined between its orders)
-    eps, order = lp.epsilon("composition", 1e-5, orders=OPACUS_ALPHAS, dataset_size=n, batch_size=b,
-                            noise_multiplier=z, steps=steps, sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    result = lp.epsilon("composition", 1e-5, orders=OPACUS_ALPHAS, dataset_size=n, batch_size=b,
+                        noise_multiplier=z, steps=steps, sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    eps, order = result.epsilon, result.order
     assert eps <= acc.get_epsilon(1e-5) * (1 + 1e-12)
     at_order = opacus_rdp.compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=[order])
     assert eps == pytest.approx(dp_accounting.rdp.compute_epsilon([order], at_order, 1e-5)[0], rel=1e-9)

@@ -78,8 +78,8 @@ def test_epsilon_non_increasing_in_noise_multiplier(params, factor):
     assume(bounds)
     louder = {**params, "noise_multiplier": params["noise_multiplier"] * factor}
     for b in [*bounds, *(["best"] if lp.applicable_bounds(**params)["best"].applies else [])]:
-        e1 = lp.epsilon(b, 1e-5, orders=ORDERS, **params)[0]
-        e2 = lp.epsilon(b, 1e-5, orders=ORDERS, **louder)[0]
+        e1 = lp.epsilon(b, 1e-5, orders=ORDERS, **params).epsilon
+        e2 = lp.epsilon(b, 1e-5, orders=ORDERS, **louder).epsilon
         assert e2 <= e1 * (1 + 1e-9) + 1e-12, b
 
 
@@ -105,9 +105,9 @@ def test_calibrate_noise_reaches_target_and_one_percent_less_does_not(params, ta
         z = lp.calibrate_noise(bound, target, 1e-5, orders=ORDERS, **params)
     except lp.CalibrationError:
         return  # allowed: e.g. a T-independent bound whose floor is above the target at the cap
-    assert lp.epsilon(bound, 1e-5, orders=ORDERS, noise_multiplier=z, **params)[0] <= target
+    assert lp.epsilon(bound, 1e-5, orders=ORDERS, noise_multiplier=z, **params).epsilon <= target
     if z > 1e-5:
-        assert lp.epsilon(bound, 1e-5, orders=ORDERS, noise_multiplier=0.99 * z, **params)[0] > target
+        assert lp.epsilon(bound, 1e-5, orders=ORDERS, noise_multiplier=0.99 * z, **params).epsilon > target
 
 
 @settings(max_examples=40, deadline=None)

@@ -111,7 +111,7 @@ def test_epsilon_equals_core_and_reaches_logs(data, capsys, optimizer_class, sam
     expected = [core(bound, (e + 1) * steps_per_epoch, sampling).epsilon for e in range(2)]
     assert history.history["epsilon"] == pytest.approx(expected, rel=1e-12)
     assert cb.epsilon == pytest.approx(expected[-1], rel=1e-12)
-    keyword, _ = lp.epsilon(
+    keyword = lp.epsilon(
         bound,
         DELTA,
         dataset_size=N,
@@ -123,7 +123,7 @@ def test_epsilon_equals_core_and_reaches_logs(data, capsys, optimizer_class, sam
         sampling=sampling,
         smoothness=0.25,
         gradient_norms_within_clip=True,
-    )
+    ).epsilon
     assert cb.epsilon == pytest.approx(keyword, rel=1e-12)
     assert cb.result.relation is lp.Relation.REPLACE_ONE
     assert "epsilon:" in capsys.readouterr().out  # Keras' progress output shows it
