@@ -217,7 +217,18 @@ FIT_REFUSALS = [
     ("dataset-size", dict(dataset_size=N + 1), {}, "dataset_size must equal the number of examples fit trains on = 64"),
     ("short-last-batch", {}, dict(batch_size=24), "batch_size must divide dataset_size = 64"),
     ("steps-per-epoch", {}, dict(steps_per_epoch=2), "steps_per_epoch must be None"),
-    ("sample-weight", {}, dict(sample_weight=np.ones(N)), "sample_weight and class_weight must be None"),
+    (
+        "sample-weight",
+        {},
+        dict(sample_weight=np.r_[np.ones(N - 1), 2.0]),
+        r"sample_weight and class_weight must be None or all 1.*Found sample_weight with values in \[1, 2\]",
+    ),
+    (
+        "class-weight",
+        {},
+        dict(class_weight={0: 1.0, 1: 0.5}),
+        r"sample_weight and class_weight must be None or all 1.*Found class_weight=\{0: 1.0, 1: 0.5\}",
+    ),
     ("diameter-without-projection", dict(diameter=2.0), {}, "needs exactly one ProjectionCallback"),
     (
         "projection-larger-than-declared",
@@ -253,6 +264,51 @@ def test_fit_refusals_before_any_step(data, cb_changes, fit_changes, fragment):
     fit["callbacks"] = [accountant(**cb_changes), *fit.get("callbacks", [])]
     with pytest.raises(ValueError, match=fragment):
         model.fit(x[:N], y[:N], **fit)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        dict(sample_weight=np.ones(N)),
+        dict(class_weight={0: 1.0, 1: 1.0}),
+        dict(sample_weight=np.ones(N), class_weight={0: 1, 1: 1}),
+    ],
+    ids=["sample-weight-ones", "class-weight-ones", "both"],
+)
+def test_weights_that_are_all_one_are_accepted_with_the_same_number(data, weights):
+    # Weights of 1 leave every per-example loss, hence the run, unchanged (issue 29).
+    x, y = data
+    cb = accountant()
+    model = make_model()
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0, **weights)
+    assert cb.steps == N // B
+    assert cb.epsilon == pytest.approx(core("best", N // B, "cyclic").epsilon, rel=1e-12)
+
+
+def test_a_step_fed_weights_other_than_one_voids_the_epsilon(data, monkeypatch):
+    # The compiled step records the loss weights it received: were fit's arguments misread before the first
+    # step (simulated by switching that check off), the step's own record still refuses the run.
+    from lastiter_plugins.adapters.tf_privacy import _config
+
+    monkeypatch.setattr(_config, "weights_other_than_one", lambda *weights: "")
+    x, y = data
+    cb = accountant()
+    weights = np.r_[np.ones(N - B), np.full(B, 2.0)].astype("float32")
+    with pytest.raises(lp.PipelineChangedError, match=r"every example's loss weight must be 1: step 4 .* entry 1 away"):
+        make_model().fit(
+            x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0, sample_weight=weights
+        )
+
+
+def test_reduce_lr_on_plateau_is_refused_whether_it_fires_or_not(data):
+    # Its rule reads the losses of intermediate models on the private data: it could fire on a neighbouring
+    # dataset even when it did not here (issue 29). patience=10**6 never fires in this run.
+    x, y = data
+    plateau = tf.keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=10**6)
+    model = make_model()
+    with pytest.raises(AccountingError, match=r"ReduceLROnPlateau must not be in fit's callbacks, whether it fires"):
+        model.fit(x[:N], y[:N], batch_size=B, epochs=2, shuffle=False, callbacks=[accountant(), plateau], verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 0
 
 

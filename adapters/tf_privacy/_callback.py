@@ -265,9 +265,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             )
         conf.check_model(model)
         if self._glm is not None:  # model="glm": derive the assumptions (diameter stays declared)
-            clip = min(settings.l2_norm_clip, float(np.float32(settings.l2_norm_clip)))
             self.assumptions, self.glm_structure = _glm.derive(
-                self._glm, model, clip_norm=clip, diameter=self.assumptions.diameter
+                self._glm, model, clip_norm=_glm.clip_as_run(settings.l2_norm_clip), diameter=self.assumptions.diameter
             )
         self._projection = self._check_projection(fit)
         conf.check_stopping(fit.callbacks)
@@ -395,6 +394,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 "(augmented views concatenated, pairs, a loss over tokens) contributes several clipped "
                 "gradients, which multiplies the sensitivity the bounds assume. Average each example's terms "
                 "inside the loss so that it returns a vector of batch_size values" + _VOID
+            )
+        if row[internals.WEIGHT_OFF_ONE] > 0:
+            return (
+                f"every example's loss weight must be 1: step {k} fed fit's sample_weight / class_weight with an "
+                f"entry {row[internals.WEIGHT_OFF_ONE]:g} away from 1, which rescales that example's loss" + _VOID
             )
         clip, std = row[internals.CLIP], row[internals.NOISE_STD]
         planned_std = s.noise_multiplier * s.l2_norm_clip

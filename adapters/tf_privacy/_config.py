@@ -220,12 +220,13 @@ def read_fit(model: Any) -> FitSettings:
             f"{facts.initial_epoch} runs no step, so there is nothing to account (and fit's epochs counts from "
             "0, not from initial_epoch). Pass epochs > initial_epoch."
         )
-    if facts.weighted:
+    weights = weights_other_than_one(facts.sample_weight, facts.class_weight)
+    if weights:
         raise AccountingError(
-            "sample_weight and class_weight must be None: they rescale each example's loss, so the "
-            "declared smoothness/convexity constants and the effective learning rate would change per "
+            "sample_weight and class_weight must be None or all 1: other weights rescale each example's loss, so "
+            "the declared smoothness/convexity constants and the effective learning rate would change per "
             "example. Fold the weights into the loss function and declare constants for that loss. "
-            "Found weights passed to fit."
+            f"Found {weights}."
         )
     b, batches, partial = facts.batch_size, facts.num_batches, facts.partial_batch_size
     n = (batches - 1) * b + partial if partial else batches * b
@@ -267,6 +268,20 @@ def read_fit(model: Any) -> FitSettings:
         epochs=facts.epochs,
         callbacks=facts.callbacks,
     )
+
+
+def weights_other_than_one(sample_weight: Any, class_weight: Any) -> str:
+    """What fit's sample_weight / class_weight hold other than 1 (empty when both are None or all 1)."""
+    found = []
+    if sample_weight is not None:
+        values = np.concatenate([np.ravel(np.asarray(w, dtype=np.float64)) for w in tf.nest.flatten(sample_weight)])
+        if not np.all(values == 1.0):
+            found.append(f"sample_weight with values in [{values.min():g}, {values.max():g}]")
+    if class_weight is not None:
+        values = np.asarray([float(w) for w in dict(class_weight).values()], dtype=np.float64)
+        if not np.all(values == 1.0):
+            found.append(f"class_weight={dict(class_weight)!r}")
+    return " and ".join(found)
 
 
 def _divisors_near(n: int, b: int) -> str:
@@ -331,7 +346,8 @@ def reshuffle_only_bounds(relation: Relation) -> list[str]:
 
 
 def check_stopping(callbacks: Sequence[Any]) -> None:
-    """Refuse callbacks that choose the released model or the stopping time from the training."""
+    """Refuse callbacks that choose the released model, the stopping time or the learning rate from the
+    training (read on the private data)."""
     for cb in callbacks:
         if isinstance(cb, tf.keras.callbacks.EarlyStopping):
             if cb.restore_best_weights:
@@ -348,6 +364,15 @@ def check_stopping(callbacks: Sequence[Any]) -> None:
                 "time chosen from the private data is not covered by the bounds, which assume a number of "
                 "steps fixed in advance. Remove EarlyStopping and choose the number of epochs before "
                 f"training. Found EarlyStopping(monitor={cb.monitor!r}, restore_best_weights=False)."
+            )
+        if isinstance(cb, tf.keras.callbacks.ReduceLROnPlateau):
+            raise AccountingError(
+                "ReduceLROnPlateau must not be in fit's callbacks, whether it fires or not: it lowers the learning "
+                f"rate when {cb.monitor!r}, the loss or metric of intermediate models on the private data "
+                "(validation_split included), stops improving. On a neighbouring dataset it can fire where it did not "
+                "here, so the learning rates of the run depend on the private data, and no bound covers that (they "
+                "assume a learning rate fixed in advance). Remove it and choose the learning rate before training. "
+                f"Found ReduceLROnPlateau(monitor={cb.monitor!r})."
             )
         if isinstance(cb, tf.keras.callbacks.TerminateOnNaN):
             raise AccountingError(

@@ -192,7 +192,8 @@ class FitFacts:
 
     in_memory: bool
     adapter: str
-    weighted: bool
+    sample_weight: Any  # fit's sample_weight argument (None when none was given)
+    class_weight: Any  # fit's class_weight argument (None when none was given)
     batch_size: int
     num_batches: int
     partial_batch_size: int
@@ -258,7 +259,8 @@ def running_fit(model: Any) -> FitFacts | None:
     return FitFacts(
         in_memory=read is not None,
         adapter=type(adapter).__name__,
-        weighted=found.get("sample_weight") is not None or found.get("class_weight") is not None,
+        sample_weight=found.get("sample_weight"),
+        class_weight=found.get("class_weight"),
         batch_size=batch_size,
         num_batches=num_batches,
         partial_batch_size=partial,
@@ -361,8 +363,8 @@ class StepRecord:
 
 # Slots of a step's row (see StepProbe).
 STEP, DP_CALLS, ROWS, LOSS_LENGTH, CLIP, NOISE_STD, LEARNING_RATE, ITERATIONS = range(8)
-TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED = range(8, 12)
-_SLOTS = 12
+TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED, WEIGHT_OFF_ONE = range(8, 13)
+_SLOTS = 13
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +385,8 @@ class StepProbe:
     its update read, ``optimizer.iterations`` when it started, a flag set when a weight changed inside the
     step other than by the DP update, the distance of its starting point from the projection center,
     the distance between its starting point and the previous step's end (projected when a ball is given)
-    and a flag set when a non-trainable weight changed between the two steps. The weights watched are
+    a flag set when a non-trainable weight changed between the two steps, and the largest |w - 1| of the
+    per-example loss weights fit fed the step (sample_weight, class_weight). The weights watched are
     all of ``model.weights`` at the start (trainable and not, every dtype).
 
     ``dp_variables`` lists, per trace of the step, the variables the DP optimizer differentiated.
@@ -466,6 +469,9 @@ class StepProbe:
             step = record.begin()
             record.set(STEP, step)
             record.set(ROWS, rows_of(tf.nest.flatten(data)[0]))
+            _, _, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+            for w in tf.nest.flatten(sample_weight) if sample_weight is not None else ():
+                record.maximum(WEIGHT_OFF_ONE, tf.reduce_max(tf.abs(tf.cast(w, tf.float64) - 1.0)))
             record.set(ITERATIONS, self.optimizer.iterations)
             if self.ball is not None:
                 record.set(START_DISTANCE, self._distance(self.trainable, self.ball.center))
