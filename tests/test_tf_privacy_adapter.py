@@ -289,9 +289,9 @@ def test_weights_that_are_all_one_are_accepted_with_the_same_number(data, weight
 def test_a_step_fed_weights_other_than_one_voids_the_epsilon(data, monkeypatch):
     # The compiled step records the loss weights it received: were fit's arguments misread before the first
     # step (simulated by switching that check off), the step's own record still refuses the run.
-    from lastiter_plugins.adapters.tf_privacy import _config
+    from lastiter_plugins.adapters.tf_privacy import _derive
 
-    monkeypatch.setattr(_config, "weights_other_than_one", lambda *weights: "")
+    monkeypatch.setattr(_derive, "weights_other_than_one", lambda *weights: "")
     x, y = data
     cb = accountant()
     weights = np.r_[np.ones(N - B), np.full(B, 2.0)].astype("float32")

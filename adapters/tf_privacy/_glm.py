@@ -44,8 +44,8 @@ import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
 from lastiter_plugins.glm import LossFamily, certify_linear_model
 
-from . import _internals as internals
-from ._config import AccountingError
+from . import _observe as observe
+from ._errors import AccountingError
 
 #: What the user would declare by hand instead (appended to refusals).
 BY_HAND = (
@@ -368,7 +368,7 @@ class Probe:
         self.structure = structure
         initial = np.zeros(_SLOTS)
         initial[LABEL_MIN], initial[LABEL_MAX] = np.inf, -np.inf
-        self.record = internals.StepTable(_SLOTS, capacity, "lastiter_glm_steps", initial)
+        self.record = observe.StepTable(_SLOTS, capacity, "lastiter_glm_steps", initial)
         self._tracing_train = False
         self._clip_out: Any = None
         self._score: Any = None
@@ -392,7 +392,7 @@ class Probe:
                 object.__setattr__(obj, name, before)
         self._saved = []
 
-    def read(self) -> internals.StepRecord:
+    def read(self) -> observe.StepRecord:
         return self.record.read()
 
     def _train_step(self, original: Any) -> Any:

@@ -16,12 +16,12 @@ from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.conversion import validate_delta
 
 from . import _glm
-from . import _internals as internals
-from ._config import flag
+from . import _observe as observe
+from ._derive import flag
 
 
 def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:
-    value = internals.finite_positive(num_epochs)
+    value = observe.finite_positive(num_epochs)
     if value is None:
         raise ValueError(f"num_epochs must be a finite number > 0. Found {num_epochs!r}.")
     steps = value * steps_per_epoch
@@ -142,7 +142,7 @@ def compute_last_iterate_privacy_statement(
         ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on"),
         ("l2_norm_clip", l2_norm_clip, "the per-example clipping norm"),
     ):
-        if internals.finite_positive(value) is None:
+        if observe.finite_positive(value) is None:
             raise ValueError(f"{name} must be a finite number > 0 ({what}). Found {value!r}.")
     if isinstance(number_of_examples, bool) or not isinstance(number_of_examples, (int, np.integer)):
         raise ValueError(f"number_of_examples must be an integer >= 1. Found {number_of_examples!r}.")

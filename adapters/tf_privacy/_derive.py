@@ -1,35 +1,41 @@
-r"""The TF Privacy adapter's configuration: what the DP optimizer, ``fit`` and the model are set up
-to do, checked against what the bounds cover before the first step.
+r"""Derivation: the pipeline that runs, derived from the observations of :mod:`._observe`, and the
+comparison of every step's facts with it.
 
-Only public Keras API here; host internals come through :mod:`._internals`.
+Before the first step, :func:`pipeline` and :func:`plan` derive from what fit was called with (the DP
+optimizer, fit's data handler and callbacks, the model) the planned run, a :class:`Plan` holding the
+``TrainingConfig`` the bounds are evaluated for, or refuse (``AccountingError``) what no bound covers.
+During training, :func:`steps_problem` compares each step's :class:`._observe.StepFacts` and the host's
+:class:`._observe.HostFacts` with the plan; once training ended, :func:`usable_problem` and
+:func:`final_problem` check that the model is still the one the counted steps produced.
+
+Only public Keras API here; host internals come through :mod:`._observe`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from lastiter_plugins import BOUNDS, NotApplicableError, Relation, Sampling
+import lastiter_plugins as lp
+from lastiter_plugins import BOUNDS, LossAssumptions, Relation, Sampling, TrainingConfig
 
-from . import _internals as internals
-
-
-class AccountingError(NotApplicableError):
-    """The training run cannot be accounted (the message names the setting and the fix)."""
-
+from . import _observe as observe
+from ._errors import AccountingError
+from ._projection import ProjectionCallback
 
 #: The samplings that describe what Keras ``fit`` does with in-memory inputs (``FitSettings.order``, read
-#: by ``_internals``): a new uniform permutation every epoch is reshuffling; a fixed order is cyclic, or
+#: by ``_observe``): a new uniform permutation every epoch is reshuffling; a fixed order is cyclic, or
 #: shuffle_once when the user permuted the data once, at random and in secret, before fit. Fixed batches
 #: in a shuffled order (``fit(shuffle="batch")`` on arrays) is none of the covered schemes.
 SAMPLINGS_FOR_ORDER: dict[str, tuple[Sampling, ...]] = {
-    internals.PERMUTATION: (Sampling.RESHUFFLE,),
-    internals.FIXED: (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE),
-    internals.BATCH_ORDER: (),
+    observe.PERMUTATION: (Sampling.RESHUFFLE,),
+    observe.FIXED: (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE),
+    observe.BATCH_ORDER: (),
 }
 
 
@@ -68,7 +74,7 @@ def learning_rate(raw: Any) -> float:
             "direction of a schedule is safe for all of them. "
             f"Found the schedule {type(raw).__name__}."
         )
-    value = internals.finite_positive(raw) if not callable(raw) or isinstance(raw, tf.Variable) else None
+    value = observe.finite_positive(raw) if not callable(raw) or isinstance(raw, tf.Variable) else None
     if value is None:
         raise AccountingError(
             f"learning_rate must be a constant number, finite and > 0 (not a callable). Found {raw!r}."
@@ -89,8 +95,8 @@ def read_dp_optimizer(optimizer: Any) -> DPOptimizerSettings:
       AccountingError: anything else, naming the setting and the fix.
       UnsupportedHostError: an untested TF / TF Privacy version.
     """
-    internals.check_host()
-    f = internals.optimizer_facts(optimizer)
+    observe.check_host()
+    f = observe.optimizer_facts(optimizer)
     if f.kind is None:
         raise AccountingError(
             "the optimizer must be TF Privacy's DPKerasSGDOptimizer or VectorizedDPKerasSGDOptimizer "
@@ -108,12 +114,12 @@ def read_dp_optimizer(optimizer: Any) -> DPOptimizerSettings:
             "small batch and applies their average, a different mechanism (batch and noise change). "
             f"Found {f.accumulation}."
         )
-    clip, noise = internals.finite_positive(f.clip), internals.finite_positive(f.noise_multiplier)
+    clip, noise = observe.finite_positive(f.clip), observe.finite_positive(f.noise_multiplier)
     if clip is None:
         raise AccountingError(f"l2_norm_clip must be a finite number > 0. Found {f.clip!r}.")
     if noise is None:
         raise AccountingError(f"noise_multiplier must be a finite number > 0. Found {f.noise_multiplier!r}.")
-    if f.uses_momentum or internals.value_of(f.momentum) != 0.0:
+    if f.uses_momentum or observe.value_of(f.momentum) != 0.0:
         raise AccountingError(f"momentum must be 0: the bounds analyse plain SGD. Found momentum={f.momentum!r}.")
     if f.nesterov:
         raise AccountingError("nesterov must be False: the bounds analyse plain SGD. Found True.")
@@ -135,7 +141,7 @@ def read_dp_optimizer(optimizer: Any) -> DPOptimizerSettings:
         )
     microbatches = f.num_microbatches
     if microbatches is not None:
-        value = internals.value_of(microbatches)
+        value = observe.value_of(microbatches)
         if value is None or value != int(value) or value < 1:
             raise AccountingError(f"num_microbatches must be None or an integer >= 1. Found {microbatches!r}.")
         microbatches = int(value)
@@ -177,7 +183,7 @@ class FitSettings:
       batch_size: b, the rows of every step (n when fit's batch_size >= n: full-batch training).
       steps_per_epoch: n / b.
       shuffle: fit's shuffle setting (True, False or "batch").
-      order: what fit does with the order of the examples across epochs (``_internals.FIXED``,
+      order: what fit does with the order of the examples across epochs (``_observe.FIXED``,
         ``PERMUTATION`` or ``BATCH_ORDER``; ``shuffle="batch"`` is a full permutation for ragged and
         sparse inputs).
       epochs: epochs this fit call will run (``epochs - initial_epoch``, >= 1).
@@ -195,8 +201,8 @@ class FitSettings:
 
 def read_fit(model: Any) -> FitSettings:
     """Read and check the running ``Model.fit`` call of ``model``."""
-    internals.check_host()
-    facts = internals.running_fit(model)
+    observe.check_host()
+    facts = observe.running_fit(model)
     if facts is None:
         raise AccountingError(
             "LastIterateCallback must be passed to Keras' Model.fit (tensorflow 2.14 / Keras 2.14): it "
@@ -298,7 +304,7 @@ def check_sampling(declared: Sampling, fit: FitSettings, relation: Relation) -> 
     registry proves for reshuffling is also proven for a fixed order (cyclic) under ``relation``: such a
     bound holds for every order of the data, the fixed one included."""
     shown = f"fit(shuffle={fit.shuffle!r})"
-    if fit.order == internals.BATCH_ORDER:
+    if fit.order == observe.BATCH_ORDER:
         raise AccountingError(
             "fit's shuffle must be True (a new permutation every epoch: sampling='reshuffle') or False (the "
             "same order every epoch: sampling='cyclic'). shuffle='batch' keeps the batches and shuffles their "
@@ -306,7 +312,7 @@ def check_sampling(declared: Sampling, fit: FitSettings, relation: Relation) -> 
             "reshuffling (the batches never change) and not a fixed order. Found shuffle='batch'."
         )
     allowed = SAMPLINGS_FOR_ORDER[fit.order]
-    fixed = fit.order == internals.FIXED
+    fixed = fit.order == observe.FIXED
     if declared in allowed or (fixed and declared is Sampling.RESHUFFLE and reshuffle_covers_fixed(relation)):
         return
     if fixed and declared is Sampling.RESHUFFLE:
@@ -397,7 +403,7 @@ def check_model(model: Any) -> None:
             "every step (use ProjectionCallback for a projection onto a ball). "
             f"Found constraints on {', '.join(constrained)}."
         )
-    mixing = internals.batch_mixing_layers(model)
+    mixing = observe.batch_mixing_layers(model)
     if mixing:
         raise AccountingError(
             "the model must have no batch-normalization layer (BatchNormalization, SyncBatchNormalization, "
@@ -430,7 +436,7 @@ def check_model(model: Any) -> None:
             "into the released model, outside the model's weights and without noise. Use stateful=False. "
             f"Found {stateful}."
         )
-    weights = internals.compiled_loss_weights(model)
+    weights = observe.compiled_loss_weights(model)
     if weights is not None and any(w != 1 for w in tf.nest.flatten(weights)):
         raise AccountingError(
             "compile's loss_weights must be None or 1: Keras multiplies the per-example loss by them before TF "
@@ -453,3 +459,372 @@ def custom_training_code(model: Any) -> tuple[str, str] | None:
         if owner is not tf.keras.Model:
             return method, f"overridden by {owner.__name__}"
     return None
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def pipeline(
+    model: Any, *, dataset_size: int, sampling: Sampling, relation: Relation, trained_steps: int | None
+) -> tuple[DPOptimizerSettings, FitSettings]:
+    """What the DP optimizer and fit will do, checked against the declaration (before the first step).
+
+    Args:
+      trained_steps: the steps an earlier accounted fit took on this model (None: none).
+    """
+    settings = read_dp_optimizer(model.optimizer)
+    fit = read_fit(model)
+    if fit.dataset_size != dataset_size:
+        raise AccountingError(
+            f"dataset_size must equal the number of examples fit trains on = {fit.dataset_size} "
+            f"(after validation_split). Found dataset_size={dataset_size}."
+        )
+    check_sampling(sampling, fit, relation)
+    check_microbatches(settings, fit.batch_size)
+    iterations = int(model.optimizer.iterations.numpy())
+    if iterations != 0:
+        raise AccountingError(
+            "the optimizer must be fresh (iterations = 0): its earlier steps would not be accounted. "
+            f"Found iterations={iterations}; compile the model with a new optimizer."
+        )
+    if trained_steps is not None:
+        raise AccountingError(
+            f"the model must not have been trained before: a LastIterateCallback already accounted "
+            f"{trained_steps} steps on it, and this run would start from their result, which its epsilon "
+            "does not cover. Train in one fit call, or compose the runs' RDP (the dp-accounting adapter "
+            "does). Found a model trained by an earlier accounted fit."
+        )
+    check_model(model)
+    return settings, fit
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The run as planned before the first step, which every step's facts are compared with."""
+
+    optimizer: DPOptimizerSettings
+    fit: FitSettings
+    config: TrainingConfig  # the planned steps
+    assumptions: LossAssumptions
+    projection: ProjectionCallback | None
+    accounted: Any  # the optimizer object whose steps are counted
+    trainable_ids: tuple[int, ...]
+    weight_ids: tuple[int, ...]
+    moved_tolerance: float  # float32 rounding of the projection; 0 without one
+
+    @property
+    def ball(self) -> observe.Ball | None:
+        if self.projection is None:
+            return None
+        return observe.Ball(self.projection.center, self.projection.radius, ProjectionCallback.MARGIN)
+
+
+_TOLERANCE = 1e-5  # float32 rounding of the projection, relative to the ball's size
+
+
+def plan(
+    model: Any,
+    settings: DPOptimizerSettings,
+    fit: FitSettings,
+    *,
+    sampling: Sampling,
+    relation: Relation,
+    assumptions: LossAssumptions,
+    bound: str,
+    delta: float,
+    orders: Any,
+) -> Plan:
+    """The planned run, once the assumptions are known; refuses when ``bound`` does not apply to it."""
+    projection = check_projection(fit.callbacks, assumptions.diameter)
+    check_stopping(fit.callbacks)
+    config = TrainingConfig(
+        dataset_size=fit.dataset_size,
+        batch_size=fit.batch_size,
+        noise_multiplier=settings.noise_multiplier,
+        steps=fit.epochs * fit.steps_per_epoch,
+        sampling=sampling,
+        learning_rate=settings.learning_rate,
+        clip_norm=settings.l2_norm_clip,
+        relation=relation,
+    )
+    lp.compute_epsilon(bound, config, assumptions, delta, orders)  # refuses before the first step
+    tolerance = 0.0
+    if projection is not None:
+        projection._set_center()
+        tolerance = _TOLERANCE * (projection.radius + _center_norm(projection))
+    return Plan(
+        optimizer=settings,
+        fit=fit,
+        config=config,
+        assumptions=assumptions,
+        projection=projection,
+        accounted=model.optimizer,
+        trainable_ids=tuple(id(v) for v in model.trainable_variables),
+        weight_ids=tuple(id(v) for v in model.weights),
+        moved_tolerance=tolerance,
+    )
+
+
+def _center_norm(projection: ProjectionCallback) -> float:
+    return math.sqrt(sum(float(tf.reduce_sum(tf.square(tf.cast(c, tf.float64)))) for c in projection.center))
+
+
+def check_projection(callbacks: Sequence[Any], declared: float | None) -> ProjectionCallback | None:
+    projections = [cb for cb in callbacks if isinstance(cb, ProjectionCallback)]
+    if declared is None:
+        if projections:
+            raise AccountingError(
+                "diameter must be declared when a ProjectionCallback is used (the bounds must know "
+                f"the update projects). Found a ProjectionCallback of diameter {projections[0].diameter:g} "
+                "and diameter=None."
+            )
+        return None
+    if len(projections) != 1:
+        raise AccountingError(
+            f"diameter={declared:g} needs exactly one ProjectionCallback in the same fit call (the "
+            "bounded-domain bounds assume every iterate is projected onto one convex set; two "
+            f"projections in a row do not project onto their intersection). Found {len(projections)}."
+        )
+    if projections[0].diameter > declared:
+        raise AccountingError(
+            f"diameter must be >= the ProjectionCallback's diameter = {projections[0].diameter:g}. "
+            f"Found diameter={declared:g}."
+        )
+    return projections[0]
+
+
+# ---------------------------------------------------------------- every step against the plan
+
+VOID = "; the epsilon of this run is void."
+
+
+def steps_problem(
+    plan: Plan,
+    record: observe.StepRecord,
+    checked: int,
+    host: observe.HostFacts,
+    more: Callable[[int], str | None] | None = None,
+) -> tuple[int, str | None]:
+    """(steps found correct, counted on from ``checked``; the first problem or None) for the steps recorded
+    since the last check and the host's facts. ``more(k)`` adds a route's own check of step k (the GLM's)."""
+    if record.lost(checked):
+        return checked, (
+            f"the callback must check every step: {record.steps - checked} steps ran since its last check, "
+            f"more than the {record.capacity} (one epoch) it records between two checks (train_on_batch or "
+            "another training call inside fit?)" + VOID
+        )
+    for k in range(checked + 1, record.steps + 1):
+        problem = step_problem(plan, k, observe.StepFacts.of(record.row(k)))
+        if problem is None and more is not None:
+            problem = more(k)
+        if problem is not None:
+            return checked, problem
+        checked = k
+    return checked, host_problem(plan, host, checked)
+
+
+def step_problem(plan: Plan, k: int, step: observe.StepFacts) -> str | None:
+    """What step ``k`` used that the plan does not allow; the facts of docs/tf_privacy.md."""
+    s = plan.optimizer
+    started = k - 1  # the optimizer starts fresh (pipeline)
+    if step.step != k or step.dp_calls != 1 or step.iterations != started:
+        return (
+            f"every optimizer step must be one DP-SGD step of the compiled train_step, observed by this "
+            f"callback: step {k} ran {step.dp_calls:g} DP gradient computation(s) and started at "
+            f"optimizer.iterations={step.iterations:g} (expected 1 and {started}: a train_step that "
+            "does not call the DP optimizer once, a second optimizer, or optimizer steps between the "
+            "steps)" + VOID
+        )
+    b = plan.config.batch_size
+    if step.rows != b:
+        return (
+            f"every batch must have batch_size = {b} examples, as planned: step {k} had {step.rows}. Change "
+            "nothing in the data between steps" + VOID
+        )
+    if step.loss_length != b:
+        return (
+            f"the loss must return one value per example: step {k} passed a loss vector of {step.loss_length} "
+            f"entries for a batch of {b} examples to TF Privacy, which clips one gradient per entry "
+            f"(num_microbatches=None) and divides by {step.loss_length}. An example contributing several entries "
+            "(augmented views concatenated, pairs, a loss over tokens) contributes several clipped "
+            "gradients, which multiplies the sensitivity the bounds assume. Average each example's terms "
+            "inside the loss so that it returns a vector of batch_size values" + VOID
+        )
+    if step.weight_off_one > 0:
+        return (
+            f"every example's loss weight must be 1: step {k} fed fit's sample_weight / class_weight with an "
+            f"entry {step.weight_off_one:g} away from 1, which rescales that example's loss" + VOID
+        )
+    planned_std = s.noise_multiplier * s.l2_norm_clip
+    if not (_close(step.clip, s.l2_norm_clip) and _close(step.noise_std, planned_std)):
+        z = step.noise_std / step.clip if step.clip else math.inf
+        return (
+            f"the clip norm and the noise must stay as planned: step {k} clipped at {step.clip:g} with noise std "
+            f"{step.noise_std:g} on the clipped sum (noise multiplier {z:g}), planned "
+            f"C = {s.l2_norm_clip:g}, std = {planned_std:g} (z = {s.noise_multiplier:g}). Something changed "
+            "the optimizer's l2_norm_clip or noise_multiplier (a tf.Variable assigned during fit); keep "
+            "them fixed, or account the run with the smallest noise multiplier and the largest clip norm "
+            "it used" + VOID
+        )
+    if not _same_rate(step.learning_rate, s.learning_rate):
+        return (
+            f"learning_rate must stay constant during training (a schedule or callback changed it): step {k} "
+            f"used {step.learning_rate!r} after starting with {s.learning_rate!r}" + VOID
+        )
+    if step.tampered:
+        return (
+            f"within step {k}, something other than the DP optimizer's update changed the model's weights "
+            "(a second, non-private optimizer, a layer updating a non-trainable weight from the batch, e.g. "
+            "a running statistic or a counter of the data, or an assign in the step). Every weight change "
+            "must be the DP-SGD update; statistics of the private data kept in the model are released with "
+            "it without noise" + VOID
+        )
+    if step.others_moved:
+        return (
+            f"step {k} must start where step {k - 1} ended: the non-trainable weights changed between the two "
+            "steps (a callback or other code wrote them). Weights that are not trained must stay as they "
+            "were at the start of fit" + VOID
+        )
+    if step.moved > plan.moved_tolerance:
+        projected = " (projected onto the ball)" if plan.projection else ""
+        return (
+            f"step {k} must start where step {k - 1} ended{projected}: "
+            f"the weights moved by {step.moved:.3g} between the two steps (a callback or other code "
+            "changed them). Only ProjectionCallback may move the weights between steps" + VOID
+        )
+    if plan.projection is not None:
+        radius = plan.assumptions.diameter / 2
+        if step.start_distance > radius:
+            return (
+                f"every step must start inside the projection ball of radius {radius:g} (diameter "
+                f"{plan.assumptions.diameter:g}): step {k} started at distance {step.start_distance:g} "
+                "from its center (code after ProjectionCallback moved the weights out). Put nothing that "
+                "changes the weights after ProjectionCallback" + VOID
+            )
+    return None
+
+
+def host_problem(plan: Plan, host: observe.HostFacts, checked: int) -> str | None:
+    """Facts of the run kept on the host: the optimizer object, the learning rate it will read, the model's
+    variables, and what the DP optimizer differentiated in every trace of the step."""
+    if host.optimizer is not plan.accounted:
+        return "model.optimizer must stay the optimizer fit started with: it was replaced during fit" + VOID
+    expected = plan.optimizer.learning_rate
+    try:
+        current = learning_rate(host.learning_rate)
+    except AccountingError as error:
+        return f"the learning rate changed during training: {error}" + VOID
+    if not _same_rate(current, expected):
+        return (
+            f"learning_rate must stay constant during training (a schedule or callback changed it). "
+            f"Found {current!r} after starting with {expected!r}" + VOID
+        )
+    planned = tuple(sorted(plan.trainable_ids))
+    if host.trainable_ids != plan.trainable_ids or any(ids != planned for ids in host.traced_ids):
+        differentiated = " or ".join(sorted({str(len(ids)) for ids in host.traced_ids})) or "none"
+        return (
+            "the DP optimizer must train exactly the model's trainable variables, fixed for the whole run: "
+            f"by the end of step {checked} model.trainable_variables has {len(host.trainable_ids)} variable(s) (at "
+            f"the start {len(plan.trainable_ids)}) and the DP optimizer differentiated {differentiated}. A "
+            "layer's trainable flag changed during fit, or another optimizer trains some variables; train all "
+            "parameters with the one DP optimizer" + VOID
+        )
+    if host.weight_ids != plan.weight_ids:
+        return (
+            f"the model's weights must be the ones fit started with: after step {checked} model.weights "
+            f"lists {len(host.weight_ids)} variable(s), at the start {len(plan.weight_ids)} (a layer created "
+            "or replaced during fit); build the whole model before fit" + VOID
+        )
+    return None
+
+
+def epoch_problem(plan: Plan, steps: int) -> str | None:
+    per_epoch = plan.fit.steps_per_epoch
+    if steps % per_epoch:
+        return (
+            f"every epoch must be one pass over the data in {per_epoch} steps of "
+            f"{plan.fit.batch_size} examples: an epoch ended after {steps} steps in total" + VOID
+        )
+    return None
+
+
+def end_problem(plan: Plan, steps: int, stopped: bool) -> str | None:
+    """What the end of fit shows: training stopped by a callback, or fewer steps than planned."""
+    if stopped:
+        return (
+            "model.stop_training must stay False: a callback set it and stopped "
+            f"training after {steps} of the {plan.config.steps} planned steps. A stopping time "
+            "chosen during training from the private data is not covered by the bounds, which assume a "
+            "number of steps fixed in advance; the epsilon of this run is void. Choose the number of "
+            "epochs before training. Found model.stop_training=True."
+        )
+    if steps != plan.config.steps:
+        return f"fit ran {steps} steps, planned {plan.config.steps}" + VOID
+    return None
+
+
+# ---------------------------------------------------------------- the model, when the epsilon is read
+
+
+def usable_problem(plan: Plan, optimizer: Any, steps: int) -> str | None:
+    """Whether ``model.optimizer`` (``optimizer``) took exactly the counted steps."""
+    if optimizer is not plan.accounted:
+        return (
+            "model.optimizer must be the optimizer whose steps this callback counted: the model was "
+            "compiled again, so steps taken with the new optimizer are not accounted. Found "
+            f"{type(optimizer).__name__} object {id(optimizer):#x}, not the accounted one "
+            f"{id(plan.accounted):#x}; account the whole training in one fit call with this callback."
+        )
+    expected = steps  # the optimizer started fresh (pipeline)
+    iterations = int(optimizer.iterations.numpy())
+    if iterations > expected:
+        return (
+            f"model.optimizer.iterations must equal the {expected} steps this callback counted: the "
+            f"model took {iterations - expected} optimizer step(s) it did not see (a later fit or "
+            "train_on_batch without this callback, or a custom training loop), so the epsilon would describe "
+            f"fewer steps than the model took. Found iterations={iterations}; account the whole training in "
+            "one fit call with this callback."
+        )
+    if iterations < expected:
+        return (
+            f"model.optimizer.iterations must equal the {expected} steps this callback counted: the "
+            f"step count was set back (a restored optimizer state?). Found iterations={iterations}."
+        )
+    return None
+
+
+def final_problem(plan: Plan, departure: tuple[float, bool] | None) -> str | None:
+    """The model must lie in the ball and, once training ended (``departure`` given: the trainable weights'
+    distance from the last step's end, projected, and whether a non-trainable one changed), still hold the
+    weights of the last counted step."""
+    if plan.projection is not None:
+        radius = plan.assumptions.diameter / 2
+        distance = plan.projection.distance_from_center()
+        if distance > radius:
+            return (
+                f"the final model must lie in the projection ball of radius {radius:g}: it is at distance "
+                f"{distance:g} from the center (the weights were changed after the last projection)" + VOID
+            )
+    if departure is None:
+        return None
+    moved, others = departure
+    far = moved > plan.moved_tolerance
+    if far or others:
+        return (
+            "the model's weights must be those of the last counted step: "
+            + (f"the trainable weights moved by {moved:.3g}" if far else "")
+            + (" and " if others and far else "")
+            + ("a non-trainable weight changed" if others else "")
+            + " after fit's last step (an assign, another training run, or a callback's on_train_end). "
+            "The epsilon describes the model the counted steps produced, not a model changed afterwards" + VOID
+        )
+    return None
+
+
+def _same_rate(found: float, planned: float) -> bool:
+    """The learning-rate variable holds float32(eta)."""
+    return found in (planned, float(np.float32(planned)))
+
+
+def _close(found: float, planned: float) -> bool:
+    return abs(found - planned) <= 1e-6 * abs(planned)
