@@ -467,6 +467,38 @@ def test_training_stopped_by_a_callback_voids_the_epsilon(data):
         _ = cb.epsilon
 
 
+def test_training_stopped_within_an_epoch_names_the_stop(data):
+    x, y = data
+    stop = tf.keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: setattr(model, "stop_training", True)
+    )
+    model = make_model()
+    fragment = r"model\.stop_training must stay False.*after 1 of the 8 planned steps"
+    with pytest.raises(lp.PipelineChangedError, match=fragment):  # raised at the end of the cut epoch
+        model.fit(x[:N], y[:N], batch_size=B, epochs=2, shuffle=False, callbacks=[accountant(), stop], verbose=0)
+
+
+@pytest.mark.parametrize(
+    ("loss", "found"),
+    [
+        ("binary_crossentropy", "Found 'binary_crossentropy'"),
+        (
+            tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="sum"),
+            "Found BinaryCrossentropy\\(reduction='sum'\\)",
+        ),
+    ],
+    ids=["string", "reduction-sum"],
+)
+def test_a_loss_reducing_the_batch_is_refused_before_any_step(data, loss, found):
+    # TF Privacy needs one loss value per example; a reduced loss used to fail inside the step with a shape error.
+    x, y = data
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(DIM,), use_bias=False)])
+    model.compile(optimizer=dp_sgd(), loss=loss)
+    with pytest.raises(AccountingError, match=f"reduction=tf.keras.losses.Reduction.NONE.*{found}"):
+        model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[accountant()], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
 def test_learning_rate_change_during_training_voids_the_epsilon(data):
     x, y = data
     model = make_model()

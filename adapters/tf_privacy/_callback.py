@@ -305,7 +305,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         if self._plan is None or self._failure is not None:
             return
         self._verify()
-        problem = derive.epoch_problem(self._plan, self._steps)
+        problem = derive.epoch_problem(self._plan, self._steps, bool(getattr(self.model, "stop_training", False)))
         if problem is not None:
             self._fail(problem)
         if logs is not None and self._steps:

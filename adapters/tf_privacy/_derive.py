@@ -436,6 +436,25 @@ def check_model(model: Any) -> None:
             "into the released model, outside the model's weights and without noise. Use stateful=False. "
             f"Found {stateful}."
         )
+    reduced = [
+        loss
+        for loss in tf.nest.flatten(model.loss)
+        if loss is not None
+        and not (isinstance(loss, tf.keras.losses.Loss) and loss.reduction == tf.keras.losses.Reduction.NONE)
+    ]
+    if reduced:
+        found = ", ".join(
+            f"{type(loss).__name__}(reduction={loss.reduction!r})"
+            if isinstance(loss, tf.keras.losses.Loss)
+            else repr(loss)
+            for loss in reduced
+        )
+        raise AccountingError(
+            "the loss given to compile must be a tf.keras.losses.Loss with reduction=tf.keras.losses.Reduction.NONE: "
+            "TF Privacy clips one loss value per example, and a loss string or function is wrapped by Keras with the "
+            "default reduction, which reduces the batch to one number. "
+            f"Found {found}."
+        )
     weights = observe.compiled_loss_weights(model)
     if weights is not None and any(w != 1 for w in tf.nest.flatten(weights)):
         raise AccountingError(
@@ -738,8 +757,10 @@ def host_problem(plan: Plan, host: observe.HostFacts, checked: int) -> str | Non
     return None
 
 
-def epoch_problem(plan: Plan, steps: int) -> str | None:
+def epoch_problem(plan: Plan, steps: int, stopped: bool) -> str | None:
     per_epoch = plan.fit.steps_per_epoch
+    if stopped and steps < plan.config.steps:
+        return end_problem(plan, steps, stopped)
     if steps % per_epoch:
         return (
             f"every epoch must be one pass over the data in {per_epoch} steps of "
