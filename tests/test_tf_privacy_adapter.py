@@ -716,3 +716,28 @@ def test_example_runs_and_prints_the_statement(capsys):
     assert f"best {expected.epsilon:.3f} (via {expected.winner};" in out  # the statement names the same winner
     assert "protects the release of the FINAL model only" in out
     assert "Baseline: TF Privacy's compute_dp_sgd_privacy_statement" in out
+
+
+def test_statement_takes_l2_outside_clip_as_the_core_does():
+    # Issue 31: every declaration the core takes; a Poisson pipeline with weight decay outside the clip
+    # (the Opacus setting) gets the number lp.epsilon gives for the same declarations.
+    changes = dict(
+        sampling="poisson", num_epochs=50, strong_convexity=0.1, diameter=None, gradient_norms_within_clip=False
+    )
+    declared = dict(clipped_loss_convex_smooth=True, l2_outside_clip=True)
+    text = " ".join(compute_last_iterate_privacy_statement(**{**STATEMENT, **changes, **declared}).split())
+    params = {**_keyword(**changes), **declared}
+    best = lp.epsilon("best", DELTA, relation="add_or_remove_one", **params)
+    assert best.winner == "shifted-interpolation-poisson"  # needs l2_outside_clip (composition otherwise)
+    assert f"best {best.epsilon:.3f} (via {best.winner};" in text
+    assert "the strong convexity is an l2 term outside the clip" in text
+
+
+def test_callback_takes_clipped_loss_convex_smooth_and_refuses_l2_outside_clip(data):
+    x, y = data
+    cb = accountant(gradient_norms_within_clip=False, clipped_loss_convex_smooth=True)
+    make_model().fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0)
+    expected = core("best", N // B, "cyclic", gradient_norms_within_clip=False, clipped_loss_convex_smooth=True)
+    assert cb.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    with pytest.raises(ValueError, match="l2_outside_clip must be False under TF Privacy"):
+        accountant(strong_convexity=0.1, l2_outside_clip=True)
