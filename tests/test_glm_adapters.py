@@ -1022,3 +1022,74 @@ def test_keras_other_activation_after_the_dense_is_refused_before_the_first_step
     with pytest.raises(ltf.AccountingError, match=r"Found \w+ \(Activation sigmoid\) after it"):
         _fit(model, _glm_callback())
     assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@needs_tf
+def test_keras_statement_callback_and_core_give_one_number_on_the_glm_route():
+    # Issue 31: the statement takes every declaration the core takes (model="glm" as the callback, or the
+    # flags by hand) and prints the callback's number for the same run (shuffle=True, clipping active).
+    import re
+
+    n, b, epochs = 160, 20, 2
+    x, y = _data(0, n=n)  # features of norm up to 3 A: the feature clip acts, and so can the gradient clip
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)], _bce(), clip=1.0)
+    callback = ltf.LastIterateCallback(sampling="reshuffle", dataset_size=n, delta=DELTA, model="glm", feature_norm=A)
+    model.fit(x, y, batch_size=b, epochs=epochs, shuffle=True, callbacks=[callback], verbose=0)
+    core = lp.epsilon(
+        "best",
+        DELTA,
+        dataset_size=n,
+        batch_size=b,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=LR,
+        sampling="reshuffle",
+        epochs=epochs,
+        smoothness=callback.assumptions.smoothness,
+        clipped_loss_convex_smooth=True,
+    )
+    assert callback.assumptions.clipped_loss_convex_smooth and not callback.assumptions.gradient_norms_within_clip
+    assert callback.epsilon == pytest.approx(core.epsilon, rel=1e-12) and callback.result.winner == core.winner
+    common = dict(
+        number_of_examples=n,
+        batch_size=b,
+        num_epochs=epochs,
+        noise_multiplier=1.0,
+        delta=DELTA,
+        l2_norm_clip=1.0,
+        learning_rate=LR,
+        sampling="reshuffle",
+    )
+    by_model = ltf.compute_last_iterate_privacy_statement(model="glm", feature_norm=A, loss=_bce(), **common)
+    by_hand = ltf.compute_last_iterate_privacy_statement(
+        smoothness=callback.assumptions.smoothness, clipped_loss_convex_smooth=True, **common
+    )
+    for text in (by_model, by_hand):
+        best = re.search(r"\n    best +([0-9.]+) +\(via ([a-z-]+);", text)
+        assert float(best.group(1)) == round(callback.epsilon, 3) and best.group(2) == core.winner
+        assert "model='glm'" not in text  # no advice to use what was used
+    with pytest.raises(ValueError, match="smoothness, clipped_loss_convex_smooth must not be given with model='glm'"):
+        ltf.compute_last_iterate_privacy_statement(
+            model="glm", feature_norm=A, loss=_bce(), smoothness=0.5, clipped_loss_convex_smooth=True, **common
+        )
+
+
+@needs_tf
+def test_keras_statement_cites_each_reference_once_at_the_end():
+    text = ltf.compute_last_iterate_privacy_statement(
+        number_of_examples=2000,
+        batch_size=100,
+        num_epochs=20,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        l2_norm_clip=1.0,
+        learning_rate=0.5,
+        sampling="reshuffle",
+        smoothness=0.5,
+    )
+    body, references = text.split("\nReferences:\n")
+    assert "arXiv" not in body[: body.index("Baseline:")]  # rows cite [k]; the references follow once
+    cited = references.split("\n  [")
+    assert len(cited) == len(set(cited)) >= 3 and all(line.count("arXiv 1905.02383") <= 1 for line in cited)
+    assert text.count("Dong, Roth & Su 2019") == 1
+    assert max(len(line) for line in text.splitlines()) <= 110 and len(text.splitlines()) < 120

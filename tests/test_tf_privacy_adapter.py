@@ -217,7 +217,18 @@ FIT_REFUSALS = [
     ("dataset-size", dict(dataset_size=N + 1), {}, "dataset_size must equal the number of examples fit trains on = 64"),
     ("short-last-batch", {}, dict(batch_size=24), "batch_size must divide dataset_size = 64"),
     ("steps-per-epoch", {}, dict(steps_per_epoch=2), "steps_per_epoch must be None"),
-    ("sample-weight", {}, dict(sample_weight=np.ones(N)), "sample_weight and class_weight must be None"),
+    (
+        "sample-weight",
+        {},
+        dict(sample_weight=np.r_[np.ones(N - 1), 2.0]),
+        r"sample_weight and class_weight must be None or all 1.*Found sample_weight with values in \[1, 2\]",
+    ),
+    (
+        "class-weight",
+        {},
+        dict(class_weight={0: 1.0, 1: 0.5}),
+        r"sample_weight and class_weight must be None or all 1.*Found class_weight=\{0: 1.0, 1: 0.5\}",
+    ),
     ("diameter-without-projection", dict(diameter=2.0), {}, "needs exactly one ProjectionCallback"),
     (
         "projection-larger-than-declared",
@@ -253,6 +264,51 @@ def test_fit_refusals_before_any_step(data, cb_changes, fit_changes, fragment):
     fit["callbacks"] = [accountant(**cb_changes), *fit.get("callbacks", [])]
     with pytest.raises(ValueError, match=fragment):
         model.fit(x[:N], y[:N], **fit)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        dict(sample_weight=np.ones(N)),
+        dict(class_weight={0: 1.0, 1: 1.0}),
+        dict(sample_weight=np.ones(N), class_weight={0: 1, 1: 1}),
+    ],
+    ids=["sample-weight-ones", "class-weight-ones", "both"],
+)
+def test_weights_that_are_all_one_are_accepted_with_the_same_number(data, weights):
+    # Weights of 1 leave every per-example loss, hence the run, unchanged (issue 29).
+    x, y = data
+    cb = accountant()
+    model = make_model()
+    model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0, **weights)
+    assert cb.steps == N // B
+    assert cb.epsilon == pytest.approx(core("best", N // B, "cyclic").epsilon, rel=1e-12)
+
+
+def test_a_step_fed_weights_other_than_one_voids_the_epsilon(data, monkeypatch):
+    # The compiled step records the loss weights it received: were fit's arguments misread before the first
+    # step (simulated by switching that check off), the step's own record still refuses the run.
+    from lastiter_plugins.adapters.tf_privacy import _derive
+
+    monkeypatch.setattr(_derive, "weights_other_than_one", lambda *weights: "")
+    x, y = data
+    cb = accountant()
+    weights = np.r_[np.ones(N - B), np.full(B, 2.0)].astype("float32")
+    with pytest.raises(lp.PipelineChangedError, match=r"every example's loss weight must be 1: step 4 .* entry 1 away"):
+        make_model().fit(
+            x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0, sample_weight=weights
+        )
+
+
+def test_reduce_lr_on_plateau_is_refused_whether_it_fires_or_not(data):
+    # Its rule reads the losses of intermediate models on the private data: it could fire on a neighbouring
+    # dataset even when it did not here (issue 29). patience=10**6 never fires in this run.
+    x, y = data
+    plateau = tf.keras.callbacks.ReduceLROnPlateau(monitor="loss", patience=10**6)
+    model = make_model()
+    with pytest.raises(AccountingError, match=r"ReduceLROnPlateau must not be in fit's callbacks, whether it fires"):
+        model.fit(x[:N], y[:N], batch_size=B, epochs=2, shuffle=False, callbacks=[accountant(), plateau], verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
@@ -409,6 +465,38 @@ def test_training_stopped_by_a_callback_voids_the_epsilon(data):
     assert cb.steps == N // B  # stopped after one of the two planned epochs
     with pytest.raises(lp.PipelineChangedError, match=fragment):
         _ = cb.epsilon
+
+
+def test_training_stopped_within_an_epoch_names_the_stop(data):
+    x, y = data
+    stop = tf.keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: setattr(model, "stop_training", True)
+    )
+    model = make_model()
+    fragment = r"model\.stop_training must stay False.*after 1 of the 8 planned steps"
+    with pytest.raises(lp.PipelineChangedError, match=fragment):  # raised at the end of the cut epoch
+        model.fit(x[:N], y[:N], batch_size=B, epochs=2, shuffle=False, callbacks=[accountant(), stop], verbose=0)
+
+
+@pytest.mark.parametrize(
+    ("loss", "found"),
+    [
+        ("binary_crossentropy", "Found 'binary_crossentropy'"),
+        (
+            tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction="sum"),
+            "Found BinaryCrossentropy\\(reduction='sum'\\)",
+        ),
+    ],
+    ids=["string", "reduction-sum"],
+)
+def test_a_loss_reducing_the_batch_is_refused_before_any_step(data, loss, found):
+    # TF Privacy needs one loss value per example; a reduced loss used to fail inside the step with a shape error.
+    x, y = data
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(DIM,), use_bias=False)])
+    model.compile(optimizer=dp_sgd(), loss=loss)
+    with pytest.raises(AccountingError, match=f"reduction=tf.keras.losses.Reduction.NONE.*{found}"):
+        model.fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[accountant()], verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
 
 
 def test_learning_rate_change_during_training_voids_the_epsilon(data):
@@ -628,3 +716,28 @@ def test_example_runs_and_prints_the_statement(capsys):
     assert f"best {expected.epsilon:.3f} (via {expected.winner};" in out  # the statement names the same winner
     assert "protects the release of the FINAL model only" in out
     assert "Baseline: TF Privacy's compute_dp_sgd_privacy_statement" in out
+
+
+def test_statement_takes_l2_outside_clip_as_the_core_does():
+    # Issue 31: every declaration the core takes; a Poisson pipeline with weight decay outside the clip
+    # (the Opacus setting) gets the number lp.epsilon gives for the same declarations.
+    changes = dict(
+        sampling="poisson", num_epochs=50, strong_convexity=0.1, diameter=None, gradient_norms_within_clip=False
+    )
+    declared = dict(clipped_loss_convex_smooth=True, l2_outside_clip=True)
+    text = " ".join(compute_last_iterate_privacy_statement(**{**STATEMENT, **changes, **declared}).split())
+    params = {**_keyword(**changes), **declared}
+    best = lp.epsilon("best", DELTA, relation="add_or_remove_one", **params)
+    assert best.winner == "shifted-interpolation-poisson"  # needs l2_outside_clip (composition otherwise)
+    assert f"best {best.epsilon:.3f} (via {best.winner};" in text
+    assert "the strong convexity is an l2 term outside the clip" in text
+
+
+def test_callback_takes_clipped_loss_convex_smooth_and_refuses_l2_outside_clip(data):
+    x, y = data
+    cb = accountant(gradient_norms_within_clip=False, clipped_loss_convex_smooth=True)
+    make_model().fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, callbacks=[cb], verbose=0)
+    expected = core("best", N // B, "cyclic", gradient_norms_within_clip=False, clipped_loss_convex_smooth=True)
+    assert cb.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    with pytest.raises(ValueError, match="l2_outside_clip must be False under TF Privacy"):
+        accountant(strong_convexity=0.1, l2_outside_clip=True)

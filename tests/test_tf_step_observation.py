@@ -19,7 +19,7 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     ProjectionCallback,
     compute_last_iterate_privacy_statement,
 )
-from lastiter_plugins.adapters.tf_privacy import _internals as internals  # noqa: E402
+from lastiter_plugins.adapters.tf_privacy import _observe as observe  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 
@@ -181,10 +181,10 @@ def test_compat_v1_batch_normalization_is_detected():
     # tracked module the detection (a subclass of Keras' BatchNormalizationBase) still finds it.
     holder = tf.Module()
     holder.norm = tf.compat.v1.layers.BatchNormalization(name="v1_norm")
-    assert internals.batch_mixing_layers(holder) == ["v1_norm"]
+    assert observe.batch_mixing_layers(holder) == ["v1_norm"]
     holder = tf.Module()
     holder.norm = tf.keras.layers.LayerNormalization(name="per_example")
-    assert internals.batch_mixing_layers(holder) == []
+    assert observe.batch_mixing_layers(holder) == []
 
 
 def test_layer_normalization_is_accepted(data):
@@ -311,7 +311,7 @@ def test_short_last_batch_message_says_what_to_choose(data):
 
 
 def test_untested_host_version_is_refused(monkeypatch):
-    monkeypatch.setitem(internals._VERSIONS, "tensorflow-privacy", "0.9.1")
+    monkeypatch.setitem(observe._VERSIONS, "tensorflow-privacy", "0.9.1")
     with pytest.raises(lp.UnsupportedHostError, match=r"tensorflow-privacy 0\.9\.1"):
         accountant()
 

@@ -18,11 +18,13 @@ hyperparameters. This module gives Keras users
 
 Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0;
 other versions are refused (``lastiter_plugins.UnsupportedHostError``). The
-modules of this package, behind this facade: ``_config`` (what is set up, checked before
-the first step), ``_callback`` (the per-step observation),
-``_projection``, ``_statement``, ``_glm`` (certified linear models:
-``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``) and ``_internals`` (the only module
-that reads Keras' fit locals and TF Privacy's private attributes). See
+modules of this package, behind this facade: ``_observe`` (observation: what fit
+was called with and what each step used; the only module that reads Keras' fit
+locals and TF Privacy's private attributes), ``_derive`` (derivation: the
+planned run from those facts, and every step compared with it), ``_callback``
+(the thin callback that wires the two into ``fit``), ``_glm`` (certified linear
+models: ``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``),
+``_projection``, ``_statement`` and ``_errors``. See
 docs/tf_privacy.md.
 """
 
@@ -39,7 +41,8 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from ._callback import LastIterateCallback
-from ._config import AccountingError, DPOptimizerSettings, FitSettings, read_dp_optimizer
+from ._derive import DPOptimizerSettings, FitSettings, read_dp_optimizer
+from ._errors import AccountingError
 from ._glm import FeatureNormClip
 from ._projection import ProjectionCallback
 from ._statement import compute_last_iterate_privacy_statement

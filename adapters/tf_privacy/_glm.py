@@ -44,8 +44,8 @@ import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
 from lastiter_plugins.glm import LossFamily, certify_linear_model
 
-from . import _internals as internals
-from ._config import AccountingError
+from . import _observe as observe
+from ._errors import AccountingError
 
 #: What the user would declare by hand instead (appended to refusals).
 BY_HAND = (
@@ -314,20 +314,39 @@ def derive(
             f"FeatureNormClip({clip.feature_norm_bound:g}); pass feature_norm={clip.feature_norm_bound:g}."
         )
     units = int(dense.units)
-    family, delta = _loss_family(model.loss, units)
+    assumptions, family, certificate = certify(
+        decl, loss=model.loss, units=units, bias=bool(dense.use_bias), clip_norm=clip_norm, diameter=diameter
+    )
+    return assumptions, Structure(dense, clip, model.loss, family, units, certificate, decl.feature_norm)
+
+
+def certify(
+    decl: GlmDeclaration, *, loss: Any, units: int, bias: bool, clip_norm: float, diameter: float | None
+) -> tuple[lp.LossAssumptions, LossFamily, Any]:
+    """The loss assumptions of a Dense(units, use_bias=bias) layer on features clipped to ``decl.feature_norm``,
+    trained on the Keras ``loss`` with clip norm ``clip_norm`` (the callback's and the statement's one path).
+
+    Raises:
+      AccountingError: a loss or setting that is not certified.
+    """
+    family, delta = _loss_family(loss, units)
     certificate = certify_linear_model(
         family,
         feature_norm_bound=decl.feature_norm,
         clip_norm=clip_norm,
-        bias=bool(dense.use_bias),
+        bias=bias,
         num_classes=units if family is LossFamily.SOFTMAX_CROSS_ENTROPY else None,
         projection_radius=None if diameter is None else diameter / 2.0,
         huber_delta=delta,
     )
     if not certificate.certified:
         raise AccountingError(certificate.not_certified)
-    structure = Structure(dense, clip, model.loss, family, units, certificate, decl.feature_norm)
-    return lp.LossAssumptions(**certificate.loss_assumption_kwargs()), structure
+    return lp.LossAssumptions(**certificate.loss_assumption_kwargs()), family, certificate
+
+
+def clip_as_run(l2_norm_clip: float) -> float:
+    """The clip norm the compiled step uses for the constants: C or its float32 rounding, the smaller."""
+    return min(l2_norm_clip, float(np.float32(l2_norm_clip)))
 
 
 # ---------------------------------------------------------------- the per-step record
@@ -349,7 +368,7 @@ class Probe:
         self.structure = structure
         initial = np.zeros(_SLOTS)
         initial[LABEL_MIN], initial[LABEL_MAX] = np.inf, -np.inf
-        self.record = internals.StepTable(_SLOTS, capacity, "lastiter_glm_steps", initial)
+        self.record = observe.StepTable(_SLOTS, capacity, "lastiter_glm_steps", initial)
         self._tracing_train = False
         self._clip_out: Any = None
         self._score: Any = None
@@ -373,7 +392,7 @@ class Probe:
                 object.__setattr__(obj, name, before)
         self._saved = []
 
-    def read(self) -> internals.StepRecord:
+    def read(self) -> observe.StepRecord:
         return self.record.read()
 
     def _train_step(self, original: Any) -> Any:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from . import _internals as internals
-from ._config import AccountingError
+from . import _observe as observe
+from ._errors import AccountingError
 
 
 class ProjectionCallback(tf.keras.callbacks.Callback):
@@ -45,7 +45,7 @@ class ProjectionCallback(tf.keras.callbacks.Callback):
 
     def __init__(self, diameter: float, center: Sequence[Any] | None = None) -> None:
         super().__init__()
-        value = internals.finite_positive(diameter)
+        value = observe.finite_positive(diameter)
         if value is None:
             raise ValueError(f"diameter must be a finite number > 0. Found {diameter!r}.")
         self.diameter = value
@@ -72,7 +72,7 @@ class ProjectionCallback(tf.keras.callbacks.Callback):
         self._center = [tf.constant(c, dtype=v.dtype) for c, v in zip(self._center_values, weights, strict=True)]
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        facts = internals.running_fit(self.model)
+        facts = observe.running_fit(self.model)
         if facts is not None and facts.steps_per_execution != 1:
             raise AccountingError(
                 "steps_per_execution must be 1 with ProjectionCallback: Keras calls batch callbacks once "

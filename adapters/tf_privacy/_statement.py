@@ -15,12 +15,13 @@ from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.validation import validate_delta
 
-from . import _internals as internals
-from ._config import flag
+from . import _glm
+from . import _observe as observe
+from ._derive import flag
 
 
 def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:
-    value = internals.finite_positive(num_epochs)
+    value = observe.finite_positive(num_epochs)
     if value is None:
         raise ValueError(f"num_epochs must be a finite number > 0. Found {num_epochs!r}.")
     steps = value * steps_per_epoch
@@ -51,7 +52,7 @@ def _fill(text: str) -> str:
 
 
 def _fill_item(text: str) -> str:
-    return textwrap.fill(text, width=80, initial_indent="    - ", subsequent_indent="      ")
+    return textwrap.fill(text, width=80, initial_indent="    - ", subsequent_indent="      ", break_on_hyphens=False)
 
 
 def _format_eps(value: float) -> str:
@@ -73,6 +74,13 @@ def compute_last_iterate_privacy_statement(
     strong_convexity: float = 0.0,
     diameter: float | None = None,
     gradient_norms_within_clip: bool = False,
+    clipped_loss_convex_smooth: bool = False,
+    l2_outside_clip: bool = False,
+    model: str | None = None,
+    feature_norm: float | None = None,
+    loss: Any = None,
+    units: int = 1,
+    bias: bool = True,
     **renamed: Any,
 ) -> str:
     r"""A privacy report for the FINAL model of a DP-SGD run: the last-iterate
@@ -94,10 +102,19 @@ def compute_last_iterate_privacy_statement(
       l2_norm_clip: C.
       learning_rate: eta, constant.
       sampling: what the pipeline did (see :class:`lastiter_plugins.Sampling`).
-      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss assumptions.
+      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip,
+        clipped_loss_convex_smooth, l2_outside_clip: the loss assumptions, as the core takes them
+        (:class:`lastiter_plugins.LossAssumptions`).
+      model: ``"glm"`` derives the loss assumptions as ``LastIterateCallback(model="glm")`` does, for one
+        ``Dense(units, use_bias=bias)`` without activation on features clipped by ``FeatureNormClip(A)``
+        with A <= ``feature_norm``, trained on ``loss`` (the Keras loss given to ``compile``); the
+        assumption arguments above must then be left out (``diameter`` stays).
+      feature_norm, loss, units, bias: with ``model="glm"``, the model's feature-norm bound A, compiled loss,
+        Dense units and use_bias.
 
     Returns:
-      The statement, lines of at most 80 characters apart from the table rows.
+      The statement: lines of at most 80 characters apart from the table rows (about 100); each
+      reference once, numbered, at the end.
 
     Raises:
       ValueError: invalid parameters, or no bound applies under either relation.
@@ -106,13 +123,26 @@ def compute_last_iterate_privacy_statement(
     if renamed:
         raise TypeError(f"unexpected keyword argument {next(iter(renamed))!r}.")
     gradient_norms_within_clip = flag(gradient_norms_within_clip)
+    clipped_loss_convex_smooth = flag(clipped_loss_convex_smooth)
+    l2_outside_clip = flag(l2_outside_clip)
+    declared = {
+        "smoothness": smoothness is not None,
+        "weak_convexity": weak_convexity != 0.0,
+        "strong_convexity": strong_convexity != 0.0,
+        "gradient_norms_within_clip": gradient_norms_within_clip is not False,
+        "clipped_loss_convex_smooth": clipped_loss_convex_smooth is not False,
+        "l2_outside_clip": l2_outside_clip is not False,
+    }
+    glm = _glm.declare(model=model, feature_norm=feature_norm, declared=declared)
+    if glm is None and loss is not None:
+        raise ValueError(f"loss needs model='glm'. Found loss={loss!r} without it.")
     # TF Privacy's names first (the core's checks name its own: dataset_size, clip_norm), then n, b, z, C, eta
     # and the sampling with the library's checks before using them.
     for name, value, what in (
         ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on"),
         ("l2_norm_clip", l2_norm_clip, "the per-example clipping norm"),
     ):
-        if internals.finite_positive(value) is None:
+        if observe.finite_positive(value) is None:
             raise ValueError(f"{name} must be a finite number > 0 ({what}). Found {value!r}.")
     if isinstance(number_of_examples, bool) or not isinstance(number_of_examples, (int, np.integer)):
         raise ValueError(f"number_of_examples must be an integer >= 1. Found {number_of_examples!r}.")
@@ -133,13 +163,27 @@ def compute_last_iterate_privacy_statement(
         )
     steps = _steps_from_epochs(num_epochs, shape.steps_per_epoch)
     config = shape.replace(steps=steps)
-    assumptions = LossAssumptions(
-        smoothness=smoothness,
-        weak_convexity=weak_convexity,
-        strong_convexity=strong_convexity,
-        diameter=diameter,
-        gradient_norms_within_clip=gradient_norms_within_clip,
-    )
+    if glm is not None:
+        assumptions, family, _ = _glm.certify(
+            glm,
+            loss=loss,
+            units=units,
+            bias=flag(bias),
+            clip_norm=_glm.clip_as_run(config.clip_norm),
+            diameter=diameter,
+        )
+        model_words = f"certified linear model ({family.value} on features of norm <= {glm.feature_norm:g})"
+    else:
+        assumptions = LossAssumptions(
+            smoothness=smoothness,
+            weak_convexity=weak_convexity,
+            strong_convexity=strong_convexity,
+            diameter=diameter,
+            gradient_norms_within_clip=gradient_norms_within_clip,
+            clipped_loss_convex_smooth=clipped_loss_convex_smooth,
+            l2_outside_clip=l2_outside_clip,
+        )
+        model_words = None
     delta = validate_delta(delta)
     sections: dict[Relation, tuple[list[tuple[str, lp.EpsilonResult]], lp.EpsilonResult, list[str]]] = {}
     for relation in Relation:
@@ -151,7 +195,10 @@ def compute_last_iterate_privacy_statement(
                 best = lp.compute_epsilon(lp.BEST, cfg, assumptions, delta, lower_bound=True)
             except lp.NotApplicableError:
                 continue
-            missing = [f"{bid}: {e.reason}" for bid, e in evaluations.items() if not e.applies]
+            missing = [f"{bid}: {_first_condition(e)}" for bid, e in evaluations.items() if _fails_here(e, cfg)]
+            other = [bid for bid, e in evaluations.items() if not e.applies and cfg.sampling not in e.covers]
+            if other:
+                missing.append(f"for other samplings only: {', '.join(other)}")
             sections[relation] = (rows, best, missing)
     if not sections:
         raise ValueError(
@@ -180,8 +227,9 @@ def compute_last_iterate_privacy_statement(
             "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not "
             "covered."
         ),
-        _assumptions_paragraph(assumptions, config.clip_norm),
+        _assumptions_paragraph(assumptions, config.clip_norm, model_words),
     ]
+    references = _References()
     for relation, (rows, best, missing) in sections.items():
         head = _fill(
             f"Example-level DP with {_RELATION_WORDS[relation]} at delta = {delta:g}, lastiter-plugins "
@@ -189,17 +237,17 @@ def compute_last_iterate_privacy_statement(
         )
         lines = [head]
         for bid, result in rows:
-            lines.append(f"    {bid:<28}{_format_eps(result.epsilon)}   ({_label(result)})")
-        lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best)})")
+            lines.append(f"    {bid:<28}{_format_eps(result.epsilon)}   ({_label(result, references)})")
+        lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best, references)})")
         lines.append(textwrap.fill(best.tightness_line, width=80, initial_indent="  ", subsequent_indent="    "))
         if lp.is_standard_baseline(best):
             suggestions = lp.advise_config(delta, config.replace(relation=relation), assumptions, top=3)
-            lines.append(textwrap.indent(lp.baseline_note(best, suggestions), "  "))
+            note = lp.baseline_note(best, suggestions).split("\n")
+            lines.append(textwrap.fill(note[0], width=80, initial_indent="  ", subsequent_indent="  "))
+            lines.extend(_fill_item(line.strip()) for line in note[1:])
         if missing:
-            lines.append("  Not applicable here:")
-            lines.extend(
-                textwrap.fill(m, width=80, initial_indent="    - ", subsequent_indent="      ") for m in missing
-            )
+            lines.append("  Not applicable here (the first condition each fails):")
+            lines.extend(_fill_item(m) for m in missing)
         paragraphs.append("\n".join(lines))
     for relation in Relation:
         if relation not in sections:
@@ -225,32 +273,66 @@ def compute_last_iterate_privacy_statement(
         + "\n\n"
         + "\n".join(f"  | {line}".rstrip() for line in baseline.rstrip("\n").split("\n"))
     )
+    paragraphs.append(references.render())
     return "\n\n".join(paragraphs) + "\n"
 
 
-def _assumptions_paragraph(a: LossAssumptions, clip_norm: float) -> str:
-    parts = []
-    parts.append("not declared" if a.smoothness is None else f"M = {a.smoothness:g} (every per-example loss M-smooth)")
+def _assumptions_paragraph(a: LossAssumptions, clip_norm: float, model_words: str | None) -> str:
+    smooth = "not declared" if a.smoothness is None else f"M = {a.smoothness:g} (every per-example loss M-smooth)"
     convexity = (
         f"lam = {a.strong_convexity:g} (strongly convex)"
         if a.strong_convexity > 0
         else ("convex (m = 0)" if a.weak_convexity == 0 else f"m = {a.weak_convexity:g} (m-weakly convex)")
     )
     domain = "no projection" if a.diameter is None else f"projection onto a convex set of diameter D = {a.diameter:g}"
-    clipping = (
-        "clipping may be active"
-        if a.clipping_may_be_active
-        else f"clipping declared inactive: every per-example gradient norm <= C = {clip_norm:g} on the whole domain"
-    )
+    if a.gradient_norms_within_clip:
+        clipping = (
+            f"clipping declared inactive: every per-example gradient norm <= C = {clip_norm:g} on the whole domain"
+        )
+    elif a.clipped_loss_convex_smooth:
+        clipping = "clipping may be active, and the clipped update is the gradient step of convex losses (scalar GLM)"
+    else:
+        clipping = "clipping may be active"
+    l2 = "; the strong convexity is an l2 term outside the clip" if a.l2_outside_clip else ""
+    who = f"derived from the {model_words}" if model_words else "declared by the trainer"
     return _fill(
-        "Assumptions declared by the trainer (the guarantee holds only if they do, for the per-example "
-        f"loss actually optimised, on both neighbouring datasets): smoothness {parts[0]}; {convexity}; "
-        f"{domain}; {clipping}."
+        f"Assumptions {who} (the guarantee holds only if they do, for the per-example "
+        f"loss actually optimised, on both neighbouring datasets): smoothness {smooth}; {convexity}; "
+        f"{domain}; {clipping}{l2}."
     )
 
 
-def _label(result: lp.EpsilonResult) -> str:
-    """What a row protects, its proof status and its reference, as the core reports them."""
+def _fails_here(evaluation: Any, config: TrainingConfig) -> bool:
+    return not evaluation.applies and config.sampling in evaluation.covers
+
+
+def _first_condition(evaluation: Any) -> str:
+    """The first condition a bound fails, in one short line (the full sentences name the theorem)."""
+    if evaluation.unmet:
+        return evaluation.unmet[0].short
+    return evaluation.reasons[0] if evaluation.reasons else "does not apply"
+
+
+class _References:
+    """Each reference once: rows cite ``[k]``, the statement ends with the numbered list."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+
+    def cite(self, reference: str) -> str:
+        number = self._numbers.setdefault(reference, len(self._numbers) + 1)
+        return f"[{number}]"
+
+    def render(self) -> str:
+        lines = ["References:"]
+        for reference, number in self._numbers.items():
+            first = f"  [{number}] "
+            lines.append(textwrap.fill(reference, width=80, initial_indent=first, subsequent_indent="      "))
+        return "\n".join(lines)
+
+
+def _label(result: lp.EpsilonResult, references: _References) -> str:
+    """What a row protects, its proof status and its reference number, as the core reports them."""
     d = result.to_dict()
     proof = "" if d.get("proof") in (None, "proven") else f"; {d['proof']}"
-    return f"protects {d['protects']}{proof}; {d['reference']}"
+    return f"protects {d['protects']}{proof}; {references.cite(d['reference'])}"

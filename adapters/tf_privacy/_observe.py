@@ -1,23 +1,28 @@
-r"""Everything the TF Privacy adapter reads from (or wraps in) host internals, in one place.
+r"""Observation: what ``fit`` was called with and what each step used, read from the host; nothing is
+judged here (:mod:`._derive` derives the pipeline from these facts and compares).
 
 Keras 2.14 gives callbacks no batch size, no ``shuffle`` flag and no view of
 the compiled training step; TF Privacy 0.9 keeps the clipping norm and the
-noise in private attributes. This module is the only one that touches them:
+noise in private attributes. This module is the only one that touches them,
+behind :func:`check_host`, which refuses (``UnsupportedHostError``) any
+version other than the tested ones: tensorflow 2.14.x (Keras 2.14.x) and
+tensorflow-privacy 0.9.0.
 
 * :func:`running_fit` reads (never writes) the ``DataHandler`` and the
-  ``CallbackList`` that the running ``Model.fit`` keeps as local variables;
-* :func:`optimizer_facts` reads the DP optimizer's private attributes;
+  ``CallbackList`` that the running ``Model.fit`` keeps as local variables:
+  :class:`FitFacts`, what fit was called with;
+* :func:`optimizer_facts` reads the DP optimizer's private attributes:
+  :class:`OptimizerFacts`;
 * :class:`StepProbe` wraps ``model.train_step`` and the DP optimizer's
   ``_compute_gradients`` / ``apply_gradients`` on the instances (restored by
   ``remove``) so that the compiled step itself records, every step, one row of
-  what it did (:class:`StepTable`): rows in the batch, length of the loss
-  vector, clip norm, noise std and learning rate it used, the optimizer's step
-  count, whether anything but the DP update changed a weight inside the step,
-  and where the step started; the host reads the rows in one transfer when it
-  checks them, never per batch.
-
-:func:`check_host` refuses (``UnsupportedHostError``) any version other than
-the tested ones: tensorflow 2.14.x (Keras 2.14.x) and tensorflow-privacy 0.9.0.
+  what it used (:class:`StepTable`, read as :class:`StepFacts`): rows in the
+  batch, the loss weights fed, length of the loss vector, clip norm, noise std
+  and learning rate as used (tf.Variable-backed values included), the
+  optimizer's step count, whether anything but the DP update changed a weight
+  inside the step, and where the step started; the host reads the rows in one
+  transfer when it checks them, never per batch;
+* :func:`host_facts` reads what the step cannot see (:class:`HostFacts`).
 """
 
 from __future__ import annotations
@@ -192,7 +197,8 @@ class FitFacts:
 
     in_memory: bool
     adapter: str
-    weighted: bool
+    sample_weight: Any  # fit's sample_weight argument (None when none was given)
+    class_weight: Any  # fit's class_weight argument (None when none was given)
     batch_size: int
     num_batches: int
     partial_batch_size: int
@@ -258,7 +264,8 @@ def running_fit(model: Any) -> FitFacts | None:
     return FitFacts(
         in_memory=read is not None,
         adapter=type(adapter).__name__,
-        weighted=found.get("sample_weight") is not None or found.get("class_weight") is not None,
+        sample_weight=found.get("sample_weight"),
+        class_weight=found.get("class_weight"),
         batch_size=batch_size,
         num_batches=num_batches,
         partial_batch_size=partial,
@@ -361,8 +368,66 @@ class StepRecord:
 
 # Slots of a step's row (see StepProbe).
 STEP, DP_CALLS, ROWS, LOSS_LENGTH, CLIP, NOISE_STD, LEARNING_RATE, ITERATIONS = range(8)
-TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED = range(8, 12)
-_SLOTS = 12
+TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED, WEIGHT_OFF_ONE = range(8, 13)
+_SLOTS = 13
+
+
+@dataclasses.dataclass(frozen=True)
+class StepFacts:
+    """What one step used, as its compiled step recorded it (one row of :class:`StepTable`)."""
+
+    step: int  # the step's number (1-based) as the table counted it
+    dp_calls: float  # DP gradient computations the step ran
+    rows: int  # examples in the batch
+    loss_length: int  # entries of the loss vector the DP optimizer clipped one by one
+    clip: float  # the clip norm it used
+    noise_std: float  # the noise std on the clipped sum it used
+    learning_rate: float  # the rate its update read
+    iterations: float  # optimizer.iterations when it started
+    tampered: bool  # a weight changed inside the step other than by the DP update
+    start_distance: float  # distance of its start from the projection center (0 without a ball)
+    moved: float  # distance of its start from the previous step's end (projected, with a ball)
+    others_moved: bool  # a non-trainable weight changed between the previous step and this one
+    weight_off_one: float  # the largest |w - 1| of the loss weights fed to it (0 without weights)
+
+    @classmethod
+    def of(cls, row: np.ndarray) -> StepFacts:
+        return cls(
+            step=int(row[STEP]),
+            dp_calls=float(row[DP_CALLS]),
+            rows=int(row[ROWS]),
+            loss_length=int(row[LOSS_LENGTH]),
+            clip=float(row[CLIP]),
+            noise_std=float(row[NOISE_STD]),
+            learning_rate=float(row[LEARNING_RATE]),
+            iterations=float(row[ITERATIONS]),
+            tampered=bool(row[TAMPERED]),
+            start_distance=float(row[START_DISTANCE]),
+            moved=float(row[MOVED]),
+            others_moved=bool(row[OTHERS_MOVED]),
+            weight_off_one=float(row[WEIGHT_OFF_ONE]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFacts:
+    """What the compiled step cannot see, read on the host when the steps are checked."""
+
+    optimizer: Any  # model.optimizer now
+    learning_rate: Any  # the raw learning-rate hyperparameter the next trace reads
+    trainable_ids: tuple[int, ...]  # ids of model.trainable_variables now
+    traced_ids: tuple[tuple[int, ...], ...]  # per trace of the step, the sorted ids the DP optimizer differentiated
+    weight_ids: tuple[int, ...]  # ids of model.weights now
+
+
+def host_facts(model: Any, probe: StepProbe) -> HostFacts:
+    return HostFacts(
+        optimizer=model.optimizer,
+        learning_rate=current_learning_rate(model.optimizer),
+        trainable_ids=tuple(id(v) for v in model.trainable_variables),
+        traced_ids=tuple(tuple(sorted(map(id, dp))) for dp in probe.dp_variables),
+        weight_ids=tuple(id(v) for v in model.weights),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,7 +448,8 @@ class StepProbe:
     its update read, ``optimizer.iterations`` when it started, a flag set when a weight changed inside the
     step other than by the DP update, the distance of its starting point from the projection center,
     the distance between its starting point and the previous step's end (projected when a ball is given)
-    and a flag set when a non-trainable weight changed between the two steps. The weights watched are
+    a flag set when a non-trainable weight changed between the two steps, and the largest |w - 1| of the
+    per-example loss weights fit fed the step (sample_weight, class_weight). The weights watched are
     all of ``model.weights`` at the start (trainable and not, every dtype).
 
     ``dp_variables`` lists, per trace of the step, the variables the DP optimizer differentiated.
@@ -466,6 +532,9 @@ class StepProbe:
             step = record.begin()
             record.set(STEP, step)
             record.set(ROWS, rows_of(tf.nest.flatten(data)[0]))
+            _, _, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+            for w in tf.nest.flatten(sample_weight) if sample_weight is not None else ():
+                record.maximum(WEIGHT_OFF_ONE, tf.reduce_max(tf.abs(tf.cast(w, tf.float64) - 1.0)))
             record.set(ITERATIONS, self.optimizer.iterations)
             if self.ball is not None:
                 record.set(START_DISTANCE, self._distance(self.trainable, self.ball.center))
