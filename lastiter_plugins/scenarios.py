@@ -13,8 +13,8 @@ from typing import Any
 
 from lastiter_plugins import api
 from lastiter_plugins.conversion import validate_delta
+from lastiter_plugins.defaults import DEFAULT_DELTA
 
-DEFAULT_DELTA = 1e-5
 #: What a scenario given by flags alone must set (with ``steps`` or ``epochs``).
 REQUIRED_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "sampling")
 _TEXT_KEYS = ("name", "description")
