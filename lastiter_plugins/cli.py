@@ -74,11 +74,12 @@ def _orders(text: str) -> list[float]:
 
 
 def _positive_int(text: str) -> int:
+    """A count >= 1 (``--top``): 0 and negative numbers are refused, not read as "none" or "all but one"."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
+        value = None
+    if value is None or value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1. Found {text!r}.")
     return value
 
