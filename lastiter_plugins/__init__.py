@@ -3,31 +3,38 @@ r"""lastiter-plugins: last-iterate privacy accountants for DP-SGD.
 Every epsilon computed here protects the FINAL model only (except the
 ``composition`` baseline, which certifies every iterate): intermediate
 checkpoints must not be released. See README.md and docs/.
+
+The public names below are imported on first use (PEP 562), so that importing
+the package, and ``lastiter --help``, do not load numpy, scipy and dp-accounting.
 """
 
-from lastiter_plugins.advice import Suggestion, advise, advise_config, baseline_note, is_standard_baseline
-from lastiter_plugins.api import (
-    PARAMETERS,
-    Parameters,
-    applicable_bounds,
-    build,
-    compute_epsilon,
-    compute_rdp,
-    epsilon,
-    rdp,
-)
-from lastiter_plugins.calibration import calibrate_noise
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
-from lastiter_plugins.conversion import OrderGridWarning
-from lastiter_plugins.errors import CalibrationError, NotApplicableError, PipelineChangedError, UnsupportedHostError
-from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
-from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
-from lastiter_plugins.validation import DEFAULT_ORDERS
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 #: The package version; the only place it is written (pyproject.toml reads it from here).
 __version__ = "0.2.0"
 
-__all__ = [
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("Suggestion", "advise", "advise_config", "baseline_note", "is_standard_baseline"), "advice"),
+    **dict.fromkeys(
+        ("PARAMETERS", "Parameters", "applicable_bounds", "build", "compute_epsilon", "compute_rdp", "epsilon", "rdp"),
+        "api",
+    ),
+    "calibrate_noise": "calibration",
+    **dict.fromkeys(("LossAssumptions", "Relation", "Sampling", "TrainingConfig"), "config"),
+    "OrderGridWarning": "conversion",
+    "DEFAULT_ORDERS": "validation",
+    **dict.fromkeys(
+        ("CalibrationError", "NotApplicableError", "PipelineChangedError", "UnsupportedHostError"), "errors"
+    ),
+    **dict.fromkeys(("BoundEvaluation", "EpsilonResult", "evaluate_all"), "evaluation"),
+    **dict.fromkeys(("BEST", "BOUND_IDS", "BOUNDS", "BoundSpec", "Kind", "Proof", "Protects"), "registry"),
+}
+
+__all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS (tests/test_cli.py checks)
     "BEST",
     "BOUNDS",
     "BOUND_IDS",
@@ -63,3 +70,47 @@ __all__ = [
     "is_standard_baseline",
     "rdp",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (imported from its module on first use), or a submodule (``lp.profiles``)."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":  # the submodule exists but an import inside it failed
+            raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
+    from lastiter_plugins.advice import Suggestion, advise, advise_config, baseline_note, is_standard_baseline
+    from lastiter_plugins.api import (
+        PARAMETERS,
+        Parameters,
+        applicable_bounds,
+        build,
+        compute_epsilon,
+        compute_rdp,
+        epsilon,
+        rdp,
+    )
+    from lastiter_plugins.calibration import calibrate_noise
+    from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+    from lastiter_plugins.conversion import OrderGridWarning
+    from lastiter_plugins.errors import (
+        CalibrationError,
+        NotApplicableError,
+        PipelineChangedError,
+        UnsupportedHostError,
+    )
+    from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
+    from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
+    from lastiter_plugins.validation import DEFAULT_ORDERS

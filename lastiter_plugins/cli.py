@@ -1,37 +1,48 @@
 r"""The ``lastiter`` command line: a thin layer over the keyword API.
 
-    lastiter rdp --bound ID --orders 2,4,8 <pipeline> [--json]
-    lastiter epsilon --bound ID --delta 1e-5 <pipeline> [--json]
+    lastiter rdp [--bound ID] --orders 2,4,8 <pipeline> [--json]
+    lastiter epsilon [--bound ID] [--delta 1e-5] <pipeline> [--json]
     lastiter bounds <pipeline> [--delta 1e-5] [--json]
-    lastiter calibrate --bound ID --target-epsilon 1 --delta 1e-5 <pipeline> [--json]
+    lastiter calibrate [--bound ID] --target-epsilon 1 [--delta 1e-5] <pipeline> [--json]
+    lastiter advise [--delta 1e-5] [--top K] <pipeline> [--json]
     lastiter compare [<pipeline>] [...]  (see ``lastiter compare --help``)
     lastiter --version
 
 <pipeline> is ``--config FILE`` (a TOML scenario, as in examples/scenarios/),
 one flag per keyword-API parameter (``--dataset-size``, ...,
 ``--clipped-loss-convex-smooth``), or both: flags given as well override the
-file. User errors exit with status 2 and one line on stderr. JSON output never
-contains NaN or Infinity (non-finite numbers are written as null).
+file. Every subcommand has the same defaults: ``--bound best``, and delta from
+``--delta``, else the file, else :data:`lastiter_plugins.defaults.DEFAULT_DELTA`.
+User errors (a value out of range, a file that cannot be read or written) exit
+with status 2 and one line on stderr; output into a closed pipe ends quietly.
+JSON output never contains NaN or Infinity (non-finite numbers are written as null).
+
+The parser imports no numerics: ``lastiter --help`` and every subcommand's help
+are answered without numpy, scipy, dp-accounting or matplotlib, which the
+subcommands import when they run.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import lastiter_plugins
-from lastiter_plugins import advice, api, compare, plot, registry, scenarios
-from lastiter_plugins.calibration import calibrate_noise
+from lastiter_plugins import __version__
 from lastiter_plugins.config import Relation, Sampling
-from lastiter_plugins.jsonout import dump_json
-from lastiter_plugins.validation import validate_delta
+from lastiter_plugins.defaults import BEST, DEFAULT_DELTA, FORMATS
 
 EXIT_USAGE = 2
+_WIDTH = 120  # free text (references, footers) is wrapped to this width
+#: A closed output pipe (``lastiter bounds ... | head -1``): the status of a process ended by SIGPIPE
+#: (128 + 13), as shells report for other tools; nothing is printed.
+EXIT_BROKEN_PIPE = 141
 
 
 class UsageError(Exception):
@@ -62,16 +73,30 @@ def _orders(text: str) -> list[float]:
         ) from None
 
 
+def _positive_int(text: str) -> int:
+    """A count >= 1 (``--top``): 0 and negative numbers are refused, not read as "none" or "all but one"."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1. Found {text!r}.")
+    return value
+
+
 def _unproven_id(text: str) -> str:
     """An ``--unproven`` value: the id of a bound whose proof status is unproven."""
+    from lastiter_plugins import registry
+
     unproven = [bid for bid, spec in registry.BOUNDS.items() if not spec.proof.proven]
     if text not in unproven:
         raise argparse.ArgumentTypeError(f"must name an unproven bound ({', '.join(unproven)}). Found {text!r}.")
     return text
 
 
-#: One command-line flag per keyword-API parameter: (group, argparse keywords). No defaults here:
-#: a flag not given leaves the value to the --config file, else to the API's default (named in the help).
+#: One command-line flag per keyword-API parameter (the keys are ``lastiter_plugins.api.PARAMETERS``, in
+#: its order: tests/test_cli.py checks it), as (group, argparse keywords). No defaults here: a flag not given
+#: leaves the value to the --config file, else to the API's default (named in the help).
 _TRAINING, _ASSUMPTIONS = "training run", "declared loss assumptions"
 PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "dataset_size": (_TRAINING, {"type": int, "metavar": "N", "help": "n, number of examples"}),
@@ -141,8 +166,7 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     )
     groups = {name: parser.add_argument_group(name) for name in (_TRAINING, _ASSUMPTIONS)}
     steps_or_epochs = groups[_TRAINING].add_mutually_exclusive_group()
-    for key in api.PARAMETERS:
-        group, options = PARAMETER_FLAGS[key]
+    for key, (group, options) in PARAMETER_FLAGS.items():
         target = steps_or_epochs if key in ("steps", "epochs") else groups[group]
         target.add_argument("--" + key.replace("_", "-"), dest=key, default=None, **options)
     groups[_ASSUMPTIONS].add_argument("--no-clipping", action=_Renamed, nargs=0, help=argparse.SUPPRESS)
@@ -151,7 +175,7 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 def params_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword-API parameters given as flags (those not given are absent)."""
     out = {}
-    for key in api.PARAMETERS:
+    for key in PARAMETER_FLAGS:
         value = getattr(args, key, None)
         if value is not None:
             out[key] = value
@@ -173,19 +197,21 @@ def _missing(params: dict[str, Any], required: Sequence[str]) -> list[str]:
 _PIPELINE_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "steps", "sampling")
 
 
-def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[str, dict[str, Any], float | None]:
+def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[str, dict[str, Any], float]:
     """(name, keyword-API params, delta) from ``--config`` and the flags; flags override the file.
 
-    ``delta`` is ``--delta``, else the file's ``delta``, else None. Without ``--config`` the flags must
-    describe the whole pipeline (a missing one is named, as argparse names a missing argument).
+    ``delta`` is ``--delta``, else the file's ``delta``, else :data:`DEFAULT_DELTA` (every subcommand,
+    as compare). Without ``--config`` the flags must describe the whole pipeline (a missing one is
+    named, as argparse names a missing argument).
     """
+    from lastiter_plugins import scenarios
+    from lastiter_plugins.validation import validate_delta
+
     given = params_from_args(args)
-    delta = None
+    delta = DEFAULT_DELTA
     if args.config:
         scenario = scenarios.load_scenario(args.config)
-        name, params, file_delta = scenarios.split_scenario(scenario)
-        if "delta" in scenario:
-            delta = file_delta
+        name, params, delta = scenarios.split_scenario(scenario)  # the file's delta, else DEFAULT_DELTA
         if name == "custom scenario":
             name = Path(args.config).stem
         if "steps" in given or "epochs" in given:  # the flags' steps/epochs replace the file's
@@ -206,20 +232,27 @@ def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[st
     return name, params, delta
 
 
-def _required_delta(delta: float | None) -> float:
-    if delta is None:
-        raise UsageError("--delta is required: give it, or set delta in the --config file.")
-    return delta
-
-
 def _bound_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bound",
-        required=True,
-        choices=registry.BOUND_IDS,
+        default=BEST,
         metavar="ID",
-        help=f"a bound id, composition (the standard baseline) or best; one of: {', '.join(registry.BOUND_IDS)}",
+        help=f"a bound id (`lastiter bounds <pipeline>` lists them, with whether each applies), composition (the "
+        f"standard baseline) or {BEST}, the smallest epsilon of the proven bounds that apply (default {BEST})",
     )
+
+
+def _delta_argument(parser: argparse.ArgumentParser, what: str = "target delta in (0, 1)") -> None:
+    parser.add_argument("--delta", type=float, help=f"{what} (default: the --config file's, else {DEFAULT_DELTA:g})")
+
+
+def _checked_bound(bound: str) -> str:
+    """``--bound``, refused (one line, exit 2) unless it is a bound id, composition or best."""
+    from lastiter_plugins import registry
+
+    if bound not in registry.BOUND_IDS:
+        raise UsageError(f"argument --bound: must be one of {', '.join(registry.BOUND_IDS)}. Found {bound!r}.")
+    return bound
 
 
 def _orders_argument(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -249,6 +282,10 @@ def _fmt(x: float) -> str:
 
 
 def _cmd_rdp(args) -> str:
+    from lastiter_plugins import api, registry
+    from lastiter_plugins.jsonout import dump_json
+
+    _checked_bound(args.bound)
     _, params, _ = _pipeline(args)
     config, assumptions = api.build(**params)
     values = api.compute_rdp(args.bound, config, assumptions, args.orders)
@@ -275,9 +312,13 @@ def _cmd_rdp(args) -> str:
 
 
 def _cmd_epsilon(args) -> str:
+    from lastiter_plugins import advice, api
+    from lastiter_plugins.jsonout import dump_json
+
+    _checked_bound(args.bound)
     _, params, delta = _pipeline(args)
-    best = args.bound == registry.BEST
-    result = api.epsilon(args.bound, _required_delta(delta), args.orders, lower_bound=best, **params)
+    best = args.bound == BEST
+    result = api.epsilon(args.bound, delta, args.orders, lower_bound=best, **params)
     if args.json:
         return dump_json(result.to_dict())
     head = f"{result}\n{result.tightness_line}" if best else str(result)
@@ -287,9 +328,11 @@ def _cmd_epsilon(args) -> str:
 
 
 def _cmd_advise(args) -> str:
+    from lastiter_plugins import advice, api
+    from lastiter_plugins.jsonout import dump_json
+
     _, params, delta = _pipeline(args)
-    delta = _required_delta(delta)
-    current = api.epsilon(registry.BEST, delta, **params)
+    current = api.epsilon(BEST, delta, **params)
     suggestions = advice.advise(delta, top=args.top, **params)
     if args.json:
         rows = [
@@ -311,9 +354,19 @@ def _cmd_advise(args) -> str:
     return "\n".join([head, "Single changes that lower it, best first:", *(f"  {s}" for s in suggestions)])
 
 
+def _conditions(e, short: bool) -> str:
+    """The failed conditions of an evaluation without its reference (each reference is cited once, at the end)."""
+    if not e.unmet:
+        return e.reason
+    return "; ".join(u.short if short else u.condition for u in e.unmet)
+
+
 def _cmd_bounds(args) -> str:
+    from lastiter_plugins import api, registry
+    from lastiter_plugins.jsonout import dump_json
+
     _, params, delta = _pipeline(args, needs_noise=False)
-    with_numbers = delta is not None and "noise_multiplier" in params
+    with_numbers = "noise_multiplier" in params
     params.setdefault("noise_multiplier", 1.0)  # no precondition depends on it
     config, assumptions = api.build(**params)
     evaluations = api.evaluate_all(
@@ -329,7 +382,7 @@ def _cmd_bounds(args) -> str:
                 "proof": str(e.proof),
                 "protects": e.protects.value,
                 "kind": e.kind.value,
-                "reason": e.reason or None,
+                "reason": _conditions(e, short=args.json is False) or None,
                 "reference": e.reference,
                 "epsilon": e.epsilon,
                 "order": e.order,
@@ -337,18 +390,32 @@ def _cmd_bounds(args) -> str:
         )
     if with_numbers:
         try:
-            best = api.compute_epsilon(registry.BEST, config, assumptions, delta, args.orders)
+            best = api.compute_epsilon(BEST, config, assumptions, delta, args.orders)
         except api.NotApplicableError as exc:
-            rows.append({"bound": registry.BEST, "applies": False, "reason": str(exc), "epsilon": None})
+            rows.append({"bound": BEST, "applies": False, "reason": str(exc), "epsilon": None})
         else:
             rows.append(
-                {"bound": registry.BEST, "applies": True, "relation": best.relation.value, "proof": "proven"}
+                {"bound": BEST, "applies": True, "relation": best.relation.value, "proof": "proven"}
                 | {"protects": best.protects.value, "epsilon": best.epsilon, "order": best.order}
                 | {"winner": best.winner, "reference": best.reference, "reason": None}
             )
     if args.json:
-        return dump_json({"delta": delta, "bounds": rows})
-    lines = [f"{'bound':36} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
+        return dump_json({"delta": delta if with_numbers else None, "bounds": rows})
+    return _bounds_text(rows, registry.DOCS)
+
+
+def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
+    """The ``bounds`` table: one short line per bound, then each reference once."""
+    numbers: dict[str, int] = {}  # reference -> its number
+    for row in rows:
+        if row["bound"] != BEST:
+            numbers.setdefault(row["reference"], len(numbers) + 1)
+
+    def name(row: dict[str, Any]) -> str:
+        return row["bound"] if row["bound"] == BEST else f"{row['bound']} [{numbers[row['reference']]}]"
+
+    width = max(len(name(row)) for row in rows)
+    lines = [f"{'bound':{width}} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
     for row in rows:
         eps = "" if row.get("epsilon") is None else _fmt(row["epsilon"])
         if not row["applies"]:
@@ -356,21 +423,29 @@ def _cmd_bounds(args) -> str:
         else:
             note = f"order {row['order']:g}" if row.get("order") else ""
             if row.get("winner"):
-                note += f", via {row['winner']}"
+                winner = next(r for r in rows if r["bound"] == row["winner"])
+                note = ", ".join(filter(None, (note, f"via {name(winner)}")))
             if row.get("proof", "proven") != "proven":
                 note = f"{row['proof']}" + (f"; {note}" if note else "")
         relation = row.get("relation") or "-"
-        lines.append(f"{row['bound']:36} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
-    lines.append(
+        lines.append(f"{name(row):{width}} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
+    lines += ["", "References:"]
+    for reference, number in numbers.items():
+        lines += textwrap.wrap(f"[{number}] {reference}", _WIDTH, initial_indent="  ", subsequent_indent="      ")
+    footer = (
         "Epsilons protect the final model only (composition: every iterate); never mix relations. "
-        f"Unproven bounds have numbers only with --unproven ID. See {registry.DOCS}."
+        f"Unproven bounds have numbers only with --unproven ID. See {docs}."
     )
-    return "\n".join(lines)
+    return "\n".join([*lines, *textwrap.wrap(footer, _WIDTH)])
 
 
 def _cmd_calibrate(args) -> str:
+    from lastiter_plugins import api
+    from lastiter_plugins.calibration import calibrate_noise
+    from lastiter_plugins.jsonout import dump_json
+
+    _checked_bound(args.bound)
     _, params, delta = _pipeline(args, needs_noise=False)
-    delta = _required_delta(delta)
     params.pop("noise_multiplier", None)  # the unknown
     z = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, **params)
     achieved = api.epsilon(args.bound, delta, args.orders, noise_multiplier=z, **params)  # as calibration computed it
@@ -390,9 +465,13 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
         "--config FILE reads a TOML scenario (keys: the keyword-API parameters and delta); "
         "flags given on the command line override the file."
     )
-    parser.add_argument("--format", choices=compare.FORMATS, default="table", help="output format (default table)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    _delta_argument(parser)
     parser.add_argument(
-        "--delta", type=float, help=f"target delta (default: the scenario's, else {scenarios.DEFAULT_DELTA:g})"
+        "--all",
+        action="store_true",
+        help="table and markdown: also list the bounds that do not apply, each with its first failed condition "
+        "(by default one line counts them; json and csv always list every row)",
     )
     parser.add_argument(
         "--plot", metavar="PATH", help="also write a PNG of epsilon against epochs (.png is added to a bare name)"
@@ -415,6 +494,9 @@ NEXT_STEPS = (
 
 def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], float]:
     """(name, params, delta) for compare: the built-in scenario, a --config file, and/or the flags."""
+    from lastiter_plugins import scenarios
+    from lastiter_plugins.validation import validate_delta
+
     given = params_from_args(args)
     if not args.config and not given:
         name, params, delta = scenarios.split_scenario(scenarios.BUILTIN_SCENARIO)
@@ -431,16 +513,17 @@ def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], 
                 "pipeline; they do not modify the built-in scenario). Give it, or put the scenario in a TOML "
                 "file and pass --config FILE (see examples/scenarios/)."
             )
-    name, params, delta = _pipeline(args)
-    return name, params, scenarios.DEFAULT_DELTA if delta is None else delta
+    return _pipeline(args)
 
 
 def _cmd_compare(args: argparse.Namespace) -> str:
     """The ``lastiter compare`` command: the table in the chosen format (and the plot)."""
+    from lastiter_plugins import compare, plot
+
     name, params, delta = _scenario_from_args(args)
-    plot_path = plot.check_can_plot(args.plot) if args.plot else None  # before the (slow) sweep
+    plot_path = None if args.plot is None else plot.check_can_plot(args.plot)  # before the (slow) sweep
     comparison = compare.compare(delta, name=name, unproven=args.unproven, **params)
-    output = compare.format_comparison(comparison, args.format, verbose=args.verbose)
+    output = compare.format_comparison(comparison, args.format, verbose=args.verbose, every_row=args.all)
     if plot_path is not None:
         with compare.host_log() as log:  # the sweep's host-library log, printed with --verbose only
             written = compare.write_plot(params, delta, plot_path, title=name, unproven=args.unproven)
@@ -454,10 +537,13 @@ def _cmd_compare(args: argparse.Namespace) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lastiter", description="Last-iterate Renyi-DP accountants for DP-SGD.")
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {lastiter_plugins.__version__}", help="print the version"
+    """The whole command line. Light: it imports no numerics (each subcommand does when it runs)."""
+    parser = _Parser(
+        prog="lastiter",
+        description="Last-iterate privacy accountants for DP-SGD (Renyi-DP and f-DP bounds, and the standard "
+        "baselines beside them).",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}", help="print the version")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     p = sub.add_parser("rdp", help="RDP epsilon (nats) at given orders")
@@ -468,15 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("epsilon", help="(epsilon, delta) of one bound, or of best")
     _bound_argument(p)
-    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
+    _delta_argument(p)
     _orders_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_epsilon)
 
     p = sub.add_parser("bounds", help="every bound: applies or why not, relation, proof status, epsilon")
-    p.add_argument(
-        "--delta", type=float, help="also compute epsilon at this delta (default: the --config file's; needs z)"
-    )
+    _delta_argument(p, "compute each epsilon at this delta (needs --noise-multiplier)")
     _orders_argument(p)
     _unproven_argument(p)
     _json_argument(p)
@@ -485,14 +569,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="smallest noise multiplier reaching a target epsilon")
     _bound_argument(p)
     p.add_argument("--target-epsilon", type=float, required=True, help="the epsilon to reach, > 0")
-    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
+    _delta_argument(p)
     _orders_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("advise", help="single changes to the pipeline that would lower best, best first")
-    p.add_argument("--delta", type=float, help="target delta in (0, 1) (required unless the --config file sets it)")
-    p.add_argument("--top", type=int, default=None, help="show at most this many suggestions (default: all)")
+    _delta_argument(p)
+    p.add_argument(
+        "--top", type=_positive_int, default=None, metavar="K", help="show at most K >= 1 suggestions (default: all)"
+    )
     _json_argument(p)
     p.set_defaults(run=_cmd_advise)
 
@@ -505,8 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``lastiter`` console script. Returns the exit status."""
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -524,6 +609,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output:
         print(output)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lastiter`` console script. Returns the exit status.
+
+    Output into a closed pipe (``lastiter bounds ... | head -1``) ends quietly with
+    :data:`EXIT_BROKEN_PIPE`, as Python's documentation of SIGPIPE advises: stdout is pointed at
+    os.devnull so that the interpreter's final flush does not fail again.
+    """
+    try:
+        try:
+            status = _run(argv)
+        finally:  # also after --help and --version (SystemExit): a closed pipe is seen here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return status
 
 
 if __name__ == "__main__":

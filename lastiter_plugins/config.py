@@ -22,12 +22,12 @@ import math
 import numbers
 from typing import Any
 
-import numpy as np
-
 
 def _check_flag(name: str, value: Any) -> bool:
     """A flag is True or False; numpy's bool (np.bool_(True), what an array comparison gives) is
     accepted as the bool it is. Anything else (1, "yes", None) is refused."""
+    import numpy as np  # here, not at the top: the command line's parser imports this module (lastiter --help)
+
     if isinstance(value, np.bool_):
         value = bool(value)
     if not isinstance(value, bool):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -98,10 +97,13 @@ def check_can_plot(path: str | Path) -> Path:
 
     Raises:
       PlotDependencyError: matplotlib is missing (an ImportError and a ValueError).
-      ValueError: the suffix is not a format matplotlib writes, the folder of ``path`` does not
-        exist, ``path`` is a folder, or it cannot be written.
+      ValueError: ``path`` is empty, the suffix is not a format matplotlib writes, the folder of
+        ``path`` does not exist, ``path`` is a folder, or it cannot be written (tried: the file is
+        opened for appending, and removed again when it did not exist).
     """
     _, FigureCanvasAgg = _matplotlib()
+    if not str(path).strip():
+        raise ValueError(f"plot path must name a file, e.g. eps.png. Found {str(path)!r}.")
     path = Path(path)
     if not path.suffix:
         path = path.with_name(path.name.rstrip(".") + ".png")
@@ -115,9 +117,19 @@ def check_can_plot(path: str | Path) -> Path:
         raise ValueError(f"plot path must be in an existing folder. Found {str(path)!r}.")
     if path.is_dir():
         raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}, a folder.")
-    if not os.access(path if path.exists() else path.parent, os.W_OK):
-        raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}: permission denied.")
+    existed = path.exists()
+    try:
+        with path.open("ab"):  # appending changes nothing in a file that exists
+            pass
+    except OSError as exc:
+        raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}: {_os_error(exc)}.") from None
+    if not existed:
+        path.unlink(missing_ok=True)
     return path
+
+
+def _os_error(exc: OSError) -> str:
+    return (exc.strerror or type(exc).__name__).lower()
 
 
 #: One marker per line, never reused: filled shapes first, then open ones; beyond them,
@@ -145,6 +157,10 @@ def draw_epsilon_vs_epochs(
       epochs: the x values (steps / steps per epoch).
       curves: one :class:`Curve` per accountant.
       path: where to write the PNG (its folder must exist).
+
+    Raises:
+      ValueError: ``path`` cannot be written (see :func:`check_can_plot`), checked before drawing
+        and again when writing.
       config: the scenario's training configuration (for the axis labels and title).
       delta: target delta.
       title: figure title (default: the sampling scheme).
@@ -154,7 +170,10 @@ def draw_epsilon_vs_epochs(
     """
     path = check_can_plot(path)
     fig = figure_epsilon_vs_epochs(epochs, curves, config=config, delta=delta, title=title)
-    fig.savefig(path, dpi=120)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:  # e.g. the disk filled, or the folder went away, during the sweep
+        raise ValueError(f"plot path must be a file we can write. Found {str(path)!r}: {_os_error(exc)}.") from None
     return path
 
 

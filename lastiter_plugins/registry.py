@@ -34,6 +34,7 @@ from lastiter_plugins.bounds import (
 )
 from lastiter_plugins.bounds._common import gradient_step_contraction
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, ValueEnum
+from lastiter_plugins.defaults import BEST
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.profiles import GaussianMixtureProfile
 
@@ -227,6 +228,13 @@ class Unmet:
     def short(self) -> str:
         """The condition in one short line, without the theorem: ``required (found X)``."""
         return f"{self.required} (found {self.found})"
+
+    @property
+    def condition(self) -> str:
+        """The condition in full (with why it is needed), without the theorem: what a listing that cites
+        each reference once, at its end, prints."""
+        why = f" ({self.why})" if self.why else ""
+        return f"{self.required}{why} (found {self.found})"
 
     def message(self, where: str) -> str:
         """The full sentence of an error message, naming the bound and its theorem (``where``)."""
@@ -1188,7 +1196,6 @@ if _missing:  # a defect of ours: every row says where its proof comes from
 #: bound id -> its row. Read-only.
 BOUNDS: Mapping[str, BoundSpec] = types.MappingProxyType({spec.id: spec for spec in _TABLE})
 
-BEST = "best"
 BOUND_IDS: tuple[str, ...] = (*BOUNDS, BEST)
 
 

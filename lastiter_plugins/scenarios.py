@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from lastiter_plugins import api
+from lastiter_plugins.defaults import DEFAULT_DELTA
 from lastiter_plugins.validation import validate_delta
 
-DEFAULT_DELTA = 1e-5
 #: What a scenario given by flags alone must set (with ``steps`` or ``epochs``).
 REQUIRED_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "sampling")
 _TEXT_KEYS = ("name", "description")

@@ -55,11 +55,20 @@ def test_epsilon_text_mentions_relation_and_threat_model(capsys):
 def test_bounds_table_and_json(capsys):
     code, out, _ = run(capsys, "bounds", *PARAMS, "--delta", "1e-5")
     assert code == 0
-    assert "ye-shokri-shuffle" in out and "sampling must be one of poisson for liang-bounded" in out
+    assert "ye-shokri-shuffle" in out
+    liang = next(line for line in out.splitlines() if line.startswith("liang-bounded ["))
+    assert liang.endswith("sampling must be poisson (found shuffle_once); diameter (D) must be declared (found no "
+                          "projection)")  # every failed condition, short, without the theorem  # fmt: skip
+    for reference in {spec.reference for spec in lp.BOUNDS.values()}:  # each cited once, at the end
+        assert " ".join(out.split()).count(" ".join(reference.split())) == 1, reference
     code, out, _ = run(capsys, "bounds", *PARAMS, "--delta", "1e-5", "--json")
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert set(rows) == set(lp.BOUND_IDS)
     assert rows["liang-bounded"]["applies"] is False and rows["liang-bounded"]["epsilon"] is None
+    reason = rows["liang-bounded"]["reason"]  # in full (why a condition is needed), without the theorem
+    assert reason.startswith("sampling must be poisson (found shuffle_once); diameter (D) must be declared (every")
+    assert "Liang" not in reason
+    assert rows["liang-bounded"]["reference"] == lp.BOUNDS["liang-bounded"].reference
     assert rows["ye-shokri-shuffle"]["epsilon"] == pytest.approx(
         lp.epsilon("ye-shokri-shuffle", 1e-5, **KWARGS).epsilon
     )
@@ -80,7 +89,13 @@ def test_calibrate(capsys):
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
-        (["epsilon", "--bound", "nope", "--delta", "1e-5", *PARAMS], "invalid choice: 'nope'"),
+        (["epsilon", "--bound", "nope", "--delta", "1e-5", *PARAMS], "argument --bound: must be one of kong-ribero"),
+        (["calibrate", "--bound", "nope", "--target-epsilon", "1", *PARAMS], "Found 'nope'."),
+        (["advise", "--top", "0", *PARAMS], "argument --top: must be an integer >= 1. Found '0'."),
+        (["advise", "--top", "-1", *PARAMS], "argument --top: must be an integer >= 1. Found '-1'."),
+        (["advise", "--top", "-2", *PARAMS], "argument --top: must be an integer >= 1. Found '-2'."),
+        (["advise", "--top", "two", *PARAMS], "argument --top: must be an integer >= 1. Found 'two'."),
+        (["calibrate", "--target-epsilon", "0", *PARAMS], "target_epsilon"),
         (["epsilon", "--bound", "best", "--delta", "2", *PARAMS], "delta must be in (0, 1). Found 2.0."),
         (["epsilon", "--bound", "best", "--delta", "1e-5"], "the following arguments are required"),
         (["epsilon", "--bound", "liang-bounded", "--delta", "1e-5", *PARAMS], "sampling must be one of poisson"),
@@ -284,7 +299,9 @@ def test_subcommands_need_the_pipeline_from_flags_or_a_config(tmp_path):
     partial.write_text(
         "dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nsteps = 50\nsampling = 'cyclic'\n"
     )
-    assert_one_line_error(lastiter("epsilon", "--bound", "best", "--config", partial), "--delta is required")
+    proc = lastiter("epsilon", "--config", partial, "--json")  # delta and bound: compare's defaults
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["delta"] == scenarios.DEFAULT_DELTA and json.loads(proc.stdout)["bound"] == "best"
     proc = lastiter("bounds", "--config", partial, "--json")  # bounds needs no delta
     assert proc.returncode == 0, proc.stderr
     assert_one_line_error(lastiter("calibrate", "--bound", "best", "--delta", "1e-5", "--config", partial),
@@ -348,3 +365,197 @@ def test_plot_message_names_the_file_actually_written(tmp_path):
     assert written.read_bytes()[:4] == b"\x89PNG"
     assert proc.stdout.rstrip().endswith(f"Plot written to {written}")
     assert not any(target.iterdir())
+
+
+# ---------------------------------------------------------------- a light parser, the same defaults everywhere
+
+#: What `lastiter --help` must not import: the numerics, and the package's modules that load them.
+HEAVY = ("numpy", "scipy", "dp_accounting", "matplotlib", "torch", "tensorflow", "lastiter_plugins.api",
+         "lastiter_plugins.compare", "lastiter_plugins.plot", "lastiter_plugins.registry")  # fmt: skip
+SUBCOMMANDS = ("rdp", "epsilon", "bounds", "calibrate", "advise", "compare")
+
+
+def test_help_imports_no_numerics():
+    """`lastiter --help` and every subcommand's help are answered by argparse alone (issue 31: 1.7 s of CPU
+    before, about 0.05 s after)."""
+    script = (
+        "import sys\n"
+        "from lastiter_plugins.cli import main\n"
+        f"for argv in [['--help'], ['--version'], *[[c, '--help'] for c in {SUBCOMMANDS!r}]]:\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code == 0, (argv, exc.code)\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert "last-iterate privacy accountants" in proc.stdout.lower() and "Renyi-DP accountants" not in proc.stdout
+
+
+def test_importing_the_package_imports_no_numerics_and_every_public_name_resolves():
+    script = f"import sys, lastiter_plugins as lp; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+    assert sorted(lp.__all__) == sorted(lp._EXPORTS)
+    for name in lp.__all__:
+        assert getattr(lp, name) is getattr(importlib.import_module(f"lastiter_plugins.{lp._EXPORTS[name]}"), name)
+    assert lp.profiles.__name__ == "lastiter_plugins.profiles"  # submodules as attributes, as before
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        lp.nope  # noqa: B018
+
+
+def test_parameter_flags_are_the_api_parameters_in_order():
+    from lastiter_plugins.cli import PARAMETER_FLAGS
+
+    assert tuple(PARAMETER_FLAGS) == lp.PARAMETERS
+
+
+def test_every_subcommand_has_the_same_defaults():
+    parsers = _subcommands()
+    assert set(parsers) == set(SUBCOMMANDS)
+    for name, parser in parsers.items():
+        defaults = {action.dest: action.default for action in parser._actions}
+        if "bound" in defaults:
+            assert defaults["bound"] == lp.BEST, name
+        if "delta" in defaults:  # None: the --config file's, else DEFAULT_DELTA (the help says which)
+            assert defaults["delta"] is None, name
+            action = next(a for a in parser._actions if a.dest == "delta")
+            assert f"else {scenarios.DEFAULT_DELTA:g}" in action.help, name
+    assert {"bound"} <= {a.dest for a in parsers["epsilon"]._actions}
+
+
+def test_epsilon_defaults_are_compares(capsys):
+    code, out, err = run(capsys, "epsilon", *PARAMS, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    expected = lp.epsilon("best", scenarios.DEFAULT_DELTA, **KWARGS)
+    assert (data["bound"], data["delta"], data["winner"]) == ("best", scenarios.DEFAULT_DELTA, expected.winner)
+    assert data["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
+    code, out, err = run(capsys, "bounds", *PARAMS, "--json")  # numbers at the default delta
+    assert code == 0, err
+    rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
+    assert rows["best"]["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
+
+
+# ---------------------------------------------------------------- files the command line cannot write
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [("", "plot path must name a file, e.g. eps.png. Found ''."),
+     ("   ", "plot path must name a file"),
+     ("/proc/lastiter.png", "plot path must be a file we can write. Found '/proc/lastiter.png'")],
+    ids=["empty", "blank", "proc"],
+)  # fmt: skip
+def test_plot_path_that_cannot_be_written_is_refused_in_one_line(capsys, path, fragment):
+    pytest.importorskip("matplotlib")
+    if path.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("no /proc on this system")
+    code, out, err = run(capsys, "compare", "--plot", path)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert fragment in err and "Traceback" not in err
+    assert not Path(path.strip() or ".png").with_suffix(".png").exists() or path.startswith("/proc")
+
+
+def test_plot_check_leaves_no_file_behind(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lastiter_plugins import plot
+
+    assert plot.check_can_plot(tmp_path / "eps") == tmp_path / "eps.png"
+    assert list(tmp_path.iterdir()) == []  # the trial file is removed
+    kept = tmp_path / "kept.png"
+    kept.write_bytes(b"old")
+    plot.check_can_plot(kept)
+    assert kept.read_bytes() == b"old"  # opened for appending: unchanged
+
+
+def test_plot_write_error_is_one_line(capsys, monkeypatch, tmp_path):
+    """A write that fails after the check (disk full, folder removed during the sweep): one line, status 2."""
+    matplotlib_figure = pytest.importorskip("matplotlib.figure")
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib_figure.Figure, "savefig", full_disk)
+    code, out, err = run(capsys, "compare", *TINY, "--plot", str(tmp_path / "eps.png"))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "plot path must be a file we can write" in err and "no space left on device" in err
+
+
+# ---------------------------------------------------------------- a closed output pipe
+
+
+#: A pipeline whose comparison is quick (two epochs of ten steps).
+TINY = [
+    "--dataset-size",
+    "100",
+    "--batch-size",
+    "10",
+    "--noise-multiplier",
+    "2",
+    "--epochs",
+    "2",
+    "--sampling",
+    "cyclic",
+]
+
+
+def _into_closed_pipe(*argv: str) -> subprocess.CompletedProcess:
+    """Run the console script with stdout a pipe whose reading end is already closed (`lastiter ... | true`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [str(LASTITER), *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, check=False, timeout=300
+        )
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [(["bounds", *PARAMS], 141), (["compare", *TINY, "--format", "csv"], 141), (["--help"], 0)],
+    ids=["bounds", "compare-csv", "help"],
+)
+def test_output_into_a_closed_pipe_ends_quietly(argv, status):
+    proc = _into_closed_pipe(*argv)
+    assert proc.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
+    # 141 = 128 + SIGPIPE, as shells report for a tool whose reader went away; argparse itself ignores a
+    # failed write of its help and exits 0
+    assert proc.returncode == status
+
+
+def test_shell_pipe_into_true_ends_quietly():
+    """The command of issue 29: `true` exits before lastiter writes (its imports take longer)."""
+    proc = subprocess.run(["sh", "-c", f"{LASTITER} bounds {' '.join(PARAMS)} | true"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+# ---------------------------------------------------------------- the README's abridged compare output
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_compare_output_is_what_its_first_command_prints(capsys, monkeypatch):
+    """The README's first command installs the `plot` extra only (no Opacus): its abridged table is that run's
+    output, line for line ("..." marks rows left out), with no Opacus row."""
+    from lastiter_plugins.compare import hosts
+
+    monkeypatch.setattr(hosts, "_host_available", lambda host: host == "dp-accounting")
+    text = README.read_text(encoding="utf-8")
+    assert '-e ".[plot]" && .venv/bin/lastiter compare' in text
+    section = text[text.index("## The comparison a newcomer sees first") :]
+    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+    code, out, err = run(capsys, "compare")
+    assert code == 0, err
+    lines = iter(out.splitlines())
+    for shown in block.splitlines():
+        if shown == "...":
+            continue
+        assert any(line == shown for line in lines), f"not in lastiter compare's output (in order): {shown!r}"
+    assert "opacus" not in block
+    for readme_number in ("1.359", "1.035", "24.4x"):
+        assert readme_number in section[: section.index("![")], readme_number
+    assert "`advise`" in text[text.index("## Command line") :] or "lastiter advise" in text

@@ -19,6 +19,7 @@ import pytest
 import lastiter_plugins as lp
 from lastiter_plugins import compare, plot, scenarios
 from lastiter_plugins.cli import main
+from lastiter_plugins.compare.rows import STANDARD
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scenarios").glob("*.toml"))
 POISSON_ONLY = {"opacus-rdp", "opacus-prv", "opacus-gdp", "dp-accounting-rdp-poisson", "dp-accounting-pld-poisson"}
@@ -298,9 +299,15 @@ def test_markdown_is_a_table(capsys, builtin):
     code, out, _ = run(capsys, "--format", "markdown")
     assert code == 0
     table = [line for line in out.splitlines() if line.startswith("|")]
-    assert len(table) == 2 + len(builtin.rows)
+    hidden = [r for r in builtin.rows if not r.valid and r.kind != STANDARD]
+    assert hidden and len(table) == 2 + len(builtin.rows) - len(hidden)  # the bounds that do not apply: counted
+    assert f"{len(hidden)} more bounds do not apply to this pipeline" in out and "--all lists them" in out
     assert {line.count(" | ") for line in table if not line.startswith("|--")} == {8}  # no stray pipes in cells
     assert "**NOT VALID**" in out
+    code, out, _ = run(capsys, "--format", "markdown", "--all")
+    assert code == 0
+    assert len([line for line in out.splitlines() if line.startswith("|")]) == 2 + len(builtin.rows)
+    assert "more bounds do not apply" not in out
 
 
 def test_flags_override_the_config_and_delta(capsys):

@@ -22,6 +22,7 @@ import pytest
 
 from lastiter_plugins import api, compare, evaluation, plot, registry, scenarios
 from lastiter_plugins.cli import NEXT_STEPS
+from lastiter_plugins.compare.rows import STANDARD
 
 LASTITER = Path(sys.executable).with_name("lastiter")  # installed by `pip install -e .` next to the interpreter
 SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scenarios").glob("*.toml"))
@@ -111,7 +112,8 @@ def _first_unmet(comparison: compare.Comparison, bound: str) -> registry.Unmet:
 @pytest.mark.parametrize("which", ["builtin", "poisson"])
 def test_a_row_that_does_not_apply_is_one_line_naming_its_first_failed_condition(request, which):
     comparison = request.getfixturevalue(which)
-    lines = compare.format_table(comparison).split("\nReferences:\n")[0].splitlines()  # the references come last
+    # --all: every row listed (by default the bounds that do not apply are counted in one line)
+    lines = compare.format_table(comparison, every_row=True).split("\nReferences:\n")[0].splitlines()
     checked = 0
     for i, row in enumerate(comparison.rows, start=1):
         if row.valid or row.id not in registry.BOUNDS:
@@ -125,7 +127,7 @@ def test_a_row_that_does_not_apply_is_one_line_naming_its_first_failed_condition
 
 
 def test_the_first_failed_condition_is_the_first_not_all_of_them(poisson):
-    table = compare.format_table(poisson).split("\nReferences:\n")[0]
+    table = compare.format_table(poisson, every_row=True).split("\nReferences:\n")[0]
     at = next(x for x in table.splitlines() if re.match(r"\s*\[\d+\] altschuler-talwar: ", x))
     # clipping is the first failed condition here; the step-size limit, also violated, is in JSON only
     assert "gradient_norms_within_clip or clipped_loss_convex_smooth (found " in at
@@ -145,23 +147,46 @@ def test_full_error_messages_keep_the_explanation():
 # ---------------------------------------------------------------- citations once
 
 
+def _shown(comparison: compare.Comparison, every_row: bool) -> list[compare.Row]:
+    """The rows the table lists: by default the bounds that do not apply are only counted."""
+    return [r for r in comparison.rows if every_row or r.valid or r.kind == STANDARD]
+
+
+@pytest.mark.parametrize("every_row", [False, True], ids=["default", "all"])
 @pytest.mark.parametrize("which", ["builtin", "poisson"])
-def test_references_block_lists_each_citation_once(request, which):
+def test_references_block_lists_each_citation_once(request, which, every_row):
     comparison = request.getfixturevalue(which)
-    table = compare.format_table(comparison)
+    table = compare.format_table(comparison, every_row=every_row)
+    shown = _shown(comparison, every_row)
+    assert every_row or len(shown) < len(comparison.rows)
     assert "\nReferences:\n" in table
     flat = " ".join(table.split())  # references are wrapped
-    for reference in {r.reference for r in comparison.rows}:
+    for reference in {r.reference for r in shown}:
         assert flat.count(" ".join(reference.split())) == 1, reference
     references = table.split("\nReferences:\n", 1)[1]
     numbers = [int(m) for m in re.findall(r"^  \[(\d+)\] ", references, flags=re.M)]
-    assert numbers == list(range(1, len(comparison.rows) + 1))
+    assert numbers == list(range(1, len(shown) + 1))
 
 
-def test_markdown_lists_each_citation_once(builtin):
-    markdown = compare.format_markdown(builtin)
-    for reference in {r.reference for r in builtin.rows}:
+@pytest.mark.parametrize("every_row", [False, True], ids=["default", "all"])
+def test_markdown_lists_each_citation_once(builtin, every_row):
+    markdown = compare.format_markdown(builtin, every_row=every_row)
+    for reference in {r.reference for r in _shown(builtin, every_row)}:
         assert markdown.count(reference.replace("|", "\\|")) == 1, reference
+
+
+def test_json_and_csv_conditions_do_not_repeat_the_reference(poisson):
+    """Each row cites its reference once, in its own field; its conditions say what failed, not the theorem."""
+    rows = json.loads(compare.format_comparison(poisson, "json"))["rows"]
+    failing = [r for r in rows if r["why_not"] and r["id"] in registry.BOUNDS]
+    assert len(failing) >= 10 and any(len(r["why_not"]) >= 2 for r in failing)
+    for row in failing:
+        assert row["reference"] == registry.BOUNDS[row["id"]].reference
+        assert all(row["reference"] not in condition and " for " + row["id"] not in condition
+                   for condition in row["why_not"]), row  # fmt: skip
+    records = {r["id"]: r for r in csv.DictReader(io.StringIO(compare.format_csv(poisson)))}
+    for row in failing:
+        assert records[row["id"]]["why_not"] == " ".join(row["why_not"])
 
 
 # ---------------------------------------------------------------- host library log output

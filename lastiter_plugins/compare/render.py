@@ -1,7 +1,9 @@
-r"""The comparison rendered for people and programs: a plain-text table with numbered rows (one
-short line per row that does not apply, the references once), GitHub Markdown, JSON (never
-NaN/Infinity) and CSV. People see "> 1e4" for an epsilon too large to mean anything; JSON and
-CSV keep every number and every failed condition in full."""
+r"""The comparison rendered for people and programs: a plain-text table with numbered rows (the
+rows that apply, the host accountants, and one line counting the bounds that do not apply; every
+row with ``every_row``), GitHub Markdown (the same rows), JSON (never NaN/Infinity) and CSV (every
+row). Each reference is cited once per output, at its end (JSON and CSV: in the row's
+``reference``, never in its conditions). People see "> 1e4" for an epsilon too large to mean
+anything; JSON and CSV keep every number and every failed condition."""
 
 from __future__ import annotations
 
@@ -13,9 +15,8 @@ from collections.abc import Sequence
 
 from lastiter_plugins import api
 from lastiter_plugins.compare.rows import FINAL_MODEL, FOOTER, STANDARD, BestLine, Comparison, Row
+from lastiter_plugins.defaults import FORMATS
 from lastiter_plugins.jsonout import dump_json
-
-FORMATS = ("table", "markdown", "json", "csv")
 
 
 def _num(x: float | None, digits: int = 4) -> str:
@@ -105,11 +106,27 @@ def _why_not(row: Row) -> str:
     return row.first_unmet or (row.why_not[0] if row.why_not else "")
 
 
-def _references(c: Comparison) -> list[tuple[int, Row, int | None]]:
+def _shown(c: Comparison, every_row: bool) -> tuple[list[Row], list[Row]]:
+    """(rows shown, registry bounds left out): by default a registry bound that does not apply (no
+    number, not valid) is only counted; host accountants are always shown (their numbers are what a
+    user would otherwise read, valid or not)."""
+    if every_row:
+        return list(c.rows), []
+    hidden = [r for r in c.rows if not r.valid and r.kind != STANDARD]
+    return [r for r in c.rows if r not in hidden], hidden
+
+
+def _hidden_line(hidden: Sequence[Row], sampling: str) -> str:
+    same = sum(r.first_unmet.startswith("sampling must be") for r in hidden)
+    why = f" ({same} need another sampling than {sampling})" if same else ""
+    return f"{len(hidden)} more bounds do not apply to this pipeline{why}; --all lists them with why not."
+
+
+def _references(rows: Sequence[Row]) -> list[tuple[int, Row, int | None]]:
     """(number, row, number of an earlier row with the same reference or None): each citation once."""
     seen: dict[str, int] = {}
     out = []
-    for i, row in enumerate(c.rows, start=1):
+    for i, row in enumerate(rows, start=1):
         out.append((i, row, seen.get(row.reference)))
         seen.setdefault(row.reference, i)
     return out
@@ -131,13 +148,16 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
     )
 
 
-def format_table(c: Comparison, *, verbose: bool = False) -> str:
-    """Plain text: the table, the best lines, one line per row that does not apply (its first
+def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = False) -> str:
+    """Plain text: the table (the rows that apply, the host accountants, one line counting the
+    bounds that do not apply), the best lines, one line per shown row that does not apply (its first
     failed condition), what the valid rows assume, notes, and the references, each once.
 
-    ``verbose`` adds the host libraries' log records captured while the rows were computed.
+    ``verbose`` adds the host libraries' log records captured while the rows were computed;
+    ``every_row`` lists the bounds that do not apply too.
     """
-    body = [_cells(r, f" [{i}]") for i, r in enumerate(c.rows, start=1)]
+    rows, hidden = _shown(c, every_row)
+    body = [_cells(r, f" [{i}]") for i, r in enumerate(rows, start=1)]
     widths = [max(len(h), *(len(cells[i]) for cells in body)) for i, h in enumerate(_COLUMNS)]
     right = {3, 4}
 
@@ -150,19 +170,23 @@ def format_table(c: Comparison, *, verbose: bool = False) -> str:
     out.append(line(_COLUMNS))
     out.append(line(["-" * w for w in widths]))
     previous_kind = None
-    for row, cells in zip(c.rows, body, strict=True):
+    for row, cells in zip(rows, body, strict=True):
         group = row.kind == STANDARD
-        if previous_kind is not None and group != previous_kind:
+        if group and previous_kind is not True:
+            if hidden:
+                out.append(_hidden_line(hidden, c.params.get("sampling", "")))
             out.append("")
             out.append("What host libraries report for this pipeline (shown, never counted):")
         previous_kind = group
         out.append(line(cells))
-    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in c.rows):
+    if hidden and previous_kind is not True:  # no host row: the count ends the table
+        out.append(_hidden_line(hidden, c.params.get("sampling", "")))
+    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
     out += ["", "Best valid for this pipeline, per neighbouring relation:"]
     for b in c.best:
         out += _wrap(_best_text(b), "  ", "    ")
-    numbered = list(enumerate(c.rows, start=1))
+    numbered = list(enumerate(rows, start=1))
     invalid = [(i, r) for i, r in numbered if not r.valid]
     if invalid:
         out += ["", "Why the other rows do not apply (the first failed condition; --format json lists all):"]
@@ -178,7 +202,7 @@ def format_table(c: Comparison, *, verbose: bool = False) -> str:
         for i, r in noted:
             out += _wrap(f"[{i}] {r.id}: " + " ".join(r.notes))
     out += ["", "References:"]
-    for i, r, same in _references(c):
+    for i, r, same in _references(rows):
         out += _wrap(f"[{i}] {r.id}: " + (f"as [{same}]" if same is not None else r.reference))
     out += ["", *_wrap(_hosts_line(c), "", "  "), *_wrap(FOOTER, "", "")]
     if c.host_log and verbose:
@@ -193,9 +217,10 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_markdown(c: Comparison) -> str:
-    """GitHub-flavoured Markdown: the table (why not: the first failed condition), the
-    best-valid lines and the references, each once."""
+def format_markdown(c: Comparison, *, every_row: bool = False) -> str:
+    """GitHub-flavoured Markdown: the table (the rows of :func:`format_table`; why not: the first
+    failed condition), the best-valid lines and the references, each once."""
+    rows, hidden = _shown(c, every_row)
     head = (*_COLUMNS, "why not / assumptions")
     out = [
         f"**{_md_escape(c.name)}**: {_md_escape(_scenario_line(c))}; epsilon at delta = {c.delta:g}.",
@@ -203,7 +228,7 @@ def format_markdown(c: Comparison) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"] * 4) + "|",
     ]
-    for i, row in enumerate(c.rows, start=1):
+    for i, row in enumerate(rows, start=1):
         cells = [_md_escape(x) for x in _cells(row)]
         cells[0] = f"`{row.id}` [{i}]"
         if not row.valid:
@@ -212,12 +237,14 @@ def format_markdown(c: Comparison) -> str:
         else:
             cells.append("<br>".join(_md_escape(n) for n in ("assumes: " + row.assumptions, *row.notes)))
         out.append("| " + " | ".join(cells) + " |")
-    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in c.rows):
+    if hidden:
+        out += ["", _md_escape(_hidden_line(hidden, c.params.get("sampling", "")))]
+    if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out += ["", f"{_md_escape(TOO_LARGE)}: an epsilon above 1e4 protects nothing (JSON and CSV give the number)."]
     out += ["", "Best valid for this pipeline, per neighbouring relation:", ""]
     out += [f"- {_md_escape(_best_text(b))}" for b in c.best]
     out += ["", "References:", ""]
-    for i, r, same in _references(c):
+    for i, r, same in _references(rows):
         out.append(f"{i}. `{r.id}`: " + (f"as {same}" if same is not None else _md_escape(r.reference)))
     out += ["", _md_escape(_hosts_line(c)), "", f"_{FOOTER}_"]
     return "\n".join(out)
@@ -297,13 +324,14 @@ def format_csv(c: Comparison) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-def format_comparison(c: Comparison, fmt: str = "table", *, verbose: bool = False) -> str:
+def format_comparison(c: Comparison, fmt: str = "table", *, verbose: bool = False, every_row: bool = False) -> str:
     """Render as ``table``, ``markdown``, ``json`` (never NaN/Infinity) or ``csv``; ``verbose``
-    adds the captured host-library log to the table."""
+    adds the captured host-library log to the table; ``every_row`` lists the bounds that do not
+    apply in the table and Markdown too (JSON and CSV always list every row)."""
     if fmt == "table":
-        return format_table(c, verbose=verbose)
+        return format_table(c, verbose=verbose, every_row=every_row)
     if fmt == "markdown":
-        return format_markdown(c)
+        return format_markdown(c, every_row=every_row)
     if fmt == "json":
         return dump_json(c.to_dict())
     if fmt == "csv":

@@ -34,7 +34,8 @@ class Row:
       kind: ``last-iterate bound``, ``composition`` (registry rows that protect every
         iterate) or ``standard accountant`` (a host library's, display only).
       valid: True when every assumption of the accountant holds for the pipeline.
-      why_not: the violated conditions (empty when valid).
+      why_not: the violated conditions, each in full but without the reference (cited once, in
+        ``reference``); empty when valid.
       covers: sampling schemes the accountant is proven for.
       relation: its neighbouring relation (for this pipeline's sampling).
       assumptions: what it assumes, in words.

@@ -68,7 +68,7 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         label=e.bound,
         kind="last-iterate bound" if e.protects is Protects.FINAL_MODEL else "composition",
         valid=e.applies,
-        why_not=e.reasons,
+        why_not=tuple(u.condition for u in e.unmet) or e.reasons,  # the reference is cited once, in its field
         covers=tuple(s.value for s in e.covers),
         relation=(e.relation or declared).value,
         assumptions=e.assumptions,
