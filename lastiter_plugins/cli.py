@@ -266,6 +266,15 @@ def _json_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON (strict: no NaN or Infinity) instead of text")
 
 
+def _published_only_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--published-only",
+        action="store_true",
+        help="best over bounds whose proof is a published theorem only (not this library's derivations; "
+        "docs/bounds.md); a named bound must be one",
+    )
+
+
 def _unproven_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--unproven",
@@ -288,7 +297,7 @@ def _cmd_rdp(args) -> str:
     _checked_bound(args.bound)
     _, params, _ = _pipeline(args)
     config, assumptions = api.build(**params)
-    values = api.compute_rdp(args.bound, config, assumptions, args.orders)
+    values = api.compute_rdp(args.bound, config, assumptions, args.orders, published_only=args.published_only)
     relation, protects, proof = config.relation, registry.Protects.FINAL_MODEL, registry.PROVEN
     if args.bound != registry.BEST:
         spec = registry.BOUNDS[args.bound]
@@ -312,16 +321,20 @@ def _cmd_rdp(args) -> str:
 
 
 def _cmd_epsilon(args) -> str:
-    from lastiter_plugins import advice, api
+    from lastiter_plugins import advice, api, evaluation
     from lastiter_plugins.jsonout import dump_json
 
     _checked_bound(args.bound)
     _, params, delta = _pipeline(args)
     best = args.bound == BEST
-    result = api.epsilon(args.bound, delta, args.orders, lower_bound=best, **params)
+    result = api.epsilon(args.bound, delta, args.orders, lower_bound=best, published_only=args.published_only, **params)
     if args.json:
         return dump_json(result.to_dict())
     head = f"{result}\n{result.tightness_line}" if best else str(result)
+    if best:
+        head += f"\nProof: {result.provenance}."
+        note = evaluation.published_note(result, *api.build(**params), args.orders)
+        head += f"\n{note}" if note else ""
     if not best or not advice.is_standard_baseline(result):
         return head
     return f"{head}\n\n{advice.baseline_note(result, advice.advise(result.delta, top=3, **params))}"
@@ -447,8 +460,10 @@ def _cmd_calibrate(args) -> str:
     _checked_bound(args.bound)
     _, params, delta = _pipeline(args, needs_noise=False)
     params.pop("noise_multiplier", None)  # the unknown
-    z = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, **params)
-    achieved = api.epsilon(args.bound, delta, args.orders, noise_multiplier=z, **params)  # as calibration computed it
+    only = args.published_only
+    z = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, published_only=only, **params)
+    # as calibration computed it
+    achieved = api.epsilon(args.bound, delta, args.orders, published_only=only, noise_multiplier=z, **params)
     if args.json:
         return dump_json({"noise_multiplier": z, "target_epsilon": args.target_epsilon} | achieved.to_dict())
     return (
@@ -549,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rdp", help="RDP epsilon (nats) at given orders")
     _bound_argument(p)
     _orders_argument(p, required=True)
+    _published_only_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_rdp)
 
@@ -556,6 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bound_argument(p)
     _delta_argument(p)
     _orders_argument(p)
+    _published_only_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_epsilon)
 
@@ -571,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-epsilon", type=float, required=True, help="the epsilon to reach, > 0")
     _delta_argument(p)
     _orders_argument(p)
+    _published_only_argument(p)
     _json_argument(p)
     p.set_defaults(run=_cmd_calibrate)
 

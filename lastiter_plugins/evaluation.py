@@ -597,10 +597,11 @@ def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions:
 def published_note(
     result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray | None = None
 ) -> str:
-    """What the outputs print under a ``best`` whose proof is this library's derivation: the number
-    ``best`` gives over published theorems only (``published_only=True``), or that none applies. Empty
-    when the result already rests on a published theorem, or is not ``best``."""
-    if result.published or result.bound != BEST:
+    """What the outputs print under a ``best`` (``result``: its winner's result) whose proof is this
+    library's derivation: the number ``best`` gives over published theorems only
+    (``published_only=True``), or that none applies. Empty when the result rests on a published
+    theorem."""
+    if result.published:
         return ""
     try:
         published = best_result(config, assumptions, result.delta, orders, published_only=True)

@@ -559,3 +559,28 @@ def test_readme_compare_output_is_what_its_first_command_prints(capsys, monkeypa
     for readme_number in ("1.359", "1.035", "24.4x"):
         assert readme_number in section[: section.index("![")], readme_number
     assert "`advise`" in text[text.index("## Command line") :] or "lastiter advise" in text
+
+
+BUILTIN_FLAGS = ["--dataset-size", "10000", "--batch-size", "100", "--noise-multiplier", "4", "--clip-norm", "1.05",
+                 "--learning-rate", "1", "--epochs", "100", "--sampling", "shuffle_once", "--smoothness", "0.26",
+                 "--strong-convexity", "0.01", "--diameter", "10", "--gradient-norms-within-clip"]  # fmt: skip
+
+
+def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_give(capsys):
+    code, out, _ = run(capsys, "epsilon", *BUILTIN_FLAGS)
+    assert code == 0
+    params = dict(dataset_size=10000, batch_size=100, noise_multiplier=4.0, clip_norm=1.05, learning_rate=1.0,
+                  epochs=100, sampling="shuffle_once", smoothness=0.26, strong_convexity=0.01, diameter=10.0,
+                  gradient_norms_within_clip=True)  # fmt: skip
+    published = lp.epsilon("best", 1e-5, published_only=True, **params)
+    assert "Proof: derived here: docs/decisions.md section 14" in out
+    assert f"over published theorems only (published_only=True): {published.epsilon:.4g} via {published.winner}" in out
+    code, out, _ = run(capsys, "epsilon", "--published-only", *BUILTIN_FLAGS)
+    assert code == 0 and f"({published.epsilon:.4g}, 1e-05)" in out and "Proof: published: Kong & Ribero" in out
+    assert "derived here" not in out
+    code, out, err = run(capsys, "epsilon", "--published-only", "--bound", "shifted-interpolation-shuffle",
+                         *BUILTIN_FLAGS)  # fmt: skip
+    assert code == 2 and "this library's derivation" in err
+    code, out, _ = run(capsys, "calibrate", "--published-only", "--target-epsilon", "5", *BUILTIN_FLAGS[:4],
+                       *BUILTIN_FLAGS[6:])  # fmt: skip
+    assert code == 0 and "via kong-ribero-cyclic" in out

@@ -96,6 +96,9 @@ def test_the_note_says_when_the_restriction_would_change_the_number():
     note = evaluation.published_note(full, config, assumptions)
     assert f"{published.epsilon:.4g} via {published.winner}" in note and "section 14" in note
     assert evaluation.published_note(published, config, assumptions) == ""  # already published: nothing to say
+    # compare's best line says it too
+    line = lp.compare.compare(DELTA, lower_bound=False, **BUILTIN).best[0]
+    assert line.provenance == full.provenance and line.published_note == note
     config, assumptions = build(**POISSON_R1)
     note = evaluation.published_note(lp.epsilon("best", DELTA, **POISSON_R1), config, assumptions)
     assert "no published theorem applies" in note

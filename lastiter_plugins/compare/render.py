@@ -31,6 +31,11 @@ def _num(x: float | None, digits: int = 4) -> str:
 #: (JSON and CSV keep the number).
 MEANINGLESS_EPSILON = 1e4
 TOO_LARGE = "> 1e4"
+#: What the proof column says, printed under a table that shows a row of ours.
+PROOF_LEGEND = (
+    "proof: published = a published theorem applied within its assumptions; ours = this library's derivation "
+    "for this pipeline, checked on exact instances and by fuzzing (docs/bounds.md)"
+)
 #: Free text (scenario, notes, references) is wrapped to this width; table rows are shorter.
 WIDTH = 120
 
@@ -74,8 +79,8 @@ def _best_text(b: BestLine) -> str:
         )
     if b.notes:
         text += " [" + "; ".join(b.notes) + "]"
-    tight = _tightness_text(b)
-    return f"{text}. {tight}" if tight else text
+    text = ". ".join(filter(None, (text, _tightness_text(b))))
+    return f"{text}. {b.published_note}" if b.published_note else text
 
 
 def _tightness_text(b: BestLine) -> str:
@@ -143,9 +148,20 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
         _eps(row.epsilon),
         _num(row.order, 4) if row.order is not None else "-",
         row.protects,
-        "proven" if row.proof == "proven" else "UNPROVEN",
+        _proof_cell(row),
         ", ".join(row.covers),
     )
+
+
+def _proof_cell(row: Row) -> str:
+    """UNPROVEN, or for a proven registry row whether its proof is a published theorem or ours (here)."""
+    if row.proof != "proven":
+        return "UNPROVEN"
+    if row.provenance.startswith("published"):
+        return "published"
+    if row.provenance.startswith("derived"):
+        return "ours"
+    return "proven"
 
 
 def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = False) -> str:
@@ -183,6 +199,8 @@ def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = Fals
         out.append(_hidden_line(hidden, c.params.get("sampling", "")))
     if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
+    if any(_proof_cell(r) == "ours" for r in rows):
+        out.append(f"({PROOF_LEGEND})")
     out += ["", "Best valid for this pipeline, per neighbouring relation:"]
     for b in c.best:
         out += _wrap(_best_text(b), "  ", "    ")
@@ -263,6 +281,7 @@ CSV_FIELDS = (
     "covers",
     "counted",
     "proof",
+    "provenance",
     "why_not",
     "assumptions",
     "reference",
@@ -294,6 +313,7 @@ def format_csv(c: Comparison) -> str:
                 "covers": " ".join(r.covers),
                 "counted": str(r.counted).lower(),
                 "proof": r.proof,
+                "provenance": r.provenance,
                 "why_not": " ".join(r.why_not),
                 "assumptions": r.assumptions,
                 "reference": r.reference,

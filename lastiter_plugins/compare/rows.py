@@ -46,6 +46,8 @@ class Row:
       reference: theorem or host-library API.
       counted: whether it takes part in a best line (a registry row that applies, proven, with a number).
       proof: ``proven`` or ``unproven: <reason>`` (host accountants: their own theorems).
+      provenance: a registry row's ``published: <theorem>`` or ``derived here: <docs section; checks>``
+        for this pipeline (empty for host accountants).
       notes: extra remarks (order at the grid's edge, host warnings, errors).
       first_unmet: the first failed condition in one short line, without the reference
         (empty when valid); what the table prints. Display only: not in JSON or CSV,
@@ -68,6 +70,7 @@ class Row:
     proof: str = "proven"
     notes: tuple[str, ...] = ()
     first_unmet: str = ""
+    provenance: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -96,6 +99,8 @@ class BestLine:
     # None, and why (empty when not computed)
     lower_bound: float | None = None
     lower_bound_note: str = ""
+    provenance: str = ""  # the winner's: "published: ..." or "derived here: ..."
+    published_note: str = ""  # what best gives over published theorems only (empty: the winner is published)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

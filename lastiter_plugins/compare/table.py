@@ -78,6 +78,7 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         reference=e.reference,
         counted=evaluation.counts_for_best(e, e.relation) and e.result is not None,  # in its relation's best line
         proof=str(e.proof),
+        provenance=e.provenance,
         notes=e.notes + notes,
         first_unmet=e.unmet[0].short if e.unmet else "",
     )
@@ -129,7 +130,11 @@ def compare_rows(
 
 
 def best_lines(
-    config: TrainingConfig, evaluations: Iterable[BoundEvaluation], assumptions: LossAssumptions | None = None
+    config: TrainingConfig,
+    evaluations: Iterable[BoundEvaluation],
+    assumptions: LossAssumptions | None = None,
+    *,
+    lower_bound: bool = True,
 ) -> tuple[BestLine, ...]:
     """The best line of each neighbouring relation (declared relation first).
 
@@ -138,7 +143,9 @@ def best_lines(
     smallest every-iterate number of the same relation beside it. A relation with no valid
     bound is listed only when it is the declared one. With ``assumptions``, each line also
     carries its lower bound (:func:`lastiter_plugins.evaluation.with_lower_bound`, under that
-    line's relation).
+    line's relation; unless ``lower_bound`` is False) and, when its winner is this library's
+    derivation, what ``best`` gives over published theorems only
+    (:func:`lastiter_plugins.evaluation.published_note`).
     """
     evaluations = list(evaluations)
     out = []
@@ -150,11 +157,13 @@ def best_lines(
             continue
         every = evaluation.best_of((e for e in evaluations if e.protects is Protects.EVERY_ITERATE), relation)
         counted = [e.bound for e in evaluations if evaluation.counts_for_best(e, relation) and e.result is not None]
+        at_relation = config.replace(relation=relation)
         lower = (
             None
-            if assumptions is None
-            else evaluation.with_lower_bound(winner.result, config.replace(relation=relation), assumptions)
+            if assumptions is None or not lower_bound
+            else evaluation.with_lower_bound(winner.result, at_relation, assumptions)
         )
+        published = "" if assumptions is None else evaluation.published_note(winner.result, at_relation, assumptions)
         out.append(
             BestLine(
                 lower_bound=None if lower is None else lower.lower_bound,
@@ -168,6 +177,8 @@ def best_lines(
                 how="smallest epsilon of " + ", ".join(counted),
                 every_iterate_epsilon=None if every is None else every.result.epsilon,
                 every_iterate_winner=None if every is None else every.bound,
+                provenance=winner.provenance,
+                published_note=published,
             )
         )
     return tuple(out)
@@ -202,7 +213,7 @@ def compare(
         steps=config.steps,
         steps_per_epoch=config.steps_per_epoch,
         rows=rows,
-        best=best_lines(config, (e for e, _ in evaluated.values()), assumptions if lower_bound else None),
+        best=best_lines(config, (e for e, _ in evaluated.values()), assumptions, lower_bound=lower_bound),
         hosts=hosts.host_versions(),
         host_log=tuple(log),
     )
