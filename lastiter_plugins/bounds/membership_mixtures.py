@@ -276,30 +276,77 @@ def _old_shifts(c: float, horizon: int, older: bool) -> float:
     return (c**horizon) / (1.0 - c) if older else 0.0
 
 
+def _fraction_bound(fractions: np.ndarray, q: float) -> float:
+    r"""A value F* with :math:`P(\sum_j u_j f_j > F^*) \le` _LEFT_OUT / 10 for independent
+    :math:`u_j \sim` Bernoulli(q) and the given :math:`f_j \in [0, 1)`: the smaller of the largest
+    value :math:`\sum_j f_j` and Chernoff's bound on a grid of theta (each theta gives a valid bound)."""
+    largest = float(fractions.sum())
+    if q >= 1.0 or largest == 0.0:
+        return largest
+    thetas = np.geomspace(1e-3, 1e3, 60) / max(q * largest, 1.0)
+    log_mgf = np.logaddexp(math.log1p(-q), math.log(q) + thetas[:, None] * fractions[None, :]).sum(axis=1)
+    return min(largest, float(np.min((log_mgf - math.log(_LEFT_OUT / 10.0)) / thetas)))
+
+
 @functools.lru_cache(maxsize=64)
 def _prefix_shift_law_horizon(
     step_mu: float, c: float, q: float, horizon: int, older: bool
 ) -> tuple[np.ndarray, float]:
     r"""Law of (an upper bound on) :math:`z_P = s \sum_{j<P} u_j c^j` (j: the age of a use) on a
-    lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift): each of the last H ages
-    contributes its own term :math:`s c^j` rounded up to the lattice (a run of ages with the same
-    rounded term adds that term times a Binomial count), the older ones their worst case (every
-    step used), :math:`c^H s / (1 - c)`, added up front. The lattice ends where a Chernoff bound
-    leaves at most _LEFT_OUT / 10 above it (that mass, and the Binomial tails the counts leave out,
-    are missing from the law: mu = inf). Returns (law, unit)."""
+    lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift), the ages older than the horizon H
+    at their worst case (every step used), :math:`c^H s / (1 - c)`, added up front. Two ways to put the
+    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice (docs/decisions.md,
+    section 19, part 3), the one with the smaller expected excess is used:
+
+    * rounded up: each age contributes :math:`\lceil t_j \rceil` (pathwise at most one cell more per
+      use);
+    * split: :math:`\lfloor t_j \rfloor` on the lattice, and the fractional parts :math:`f_j` of the
+      used ages together bounded by one number F* exceeded with probability at most _LEFT_OUT / 10
+      (:func:`_fraction_bound`), added up front; that probability is taken from the lowest values of
+      the law (it joins the missing mass, mu = inf). The excess is F* less the actual fractional sum,
+      about 7 standard deviations of that sum instead of a cell per use: far smaller when many ages
+      are used (q/(1 - c) large); 0 at q = 1.
+
+    A run of ages with the same lattice term adds that term times a Binomial count (the count's lower
+    tail moved up to its lowest kept value, its upper tail left out). The lattice ends where a
+    Chernoff bound leaves at most _LEFT_OUT / 10 above it (that mass, and the Binomial tails the counts
+    leave out, are missing from the law: mu = inf). Returns (law, unit)."""
     mean = q / (1.0 - c) if c < 1.0 else q * horizon  # in shifts s
     per_shift = max(1, round(_Z_PER_SHIFT / max(1.0, mean)))  # cells per shift: about _Z_PER_SHIFT per mean
     unit = step_mu / per_shift
-    terms = _ceil_index(c ** np.arange(horizon, dtype=float) * per_shift, 1.0)  # s c^j in cells, rounded up
+    exact = c ** np.arange(horizon, dtype=float) * per_shift  # s c^j in cells
+    up = _ceil_index(exact, 1.0)
+    down = np.floor(exact).astype(np.int64)
+    fractions = exact - down
+    split_bound = _fraction_bound(fractions, q)
+    split = split_bound - q * float(fractions.sum()) < q * float((up - exact).sum())
+    terms, front = (down, split_bound) if split else (up, 0.0)
     values, runs = np.unique(terms, return_counts=True)  # runs of equal terms (terms decrease with the age)
-    start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift, 1.0))
-    cells = start + _chernoff_cap(values.astype(float), runs.astype(float), q) + 1
-    law = np.zeros(cells)
+    if values[0] == 0:  # a term of 0 cells adds nothing
+        values, runs = values[1:], runs[1:]
+    start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift + front, 1.0))
+    cap = _chernoff_cap(values.astype(float), runs.astype(float), q) if values.size else 0
+    law = np.zeros(start + cap + 1)
     law[start] = 1.0
     end = start + 1  # law is 0 from end on (the small terms come first: the sum's range grows slowly)
     for value, (k, pk) in zip(values.tolist(), _count_laws(tuple(runs.tolist()), q), strict=True):
         law, end = _plus_multiples(law, end, value, k, pk)
+    if split and q < 1.0:  # P(fractional sum > F*) joins the missing mass, taken from the lowest values
+        law = _without_lowest(law, _LEFT_OUT / 10.0)
     return law, unit
+
+
+def _without_lowest(law: np.ndarray, mass: float) -> np.ndarray:
+    """The law with ``mass`` removed from its lowest values (that mass then counts as mu = inf): for
+    any event A of probability at most ``mass``, P(X > x) <= min(1, P(Y > x) + mass) is the survival
+    function of this law when X <= Y outside A."""
+    below = np.cumsum(law)
+    out = law.copy()
+    full = int(np.searchsorted(below, mass, side="right"))  # atoms 0..full-1 hold at most ``mass`` together
+    out[:full] = 0.0
+    if full < out.size:
+        out[full] = below[full] - mass
+    return out
 
 
 def _plus_multiples(
@@ -639,7 +686,8 @@ def membership_profile(
 
     Returns:
       A mixture profile: the best of :func:`candidate_layouts` at :data:`REFERENCE_DELTA`
-      (every layout is valid; ranked on the coarse lattice, the best recomputed on the fine one).
+      (every layout is valid; ranked on the coarse lattice, the best recomputed on the fine one),
+      or the single component of :func:`every_step_claimed_mu` where that ranks better.
       Cached on every argument.
     """
     s, c, q = float(step_mu), float(contraction), float(use_probability)
@@ -673,8 +721,23 @@ def membership_profile(
     others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))
     same = [lay for lay in others if (lay.repeat, lay.prefix > 0) == (best.repeat, best.prefix > 0)]
     best = min([best, *same], key=coarse_delta)
+    every = every_step_claimed_mu(c, steps)
+    if _rough_delta(np.ones(1), np.array([every]), s, eps0) <= coarse_delta(best):
+        return _scaled(np.ones(1), np.array([every]), s, extra_mass)
     w, m = _unit_mixture(best, c, q, _FINE_CELLS, _reach_of(*_ranking_mixture(best, c, q)))
     return _scaled(w, m, s, extra_mass)
+
+
+def every_step_claimed_mu(contraction: float, steps: int) -> float:
+    r"""The s-free mu of the allocation that claims a use at every step (an over-claim, valid for
+    every membership pattern: docs/decisions.md, section 19, part 2): the full-batch optimum of
+    section 14, part 2, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt T` at c = 1).
+    Exact for q = 1, where every step uses the record."""
+    c = contraction
+    if c >= 1.0:
+        return math.sqrt(steps)
+    power = math.exp(steps * math.log(c)) if c > 0.0 else 0.0
+    return math.sqrt((1.0 + c) / (1.0 - c) * (1.0 - power) / (1.0 + power))
 
 
 def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -> profiles.GaussianMixtureProfile:
