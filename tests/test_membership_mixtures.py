@@ -183,7 +183,7 @@ def test_prefix_law_adds_only_where_the_law_can_be_positive():
         bound = mm._fraction_bound(exact - down, q)
         split = bound - q * (exact - down).sum() < q * (up - exact).sum()
         routes.add(bool(split))
-        terms, front = (down, bound) if split else (up, 0.0)
+        terms, front = (down, bound + 1e-12 * exact.sum()) if split else (up, 0.0)
         values, runs = np.unique(terms[terms > 0], return_counts=True)
         expected = np.zeros(law.size)
         old = mm._old_shifts(c, horizon, horizon < prefix) * per_shift

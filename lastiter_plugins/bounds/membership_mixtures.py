@@ -276,16 +276,33 @@ def _old_shifts(c: float, horizon: int, older: bool) -> float:
     return (c**horizon) / (1.0 - c) if older else 0.0
 
 
+#: The fractional parts are rounded up to multiples of 1 / _FRACTION_BINS for their Chernoff bound.
+_FRACTION_BINS = 1024
+
+
 def _fraction_bound(fractions: np.ndarray, q: float) -> float:
     r"""A value F* with :math:`P(\sum_j u_j f_j > F^*) \le` _LEFT_OUT / 10 for independent
     :math:`u_j \sim` Bernoulli(q) and the given :math:`f_j \in [0, 1)`: the smaller of the largest
-    value :math:`\sum_j f_j` and Chernoff's bound on a grid of theta (each theta gives a valid bound)."""
+    value :math:`\sum_j f_j` and Chernoff's bound for the larger sum with every :math:`f_j` rounded up to
+    a multiple of 1 / _FRACTION_BINS (a few hundred distinct values instead of one per age), minimised
+    over theta on a grid refined around its best point (each theta gives a valid bound)."""
     largest = float(fractions.sum())
     if q >= 1.0 or largest == 0.0:
         return largest
-    thetas = np.geomspace(1e-3, 1e3, 60) / max(q * largest, 1.0)
-    log_mgf = np.logaddexp(math.log1p(-q), math.log(q) + thetas[:, None] * fractions[None, :]).sum(axis=1)
-    return min(largest, float(np.min((log_mgf - math.log(_LEFT_OUT / 10.0)) / thetas)))
+    bins = np.bincount(np.ceil(fractions * _FRACTION_BINS).astype(np.int64), minlength=_FRACTION_BINS + 1)
+    held = np.flatnonzero(bins)
+    values, counts = held / _FRACTION_BINS, bins[held].astype(float)
+    log_left = math.log(_LEFT_OUT / 10.0)
+
+    def bound(thetas):
+        log_mgf = np.logaddexp(math.log1p(-q), math.log(q) + thetas[:, None] * values[None, :]) @ counts
+        return (log_mgf - log_left) / thetas
+
+    grid = np.geomspace(1e-3, 1e3, 25) / max(q * largest, 1.0)
+    at_grid = bound(grid)
+    best = int(np.argmin(at_grid))
+    fine = np.geomspace(grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)], 17)
+    return min(largest, float(at_grid.min()), float(bound(fine).min()))
 
 
 @functools.lru_cache(maxsize=64)
@@ -324,6 +341,8 @@ def _prefix_shift_law_horizon(
     values, runs = np.unique(terms, return_counts=True)  # runs of equal terms (terms decrease with the age)
     if values[0] == 0:  # a term of 0 cells adds nothing
         values, runs = values[1:], runs[1:]
+    if split:  # the terms are floating-point values of k c^j: a relative 1e-12 of their sum covers their rounding
+        front += 1e-12 * float(exact.sum())
     start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift + front, 1.0))
     cap = _chernoff_cap(values.astype(float), runs.astype(float), q) if values.size else 0
     law = np.zeros(start + cap + 1)
@@ -706,23 +725,30 @@ def membership_profile(
         return _scaled(np.array([none, 1.0 - none]), np.array([0.0, math.inf]), 1.0, extra_mass)
 
     # rank the layouts on the coarse lattice by their delta at one epsilon (the first layout's at
-    # REFERENCE_DELTA; without the extra mass, which adds the same to every layout): every block
-    # size with a window of 4 steps, then the best with windows of 2 and 8; compute the best on the
-    # fine lattice, ending where its coarse law ends
+    # REFERENCE_DELTA, then the winner's where it is smaller: far above the winner's epsilon the
+    # better layouts' deltas underflow to 0 and tie; without the extra mass, which adds the same to
+    # every layout): every block size with a window of 4 steps, then the best with windows of 2 and
+    # 8; compute the best on the fine lattice, ending where its coarse law ends
     first = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(4,))
     assert first, (steps, q, c)  # test_every_run_gets_layouts_covering_its_steps
-    eps0 = _rough_epsilon(*_ranking_mixture(first[0], c, q), s, REFERENCE_DELTA)
+
+    def rough_epsilon(lay):
+        return _rough_epsilon(*_ranking_mixture(lay, c, q), s, REFERENCE_DELTA)
 
     @functools.cache
-    def coarse_delta(lay):
-        return _rough_delta(*_ranking_mixture(lay, c, q), s, eps0)
+    def coarse_delta(lay, eps):
+        return _rough_delta(*_ranking_mixture(lay, c, q), s, eps)
 
-    best = min(first, key=coarse_delta)
+    eps = rough_epsilon(first[0])
+    best = min(first, key=lambda lay: coarse_delta(lay, eps))
+    if best != first[0] and (winner := rough_epsilon(best)) < eps:
+        eps = winner
+        best = min(first, key=lambda lay: coarse_delta(lay, eps))
     others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))
     same = [lay for lay in others if (lay.repeat, lay.prefix > 0) == (best.repeat, best.prefix > 0)]
-    best = min([best, *same], key=coarse_delta)
+    best = min([best, *same], key=lambda lay: coarse_delta(lay, eps))
     every = every_step_claimed_mu(c, steps)
-    if _rough_delta(np.ones(1), np.array([every]), s, eps0) <= coarse_delta(best):
+    if _rough_delta(np.ones(1), np.array([every]), s, eps) <= coarse_delta(best, eps):
         return _scaled(np.ones(1), np.array([every]), s, extra_mass)
     w, m = _unit_mixture(best, c, q, _FINE_CELLS, _reach_of(*_ranking_mixture(best, c, q)))
     return _scaled(w, m, s, extra_mass)
