@@ -441,6 +441,32 @@ def test_never_below_the_exact_mixture_over_every_pattern(bound, draw):
     assert ratios and min(ratios) >= 1.0
 
 
+def test_never_below_the_exact_mixture_where_most_steps_use_the_record():
+    """As above with q = b/n close to 1 (and 1) and strong contractions: the regime of the split prefix
+    lattice and of the allocation claiming every step (docs/decisions.md, section 19, part 3). At q = 1
+    the bound is the exact value (the full-batch optimum is exact on these quadratics)."""
+    rng = np.random.default_rng(30)
+    for n_extra in (0, 1, 1, 2, 0, 1):
+        b = int(rng.integers(3, 7))
+        lam = float(np.exp(rng.uniform(np.log(0.05), np.log(2.0))))
+        params = g2_params(
+            strong_convexity=lam,
+            dataset_size=b + n_extra,
+            batch_size=b,
+            noise_multiplier=float(rng.uniform(0.8, 4.0)),
+            steps=int(rng.integers(4, 8)),
+            learning_rate=float(rng.uniform(0.05, 0.7)) / lam,
+            sampling="random_batch",
+        )
+        profile = lp.BOUNDS["shifted-interpolation-random-batch"].profile(*lp.build(**params))
+        lower, _ = g2_laws(params).hockey_stick().delta(np.array(EPS_GRID))
+        for eps, low in zip(EPS_GRID, lower, strict=True):
+            value = profile.delta(eps)
+            assert low <= value * (1 + 1e-9) + 1e-13, (params, eps, low, value)
+            if n_extra == 0 and low > 1e-6:
+                assert value <= low * 1.001 + 1e-9, (params, eps, low, value)
+
+
 @pytest.mark.parametrize(
     ("bound", "sampling", "relation"),
     [
