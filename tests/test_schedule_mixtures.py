@@ -322,3 +322,26 @@ def test_reshuffle_is_a_registry_row_that_best_uses():
     assert lp.epsilon("composition", 1e-5, **params).epsilon > 10 * result.epsilon
     with pytest.raises(lp.NotApplicableError, match="sampling must be one of reshuffle"):
         lp.epsilon("shifted-interpolation-reshuffle", 1e-5, **{**params, "sampling": "shuffle_once"})
+
+
+ISSUE_30_EXAMPLE = dict(dataset_size=60, batch_size=30, noise_multiplier=0.8, learning_rate=0.3, sampling="reshuffle")
+
+
+def test_reshuffle_partial_epoch_cannot_be_made_monotone_by_conditioning():
+    """Issue 30, item 4 (docs/decisions.md, section 17, part 6): on the example the row is 19.70 at T = 3
+    (a partial second epoch) and 15.37 at T = 4. Every bound that conditions on the positions is at
+    least the joint-convexity mixture of the exact per-schedule G2 values (quadratics, lam = M = 1:
+    the same c = 0.7, and within the declared M = 2), 17.3 at T = 3: above the row at T = 4, so no
+    refinement of the schedule mixture can make the row monotone there. The row itself is never below
+    the exact G2 mixture at any T (partial epochs included)."""
+    row = {}
+    for steps in range(1, 7):
+        params = dict(ISSUE_30_EXAMPLE, steps=steps, strong_convexity=1.0, smoothness=2.0,
+                      gradient_norms_within_clip=True)  # fmt: skip
+        row[steps] = lp.epsilon(delta=1e-5, bound="shifted-interpolation-reshuffle", **params).epsilon
+        laws = g2_laws(g2_params(strong_convexity=1.0, **ISSUE_30_EXAMPLE, steps=steps))
+        assert row[steps] >= laws.hockey_stick().epsilon(1e-5)[0], steps
+        if steps == 3:
+            per_schedule = 2.0 * laws.p_means / math.sqrt(laws.variance)  # exact mu of each schedule
+            conditioned = profiles.GaussianMixtureProfile.mixture(laws.p_weights, per_schedule).epsilon(1e-5)
+    assert row[3] >= conditioned > row[4]

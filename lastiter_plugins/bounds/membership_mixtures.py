@@ -276,30 +276,96 @@ def _old_shifts(c: float, horizon: int, older: bool) -> float:
     return (c**horizon) / (1.0 - c) if older else 0.0
 
 
+#: The fractional parts are rounded up to multiples of 1 / _FRACTION_BINS for their Chernoff bound.
+_FRACTION_BINS = 1024
+
+
+def _fraction_bound(fractions: np.ndarray, q: float) -> float:
+    r"""A value F* with :math:`P(\sum_j u_j f_j > F^*) \le` _LEFT_OUT / 10 for independent
+    :math:`u_j \sim` Bernoulli(q) and the given :math:`f_j \in [0, 1)`: the smaller of the largest
+    value :math:`\sum_j f_j` and Chernoff's bound for the larger sum with every :math:`f_j` rounded up to
+    a multiple of 1 / _FRACTION_BINS (a few hundred distinct values instead of one per age), minimised
+    over theta on a grid refined around its best point (each theta gives a valid bound)."""
+    largest = float(fractions.sum())
+    if q >= 1.0 or largest == 0.0:
+        return largest
+    bins = np.bincount(np.ceil(fractions * _FRACTION_BINS).astype(np.int64), minlength=_FRACTION_BINS + 1)
+    held = np.flatnonzero(bins)
+    values, counts = held / _FRACTION_BINS, bins[held].astype(float)
+    log_left = math.log(_LEFT_OUT / 10.0)
+
+    def bound(thetas):
+        log_mgf = np.logaddexp(math.log1p(-q), math.log(q) + thetas[:, None] * values[None, :]) @ counts
+        return (log_mgf - log_left) / thetas
+
+    grid = np.geomspace(1e-3, 1e3, 25) / max(q * largest, 1.0)
+    at_grid = bound(grid)
+    best = int(np.argmin(at_grid))
+    fine = np.geomspace(grid[max(best - 1, 0)], grid[min(best + 1, grid.size - 1)], 17)
+    return min(largest, float(at_grid.min()), float(bound(fine).min()))
+
+
 @functools.lru_cache(maxsize=64)
 def _prefix_shift_law_horizon(
     step_mu: float, c: float, q: float, horizon: int, older: bool
 ) -> tuple[np.ndarray, float]:
     r"""Law of (an upper bound on) :math:`z_P = s \sum_{j<P} u_j c^j` (j: the age of a use) on a
-    lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift): each of the last H ages
-    contributes its own term :math:`s c^j` rounded up to the lattice (a run of ages with the same
-    rounded term adds that term times a Binomial count), the older ones their worst case (every
-    step used), :math:`c^H s / (1 - c)`, added up front. The lattice ends where a Chernoff bound
-    leaves at most _LEFT_OUT / 10 above it (that mass, and the Binomial tails the counts leave out,
-    are missing from the law: mu = inf). Returns (law, unit)."""
+    lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift), the ages older than the horizon H
+    at their worst case (every step used), :math:`c^H s / (1 - c)`, added up front. Two ways to put the
+    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice (docs/decisions.md,
+    section 19, part 3), the one with the smaller expected excess is used:
+
+    * rounded up: each age contributes :math:`\lceil t_j \rceil` (pathwise at most one cell more per
+      use);
+    * split: :math:`\lfloor t_j \rfloor` on the lattice, and the fractional parts :math:`f_j` of the
+      used ages together bounded by one number F* exceeded with probability at most _LEFT_OUT / 10
+      (:func:`_fraction_bound`), added up front; that probability is taken from the lowest values of
+      the law (it joins the missing mass, mu = inf). The excess is F* less the actual fractional sum,
+      about 7 standard deviations of that sum instead of a cell per use: far smaller when many ages
+      are used (q/(1 - c) large); 0 at q = 1.
+
+    A run of ages with the same lattice term adds that term times a Binomial count (the count's lower
+    tail moved up to its lowest kept value, its upper tail left out). The lattice ends where a
+    Chernoff bound leaves at most _LEFT_OUT / 10 above it (that mass, and the Binomial tails the counts
+    leave out, are missing from the law: mu = inf). Returns (law, unit)."""
     mean = q / (1.0 - c) if c < 1.0 else q * horizon  # in shifts s
     per_shift = max(1, round(_Z_PER_SHIFT / max(1.0, mean)))  # cells per shift: about _Z_PER_SHIFT per mean
     unit = step_mu / per_shift
-    terms = _ceil_index(c ** np.arange(horizon, dtype=float) * per_shift, 1.0)  # s c^j in cells, rounded up
+    exact = c ** np.arange(horizon, dtype=float) * per_shift  # s c^j in cells
+    up = _ceil_index(exact, 1.0)
+    down = np.floor(exact).astype(np.int64)
+    fractions = exact - down
+    split_bound = _fraction_bound(fractions, q)
+    split = split_bound - q * float(fractions.sum()) < q * float((up - exact).sum())
+    terms, front = (down, split_bound) if split else (up, 0.0)
     values, runs = np.unique(terms, return_counts=True)  # runs of equal terms (terms decrease with the age)
-    start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift, 1.0))
-    cells = start + _chernoff_cap(values.astype(float), runs.astype(float), q) + 1
-    law = np.zeros(cells)
+    if values[0] == 0:  # a term of 0 cells adds nothing
+        values, runs = values[1:], runs[1:]
+    if split:  # the terms are floating-point values of k c^j: a relative 1e-12 of their sum covers their rounding
+        front += 1e-12 * float(exact.sum())
+    start = int(_ceil_index(_old_shifts(c, horizon, older) * per_shift + front, 1.0))
+    cap = _chernoff_cap(values.astype(float), runs.astype(float), q) if values.size else 0
+    law = np.zeros(start + cap + 1)
     law[start] = 1.0
     end = start + 1  # law is 0 from end on (the small terms come first: the sum's range grows slowly)
     for value, (k, pk) in zip(values.tolist(), _count_laws(tuple(runs.tolist()), q), strict=True):
         law, end = _plus_multiples(law, end, value, k, pk)
+    if split and q < 1.0:  # P(fractional sum > F*) joins the missing mass, taken from the lowest values
+        law = _without_lowest(law, _LEFT_OUT / 10.0)
     return law, unit
+
+
+def _without_lowest(law: np.ndarray, mass: float) -> np.ndarray:
+    """The law with ``mass`` removed from its lowest values (that mass then counts as mu = inf): for
+    any event A of probability at most ``mass``, P(X > x) <= min(1, P(Y > x) + mass) is the survival
+    function of this law when X <= Y outside A."""
+    below = np.cumsum(law)
+    out = law.copy()
+    full = int(np.searchsorted(below, mass, side="right"))  # atoms 0..full-1 hold at most ``mass`` together
+    out[:full] = 0.0
+    if full < out.size:
+        out[full] = below[full] - mass
+    return out
 
 
 def _plus_multiples(
@@ -639,7 +705,8 @@ def membership_profile(
 
     Returns:
       A mixture profile: the best of :func:`candidate_layouts` at :data:`REFERENCE_DELTA`
-      (every layout is valid; ranked on the coarse lattice, the best recomputed on the fine one).
+      (every layout is valid; ranked on the coarse lattice, the best recomputed on the fine one),
+      or the single component of :func:`every_step_claimed_mu` where that ranks better.
       Cached on every argument.
     """
     s, c, q = float(step_mu), float(contraction), float(use_probability)
@@ -658,23 +725,45 @@ def membership_profile(
         return _scaled(np.array([none, 1.0 - none]), np.array([0.0, math.inf]), 1.0, extra_mass)
 
     # rank the layouts on the coarse lattice by their delta at one epsilon (the first layout's at
-    # REFERENCE_DELTA; without the extra mass, which adds the same to every layout): every block
-    # size with a window of 4 steps, then the best with windows of 2 and 8; compute the best on the
-    # fine lattice, ending where its coarse law ends
+    # REFERENCE_DELTA, then the winner's where it is smaller: far above the winner's epsilon the
+    # better layouts' deltas underflow to 0 and tie; without the extra mass, which adds the same to
+    # every layout): every block size with a window of 4 steps, then the best with windows of 2 and
+    # 8; compute the best on the fine lattice, ending where its coarse law ends
     first = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(4,))
     assert first, (steps, q, c)  # test_every_run_gets_layouts_covering_its_steps
-    eps0 = _rough_epsilon(*_ranking_mixture(first[0], c, q), s, REFERENCE_DELTA)
+
+    def rough_epsilon(lay):
+        return _rough_epsilon(*_ranking_mixture(lay, c, q), s, REFERENCE_DELTA)
 
     @functools.cache
-    def coarse_delta(lay):
-        return _rough_delta(*_ranking_mixture(lay, c, q), s, eps0)
+    def coarse_delta(lay, eps):
+        return _rough_delta(*_ranking_mixture(lay, c, q), s, eps)
 
-    best = min(first, key=coarse_delta)
+    eps = rough_epsilon(first[0])
+    best = min(first, key=lambda lay: coarse_delta(lay, eps))
+    if best != first[0] and (winner := rough_epsilon(best)) < eps:
+        eps = winner
+        best = min(first, key=lambda lay: coarse_delta(lay, eps))
     others = candidate_layouts(steps=steps, use_probability=q, contraction=c, window_sizes=(2, 8))
     same = [lay for lay in others if (lay.repeat, lay.prefix > 0) == (best.repeat, best.prefix > 0)]
-    best = min([best, *same], key=coarse_delta)
+    best = min([best, *same], key=lambda lay: coarse_delta(lay, eps))
+    every = every_step_claimed_mu(c, steps)
+    if _rough_delta(np.ones(1), np.array([every]), s, eps) <= coarse_delta(best, eps):
+        return _scaled(np.ones(1), np.array([every]), s, extra_mass)
     w, m = _unit_mixture(best, c, q, _FINE_CELLS, _reach_of(*_ranking_mixture(best, c, q)))
     return _scaled(w, m, s, extra_mass)
+
+
+def every_step_claimed_mu(contraction: float, steps: int) -> float:
+    r"""The s-free mu of the allocation that claims a use at every step (an over-claim, valid for
+    every membership pattern: docs/decisions.md, section 19, part 2): the full-batch optimum of
+    section 14, part 2, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt T` at c = 1).
+    Exact for q = 1, where every step uses the record."""
+    c = contraction
+    if c >= 1.0:
+        return math.sqrt(steps)
+    power = math.exp(steps * math.log(c)) if c > 0.0 else 0.0
+    return math.sqrt((1.0 + c) / (1.0 - c) * (1.0 - power) / (1.0 + power))
 
 
 def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -> profiles.GaussianMixtureProfile:
