@@ -47,7 +47,13 @@ EXPANDS = dict(AOR, learning_rate=1.99)
 )  # fmt: skip
 def test_best_and_applicability_are_unchanged(changes, epsilon, applies):
     params = {**BASE, **changes}
-    assert lp.epsilon("best", DELTA, **params).epsilon == epsilon
+    result = lp.epsilon("best", DELTA, **params)
+    if result.kind is lp.Kind.PLD:
+        # a PLD row's last digits follow the FFT's floating-point path, which differs between CPUs (SIMD
+        # width; seen: 1.3e-10 relative on the same versions): equal to far below any change of the code
+        assert result.epsilon == pytest.approx(epsilon, rel=1e-9, abs=0)
+    else:
+        assert result.epsilon == epsilon
     assert {b for b, a in lp.applicable_bounds(**params).items() if a.applies} == applies | {"best"}
 
 
