@@ -263,6 +263,34 @@ def _mixing_law(config: TrainingConfig, c: np.ndarray, spacing: float, exact: bo
     return builder.law(f"Binomial memberships, lattice {spacing:g}, trimmed mass {builder.trimmed:.1e}")
 
 
+def _spacing(config: TrainingConfig, c: np.ndarray) -> float:
+    """The finest lattice (2^-12 ... COARSEST_SPACING) whose estimated convolution work fits in half of
+    mixture.MAX_WORK (flooring loses at most one spacing per use: the finer, the closer to the truth)."""
+    q = config.sampling_probability
+    random = config.sampling in (Sampling.RANDOM_BATCH, Sampling.POISSON)
+    if random:
+        spread = 30.0 * math.sqrt(q * (1.0 - q) * float(np.sum(c * c))) + 1.0
+    elif config.sampling is Sampling.RESHUFFLE:
+        per_epoch = config.steps_per_epoch
+        spread = float(np.sum([np.ptp(c[i : i + per_epoch]) for i in range(0, c.size, per_epoch)])) + 1.0
+    else:
+        return COARSEST_SPACING  # one term: no lattice
+    spacing = 2.0**-12
+    while spacing < COARSEST_SPACING:
+        j = np.floor(c / spacing).astype(np.int64)
+        if random:
+            counts = np.bincount(j)[1:]
+            counts = counts[counts > 0]
+            points = float(np.sum(30.0 * np.sqrt(counts * q * (1.0 - q)) + 3.0))
+        else:
+            per_epoch = config.steps_per_epoch
+            points = float(sum(np.unique(j[i : i + per_epoch]).size for i in range(0, j.size, per_epoch)))
+        if points * spread / spacing <= mixture.MAX_WORK / 2.0:
+            return spacing
+        spacing *= 2.0
+    return spacing
+
+
 def _escape(config: TrainingConfig, inst: LinearInstance, rhos: np.ndarray) -> float:
     r"""Probability (under either law) that the unconstrained iterates leave ``[-radius, radius]`` in T steps.
 
@@ -288,7 +316,11 @@ def _reach(config: TrainingConfig, gamma: float, rhos: np.ndarray) -> tuple[floa
     return lr * gamma / config.batch_size * geo, sigma * math.sqrt(geo2)
 
 
+#: The escape probability the staying radius and the contracting candidates aim for.
 ESCAPE_BUDGET = 1e-30
+#: The coarsest lattice for contraction-weighted counts (each use may lose up to this much of
+#: a weight <= 1); beyond it the answer is "too large to compute exactly".
+COARSEST_SPACING = 2.0**-4
 
 
 def _staying_radius(config: TrainingConfig, lam_in: float, rhos: np.ndarray) -> tuple[float, float]:
@@ -311,7 +343,7 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
         return out
     if half is not None:  # per-example l2 on a segment: gradients <= C on the whole domain
         gamma = clip - lam * half
-        return [LinearInstance(gamma, lam, 0.0, half)] if gamma > 0 else []
+        return [LinearInstance(gamma, lam, 0.0, half)] if gamma > 0 else []  # lam D/2 >= C: see lower_bound
     # per-example l2, no domain, clipping may be active: gradients <= C on the region the iterates keep to
     radius, gamma = _staying_radius(config, lam, _rhos(config, lam, 0.0))
     return [LinearInstance(gamma, lam, 0.0, radius)] if gamma > 0 else []
@@ -353,13 +385,13 @@ def _linear_epsilon(config: TrainingConfig, inst: LinearInstance, delta: float) 
     lr = config.learning_rate if config.learning_rate is not None else 1.0
     shift = lr * inst.gamma / config.batch_size
     std = lr * config.noise_multiplier * config.clip_norm / config.batch_size * math.sqrt(float(np.sum(c * c)))
-    spacing = 1.0 if exact else 2.0**-8
+    spacing = 1.0 if exact else _spacing(config, c)
     while True:
         try:
             law = _mixing_law(config, c, spacing, exact)
             break
         except mixture.MixtureTooLarge:
-            if spacing >= 1.0:
+            if spacing >= (1.0 if exact else COARSEST_SPACING):
                 return None, f"{TOO_LARGE} ({inst.family()}: more than {mixture.MAX_WORK:.0e} operations)"
             spacing *= 4.0
     add_or_remove = config.relation is Relation.ADD_OR_REMOVE_ONE
@@ -429,6 +461,11 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
                 name = f"G3: linear losses (|gradient| = C) projected onto a segment of length D = {a.diameter:g}"
                 found.append((eps, name, props))
     if not found:
-        return LowerBound(None, "; ".join(refused) or "no instance implemented for these declarations")
+        return LowerBound(
+            None,
+            "; ".join(refused)
+            or "no instance implemented for these declarations (a per-example l2 term lam with gradients <= C "
+            "leaves no room for a data gradient: lam times the domain's radius >= C)",
+        )
     eps, name, props = max(found, key=lambda f: f[0])
     return LowerBound(float(eps), f"{name}, the exact epsilon of its last iterate", props)
