@@ -291,7 +291,16 @@ def _spacing(config: TrainingConfig, c: np.ndarray) -> float:
     return spacing
 
 
-def _escape(config: TrainingConfig, inst: LinearInstance, rhos: np.ndarray) -> float:
+def _rho_max(config: TrainingConfig, lam_in: float, lam_out: float) -> float:
+    """The largest rho_t (the smallest batch contracts least)."""
+    smallest = config.dataset_size - (config.steps_per_epoch - 1) * config.batch_size
+    if config.sampling not in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
+        smallest = config.batch_size
+    lr = config.learning_rate if config.learning_rate is not None else 0.0
+    return 1.0 - lr * (lam_in * smallest / config.batch_size + lam_out)
+
+
+def _escape(config: TrainingConfig, inst: LinearInstance, rho_max: float) -> float:
     r"""Probability (under either law) that the unconstrained iterates leave ``[-radius, radius]`` in T steps.
 
     ``X_t`` given the memberships is Gaussian with ``|mean| <= a sum_k rho^k`` and variance
@@ -299,17 +308,17 @@ def _escape(config: TrainingConfig, inst: LinearInstance, rhos: np.ndarray) -> f
     union bound over t = 1..T, ``P(exists t: |X_t| > R) <= 2 T Phi_c((R - m)/s)``."""
     if inst.radius is None:
         return 0.0
-    m_bar, s_bar = _reach(config, inst.gamma, rhos)
+    m_bar, s_bar = _reach(config, inst.gamma, rho_max)
     if inst.radius <= m_bar:
         return 1.0
     tail = float(stats.norm.sf((inst.radius - m_bar) / s_bar))
     return min(1.0, 2.0 * config.steps * tail * (1.0 + 1e-9))
 
 
-def _reach(config: TrainingConfig, gamma: float, rhos: np.ndarray) -> tuple[float, float]:
-    """(largest |mean|, largest std) of an unconstrained iterate."""
+def _reach(config: TrainingConfig, gamma: float, rho: float) -> tuple[float, float]:
+    """(largest |mean|, largest std) of an unconstrained iterate (rho: the largest rho_t)."""
     lr = config.learning_rate if config.learning_rate is not None else 1.0
-    steps, rho = config.steps, float(np.max(rhos))
+    steps = config.steps
     geo = steps if rho >= 1.0 else min(steps, 1.0 / (1.0 - rho))
     geo2 = steps if rho >= 1.0 else min(steps, 1.0 / (1.0 - rho * rho))
     sigma = lr * config.noise_multiplier * config.clip_norm / config.batch_size
@@ -323,10 +332,10 @@ ESCAPE_BUDGET = 1e-30
 COARSEST_SPACING = 2.0**-4
 
 
-def _staying_radius(config: TrainingConfig, lam_in: float, rhos: np.ndarray) -> tuple[float, float]:
+def _staying_radius(config: TrainingConfig, lam_in: float, rho_max: float) -> tuple[float, float]:
     """(R, gamma = C - lam_in R) with escape probability <= ESCAPE_BUDGET when clipping bounds the region."""
     k = float(stats.norm.isf(ESCAPE_BUDGET / (2.0 * config.steps)))
-    m1, s_bar = _reach(config, 1.0, rhos)
+    m1, s_bar = _reach(config, 1.0, rho_max)
     radius = (config.clip_norm * m1 + k * s_bar) / (1.0 + lam_in * m1)
     return radius * (1.0 + 1e-9), config.clip_norm - lam_in * radius * (1.0 + 1e-9)
 
@@ -345,7 +354,7 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
         gamma = clip - lam * half
         return [LinearInstance(gamma, lam, 0.0, half)] if gamma > 0 else []  # lam D/2 >= C: see lower_bound
     # per-example l2, no domain, clipping may be active: gradients <= C on the region the iterates keep to
-    radius, gamma = _staying_radius(config, lam, _rhos(config, lam, 0.0))
+    radius, gamma = _staying_radius(config, lam, _rho_max(config, lam, 0.0))
     return [LinearInstance(gamma, lam, 0.0, radius)] if gamma > 0 else []
 
 
@@ -353,14 +362,14 @@ def _contracting_candidates(config: TrainingConfig, a: LossAssumptions) -> list[
     """Convex declarations on a segment: a per-example l2 term lam' (allowed: strong convexity >= 0, and
     lam' <= M) just strong enough that the walk stays inside the segment but with probability 1e-30."""
     half, clip = a.diameter / 2.0, config.clip_norm
-    top = 1.0 / config.learning_rate
+    top = min(1.0 / config.learning_rate, clip / (2.0 * half))  # keeps gamma >= C/2
     if a.smoothness is not None:
         top = min(top, a.smoothness)
-    if top <= 0 or clip - top * half <= 0:
+    if top <= 0:
         return []
 
     def escape(lam: float) -> float:
-        return _escape(config, LinearInstance(clip - lam * half, lam, 0.0, half), _rhos(config, lam, 0.0))
+        return _escape(config, LinearInstance(clip - lam * half, lam, 0.0, half), _rho_max(config, lam, 0.0))
 
     if escape(top) > ESCAPE_BUDGET:
         return []
@@ -376,7 +385,7 @@ def _linear_epsilon(config: TrainingConfig, inst: LinearInstance, delta: float) 
     rhos = _rhos(config, inst.lam_in, inst.lam_out)
     c = _contractions(rhos)
     exact = bool(np.all(c == 1.0))
-    escape = _escape(config, inst, rhos)
+    escape = _escape(config, inst, _rho_max(config, inst.lam_in, inst.lam_out))
     if escape >= 1e-3:
         return None, (
             f"the {inst.family()} instance may leave |x| <= {inst.radius:.4g} (probability bound {escape:.2g}), where "
@@ -446,7 +455,7 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
             refused.append(f"the {props.family} instance does not meet the declarations: {'; '.join(wrong)}")
             continue
         eps, why = _linear_epsilon(config, inst, delta)
-        escape = _escape(config, inst, _rhos(config, inst.lam_in, inst.lam_out))
+        escape = _escape(config, inst, _rho_max(config, inst.lam_in, inst.lam_out))
         if eps is None:
             refused.append(why)
             continue
