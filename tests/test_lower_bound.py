@@ -228,19 +228,27 @@ def test_lower_end_never_above_the_certified_exact_value(params, exact_laws):
     assert found.epsilon >= low - 2e-3 * (1 + low), (found.epsilon, low, high)  # G2: lattice flooring loses a little
 
 
-def test_contracting_instance_never_above_its_unconstrained_law():
-    """G4 (per-example l2 term on a segment): below the certified exact epsilon of its law without the
-    projection (the same Gaussian mixture; exact.g2_laws with clip norm gamma and the same noise)."""
+@pytest.mark.parametrize(
+    "extra",
+    [dict(diameter=2.0, gradient_norms_within_clip=True), {}],
+    ids=["on-a-segment", "clipping-may-be-active"],
+)
+def test_contracting_instance_never_above_its_unconstrained_law(extra):
+    """G4 (a per-example l2 term; projected onto a segment, or clipped where it may be): below the
+    certified exact epsilon of its law without projection or clipping (the same Gaussian mixture:
+    exact.g2_laws with clip norm gamma and the same noise), and close to it (the escape is tiny)."""
     params = dict(
         dataset_size=40, batch_size=10, noise_multiplier=1.0, learning_rate=0.5, steps=24, smoothness=0.3,
-        strong_convexity=0.3, diameter=2.0, gradient_norms_within_clip=True, sampling="shuffle_once",
+        strong_convexity=0.3, sampling="shuffle_once", **extra,
     )  # fmt: skip
     config, a = lp.build(**params)
     found = lb.lower_bound(config, a, DELTA)
     assert found.epsilon is not None and found.note.startswith("G4"), found.note
-    gamma = config.clip_norm - 0.3 * 1.0
-    same = dict(params, clip_norm=gamma, noise_multiplier=params["noise_multiplier"] / gamma, diameter=None)
-    low, high = _certified(exact.g2_laws(same))
+    inst = lb._candidates(config, a)[0]
+    assert inst.gamma < config.clip_norm and lb.violations(inst.properties(config, a), config, a) == []
+    same = {k: v for k, v in params.items() if k not in ("diameter", "gradient_norms_within_clip")}
+    same.update(clip_norm=inst.gamma, noise_multiplier=params["noise_multiplier"] / inst.gamma)
+    low, high = _certified(exact.g2_laws(exact.g2_params(**same)))
     assert low * 0.99 <= found.epsilon <= high * (1 + 1e-9), (found.epsilon, low, high)
 
 
@@ -274,18 +282,21 @@ def _random_settings(count: int, seed: int = 30):
             relation=relation, steps=int(rng.integers(1, 3000)), learning_rate=float(rng.uniform(0.1, 1.0)),
             smoothness=1.0, gradient_norms_within_clip=True,
         )  # fmt: skip
-        shape = rng.integers(4)
+        shape = rng.integers(5)
         if shape == 1:
             p.update(strong_convexity=float(10 ** rng.uniform(-4, -1)), l2_outside_clip=True)
         elif shape == 2 and sampling != "poisson":
             p.update(strong_convexity=float(10 ** rng.uniform(-3, -1)), diameter=float(10 ** rng.uniform(0, 2)))
         elif shape == 3:
             p.update(diameter=float(10 ** rng.uniform(0, 3)))
+        elif shape == 4 and sampling != "poisson":  # per-example l2, clipping may be active
+            p.update(strong_convexity=float(10 ** rng.uniform(-4, -1)))
+            del p["gradient_norms_within_clip"]
         out.append(pytest.param(p, id=f"random-{i}-{sampling}-{relation}-shape{shape}"))
     return out
 
 
-@pytest.mark.parametrize("params", _random_settings(24))
+@pytest.mark.parametrize("params", _random_settings(30))
 def test_never_above_best_on_random_settings(params):
     """with_lower_bound raises BoundBelowTruthError if the lower end exceeds a proven bound."""
     try:

@@ -347,7 +347,7 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
     if a.l2_outside_clip or lam == 0:
         lam_out = lam if a.l2_outside_clip else 0.0
         out = [LinearInstance(clip, 0.0, lam_out, half)]
-        if lam == 0 and half is not None and config.sampling is not Sampling.POISSON:
+        if lam == 0 and half is not None and not a.l2_outside_clip and config.sampling is not Sampling.POISSON:
             out += _contracting_candidates(config, a)
         return out
     if half is not None:  # per-example l2 on a segment: gradients <= C on the whole domain
