@@ -473,8 +473,8 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
         return LowerBound(
             None,
             "; ".join(refused)
-            or "no instance implemented for these declarations (a per-example l2 term lam with gradients <= C "
-            "leaves no room for a data gradient: lam times the domain's radius >= C)",
+            or "no instance implemented for these declarations (a per-example l2 term lam leaves no room for a "
+            "data gradient within C: lam times the radius the iterates need, or the domain's, is >= C)",
         )
     eps, name, props = max(found, key=lambda f: f[0])
     return LowerBound(float(eps), f"{name}, the exact epsilon of its last iterate", props)
