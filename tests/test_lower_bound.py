@@ -364,3 +364,15 @@ def test_large_runs_stay_fast():
         found = lb.lower_bound(config, a, DELTA)
         assert found.epsilon is not None and found.epsilon > 0, found.note
         assert time.perf_counter() - start < 15.0
+
+
+def test_wide_segment_short_run_does_not_overflow():
+    """D/s so large that the projected walk's grid error bound is no float (found by fuzzing): G3 is
+    refused and the linear instance on the segment answers (the projection never acts there)."""
+    params = dict(
+        dataset_size=33367, batch_size=1246, noise_multiplier=0.366, sampling="cyclic", steps=2,
+        learning_rate=0.251, smoothness=0.126, gradient_norms_within_clip=True, diameter=88.18,
+    )  # fmt: skip
+    result = lp.epsilon("best", 4e-6, lower_bound=True, **params)
+    assert result.lower_bound is not None and result.lower_bound_note.startswith("G4")
+    assert result.lower_bound <= result.epsilon

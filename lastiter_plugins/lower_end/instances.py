@@ -311,7 +311,7 @@ def _escape(config: TrainingConfig, inst: LinearInstance, rho_max: float) -> flo
     m_bar, s_bar = _reach(config, inst.gamma, rho_max)
     if inst.radius <= m_bar:
         return 1.0
-    tail = float(stats.norm.sf((inst.radius - m_bar) / s_bar))
+    tail = max(float(stats.norm.sf((inst.radius - m_bar) / s_bar)), 1e-300)  # never an underflowed 0
     return min(1.0, 2.0 * config.steps * tail * (1.0 + 1e-9))
 
 
