@@ -184,21 +184,24 @@ def _direction_value(law, shift, std, add_or_remove, direction, t, delta, escape
     r"""Certified ``log((A - delta) / B)`` at threshold t (-inf when A <= delta).
 
     direction 0: A = lower bound on P(X > t), B = upper bound on Q(X > t);
-    direction 1 (add-or-remove only): A = lower bound on Q(X < t), B = upper bound on P(X < t)."""
+    direction 1 (add-or-remove only): A = lower bound on Q(X < t), B = upper bound on P(X < t).
+    B stays in log space (it may lie far below the smallest float)."""
     down = (1.0 - EVAL_RELATIVE_ERROR) / (1.0 + law.relative_error)
     up = (1.0 + EVAL_RELATIVE_ERROR) / (1.0 - law.relative_error)
     if direction == 0:
         a = math.exp(_log_tail_sum(law, t, shift, std, 1.0, True)) * down - escape
         if add_or_remove:
-            b = math.exp(_log_gauss(t, std, True)) * (1.0 + EVAL_RELATIVE_ERROR) + escape
+            log_b, extra = _log_gauss(t, std, True) + math.log1p(EVAL_RELATIVE_ERROR), escape
         else:
-            b = math.exp(_log_tail_sum(law, t, shift, std, -1.0, True)) * up + law.trimmed + escape
+            log_b, extra = _log_tail_sum(law, t, shift, std, -1.0, True) + math.log(up), law.trimmed + escape
     else:
         a = math.exp(_log_gauss(t, std, False)) * (1.0 - EVAL_RELATIVE_ERROR) - escape
-        b = math.exp(_log_tail_sum(law, t, shift, std, 1.0, False)) * up + law.trimmed + escape
-    if a <= delta or b <= 0:
+        log_b, extra = _log_tail_sum(law, t, shift, std, 1.0, False) + math.log(up), law.trimmed + escape
+    if extra > 0:
+        log_b = float(np.logaddexp(log_b, math.log(extra)))
+    if a <= delta or log_b == -math.inf:
         return -math.inf
-    return math.log(a - delta) - math.log(b)
+    return math.log(a - delta) - (log_b + 1e-15 * abs(log_b) + 1e-12)  # rounding of the logs
 
 
 def _coarse(law: MixingLaw, points: int = 512) -> MixingLaw:
