@@ -163,7 +163,8 @@ class LatticeSum:
 
     def law(self, detail: str = "") -> MixingLaw:
         base = math.fsum(self.base) * self.shrink  # fsum: correctly rounded
-        values = base + self.h * (self.offset + np.arange(self.pmf.size, dtype=float))
+        # h J is exact (h a power of two); the sum with base may round up by half an ulp: shrink it
+        values = (base + self.h * (self.offset + np.arange(self.pmf.size, dtype=float))) * (1.0 - 4.0 * _UNIT_ROUNDOFF)
         keep = self.pmf > 0
         return MixingLaw(values[keep], self.pmf[keep], self.rel, self.trimmed, detail)
 
