@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import sweep_size
 
 import lastiter_plugins as lp
 from lastiter_plugins import compare, evaluation
@@ -296,7 +297,7 @@ def _random_settings(count: int, seed: int = 30):
     return out
 
 
-@pytest.mark.parametrize("params", _random_settings(30))
+@pytest.mark.parametrize("params", _random_settings(sweep_size(16, 200)))
 def test_never_above_best_on_random_settings(params):
     """with_lower_bound raises BoundBelowTruthError if the lower end exceeds a proven bound."""
     try:
