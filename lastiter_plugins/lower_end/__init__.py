@@ -3,9 +3,12 @@ declaration of a pipeline (docs/decisions.md, section 20).
 
 * :mod:`~lastiter_plugins.lower_end.instances`: which instance fits a pipeline and its declarations
   (:func:`lower_bound`), and its exact epsilon, rounded downward.
+* :mod:`~lastiter_plugins.lower_end.mixture`: the exact epsilon, rounded downward, of the linear
+  instances' one-dimensional Gaussian location mixtures at any n and T (half-line tests, a mixing
+  law floored onto a lattice, counted tails).
 * :mod:`~lastiter_plugins.lower_end.exact`: the exact last-iterate laws of the instances (linear
   losses G1, strongly convex quadratics G2, the projected walk G3) with certified intervals; the
-  verification suite uses them as ground truths.
+  verification suite uses them as ground truths (and the tests check mixture.py against them).
 
 This package belongs to the product: ``best`` with ``lower_bound=True`` reads it. It imports the
 core (config, the math modules), never the verification suite.

@@ -798,11 +798,13 @@ def g3_error_terms(
     a_coef = width / s2 + (width / std + 1.0) / std
     b_coef = max(1.0 / s2, span**2 / (4.0 * s2**2)) + 1.0 / s2
     h = diameter / (nodes - 1)
-    eps_q = h**2 / 12.0 * (b_coef + a_coef**2) * math.exp(a_coef * h)
+    # beyond e^700 the bound is no longer a float: infinite (the caller refuses the grid)
+    eps_q = h**2 / 12.0 * (b_coef + a_coef**2) * math.exp(a_coef * h) if a_coef * h < 700.0 else math.inf
     # cancellation in a CDF difference over a fine cell: relative error <= 4u Phi/(phi h_f/s) <= 4u (1.3 + W/s) s/h_f
     h_f = diameter / fine_cells
     eps_fp = 4.0 * (nodes + 4) * _UNIT_ROUNDOFF + 4.0 * _UNIT_ROUNDOFF * (1.3 + width / std) * std / h_f
-    eps = math.expm1((steps - 1) * math.log1p(eps_q) + (steps + 1) * math.log1p(eps_fp))
+    exponent = (steps - 1) * math.log1p(eps_q) + (steps + 1) * math.log1p(eps_fp)
+    eps = math.expm1(exponent) if exponent < 700.0 else math.inf
     return G3Grid(nodes, fine_cells, eps, span / s2 * diameter / fine_cells)
 
 
@@ -889,6 +891,8 @@ def g3_divergence(
     walk = _Walk(diameter, std, drifts, nodes, fine_cells)
     fine_cells = walk.fine_cells
     grid = g3_error_terms(diameter, std, drifts, nodes, fine_cells, steps)
+    if grid.relative_error >= 0.5:
+        raise ValueError(f"G3 grid error {grid.relative_error:.3g} too large; reduce steps or D/s.")
 
     def advance(state, d_in, prob):
         """One step: with probability ``prob`` the differing example is used (drift d_in)."""
@@ -972,8 +976,6 @@ def g3_divergence(
         q = cfg.sampling_probability
         pairs = [(sampled_law(d_p, q), sampled_law(d_q, q))]
     computed = np.max([divergence(p_cells, q_cells) for p_cells, q_cells in pairs], axis=0)
-    if grid.relative_error >= 0.5:
-        raise ValueError(f"G3 grid error {grid.relative_error:.3g} too large; reduce steps or D/s.")
     ell = -math.log1p(-grid.relative_error)
     err = (2.0 * orders - 1.0) * ell / (orders - 1.0) + 64 * _UNIT_ROUNDOFF * fine_cells
     lower = np.maximum(computed - err, 0.0)
