@@ -10,13 +10,17 @@ The tightest baselines whose validity is proven (docs/decisions.md, section 18):
   ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed T times
   (:class:`PoissonPldProfile`);
 * Poisson, replace-one: the same construction for the dominating pair proven in
-  section 18 part 3.
+  section 18 part 3;
+* fixed-size random batches, replace-one: the same construction for the pair proven in
+  section 18 part 4 (noise multiplier ``z/2``, the larger of the remove and add pairs'
+  profiles at every epsilon, :class:`RandomBatchPldProfile`).
 
 A PLD figure depends on the discretisation, pinned here (interval ``1e-4``,
 pessimistic connect-the-dots, dp-accounting's truncations), and, in its last digits,
 on dp-accounting's version. A composed distribution is cached per process on every
-input that determines it. :func:`poisson_pld_lower_epsilon` is the proven lower
-bound ``best`` uses to skip the composition when it cannot change the minimum.
+input that determines it. :func:`poisson_pld_lower_epsilon` and
+:func:`random_batch_pld_lower_epsilon` are the proven lower bounds ``best`` uses to skip the
+composition when it cannot change the minimum.
 """
 
 from __future__ import annotations
@@ -114,6 +118,18 @@ def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
     return sampled_gaussian_pld.epsilon_for_delta(profile._pld(), delta - margin) if delta > margin else math.inf
 
 
+@dataclasses.dataclass(frozen=True)
+class RandomBatchPldProfile(PoissonPldProfile):
+    """The privacy profile of T steps with fixed-size random batches (b of n without replacement,
+    replace-one): the pair of docs/decisions.md, section 18 part 4, at rate ``q = b/n`` and noise
+    multiplier ``z/2``, composed T times. ``relation`` is replace-one."""
+
+    def _pld(self):
+        return sampled_gaussian_pld.composed_pairs(
+            self.sampling_probability, self.noise_multiplier / 2.0, self.steps, (sampled_gaussian_pld.SUBSTITUTE,)
+        )
+
+
 def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldProfile:
     """The PLD profile of the pipeline's Poisson steps under its declared relation."""
     return PoissonPldProfile(cfg.sampling_probability, cfg.noise_multiplier, cfg.steps, cfg.relation)
@@ -127,4 +143,21 @@ def poisson_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: fl
         noise_multiplier=cfg.noise_multiplier,
         steps=cfg.steps,
         add_or_remove=cfg.relation is Relation.ADD_OR_REMOVE_ONE,
+    )
+
+
+def random_batch_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomBatchPldProfile:
+    """The PLD profile of the pipeline's fixed-size random batches under replace-one."""
+    return RandomBatchPldProfile(cfg.sampling_probability, cfg.noise_multiplier, cfg.steps, Relation.REPLACE_ONE)
+
+
+def random_batch_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float) -> float:
+    """A proven lower bound on the random-batch PLD row's epsilon at ``delta``: the bits of the remove and
+    add pairs at noise ``z/2`` (section 18 part 5), both dominated by the row's pair (section 18 part 4)."""
+    return sampled_gaussian_pld.binarised_lower_epsilon(
+        delta,
+        sampling_probability=cfg.sampling_probability,
+        noise_multiplier=cfg.noise_multiplier / 2.0,
+        steps=cfg.steps,
+        add_or_remove=True,
     )

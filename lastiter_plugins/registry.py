@@ -1187,6 +1187,33 @@ _TABLE: tuple[BoundSpec, ...] = (
         kind=Kind.PLD,
         lower_estimate=baselines.poisson_pld_lower_epsilon,
     ),
+    BoundSpec(
+        id="composition-pld-random-batch",
+        provenance=Provenance(
+            published="Dong, Roth & Su 2019 (arXiv 1905.02383), Thm 4.2 (sampling without replacement: "
+            "C_p(f)) and Thm 3.2 (adaptive composition), composed as a dominating pair (Zhu, Dong & Wang 2022, "
+            "arXiv 2106.08567, Thm 10)",
+            derived="docs/decisions.md section 18, part 4 (re-derived: the coupling, both orders as one pair); "
+            "checks: every batch enumerated on linear instances, attained at T = 1 "
+            "(tests/test_random_batch_pld.py), fuzzing (300 checks)",
+        ),
+        title="fixed-size random batches under replace-one: a dominating pair composed as a privacy loss "
+        "distribution (every iterate)",
+        reference="our dominating pair of one step of sampling without replacement: at every epsilon the larger "
+        "of the remove and add profiles of the Poisson-sampled Gaussian at rate b/n and noise multiplier z/2 "
+        "(tradeoff conv(min(f, f^-1)), Dong, Roth & Su 2019, arXiv 1905.02383, Thm 4.2), composed by "
+        "dominating-pair composition (Zhu, Dong & Wang 2022, arXiv 2106.08567, Thm 10) in dp-accounting's PLD: "
+        "interval 1e-4, pessimistic; derivation in docs/decisions.md section 18",
+        covers=_covers((Sampling.RANDOM_BATCH,)),
+        assumptions="clipping only; every step a uniformly random batch of exactly b of the n examples, drawn "
+        "without replacement, independently across steps",
+        conditions=(_pld_steps,),
+        compute=None,
+        profile=baselines.random_batch_pld_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.PLD,
+        lower_estimate=baselines.random_batch_pld_lower_epsilon,
+    ),
 )
 
 _missing = [spec.id for spec in _TABLE if spec.provenance is None]

@@ -54,9 +54,9 @@ SAMPLINGS = [s.value for s in lp.Sampling]
 # A mixture over the secret position of the differing example: with noise 1e-200 only the positions
 # used last leak, and their total weight can be below delta (a finite epsilon is then correct).
 MIXTURES = {"shifted-interpolation-shuffle", "shifted-interpolation-reshuffle", "best"}
-# The same for the Poisson PLD rows (an exact profile, not an RDP curve): without noise, a step leaks
-# only when the record is sampled, so with q = 1e-9 and one step delta(0) <= 1e-9 < DELTA: epsilon 0.
-MIXTURES |= {"composition-pld-poisson", "composition-pld-poisson-replace-one"}
+# The same for the Poisson and random-batch PLD rows (an exact profile, not an RDP curve): without noise, a
+# step leaks only when the record is sampled, so with q = 1e-9 and one step delta(0) <= 1e-9 < DELTA: epsilon 0.
+MIXTURES |= {"composition-pld-poisson", "composition-pld-poisson-replace-one", "composition-pld-random-batch"}
 # The same for the membership mixtures: without noise, only the runs that use the record leak.
 MIXTURES |= {
     "shifted-interpolation-random-batch",
@@ -380,6 +380,6 @@ def test_compare_at_a_trillion_steps_finishes_without_exhausting_memory(sampling
         row = next((r for r in result.rows if r.id == row_id), None)
         if row is not None:
             assert row.epsilon is None and any("not computed" in n for n in row.notes)
-    for row_id in ("composition-pld-poisson", "composition-pld-poisson-replace-one"):  # beyond 10^6 steps
+    for row_id in ("composition-pld-poisson", "composition-pld-poisson-replace-one", "composition-pld-random-batch"):
         row = result.row(row_id)
         assert row.epsilon is None and (sampling != "poisson" or "steps must be <= 1e+06" in " ".join(row.why_not))

@@ -287,6 +287,8 @@ def _violations(p):
         must_refuse.add("composition-pld-poisson")
     if s != "poisson" or rel != "replace_one" or p["steps"] > 10**6:
         must_refuse.add("composition-pld-poisson-replace-one")
+    if s != "random_batch" or rel != "replace_one" or p["steps"] > 10**6:
+        must_refuse.add("composition-pld-random-batch")
     if lr is not None and big_m is not None:
         curvature = big_m + m
         if curvature > 0 and lr > (1 / (2 * curvature) if clip else 1 / curvature):

@@ -15,6 +15,12 @@ used throughout, so that every number can be compared with its ``PLDAccountant``
   the step for every epsilon at once, hence composes, is proven in docs/decisions.md,
   section 18 part 3 (dp-accounting 0.4.3 refuses this relation; 0.5 and later use the
   same pair).
+* ``substitute`` (fixed-size random batches, replace-one, called with noise multiplier
+  :math:`z/2`): one pair whose hockey-stick divergence is, at every :math:`e^\varepsilon`, the
+  larger of the ``remove`` and ``add`` pairs' (the tradeoff function
+  :math:`\mathrm{conv}(\min(f, f^{-1}))`, Dong, Roth & Su 2019, arXiv 1905.02383, Thm 4.2).
+  That it dominates one step of sampling without replacement, and why composing ``remove``
+  and ``add`` separately would not be enough, is in docs/decisions.md, section 18 part 4.
 
 The single-step distribution is dp-accounting's pessimistic connect-the-dots
 discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, arXiv 2207.04380) on
@@ -40,8 +46,8 @@ from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as _pld
 from scipy import special
 
-REMOVE, ADD, REPLACE = "remove", "add", "replace"
-ADJACENCIES = (REMOVE, ADD, REPLACE)
+REMOVE, ADD, REPLACE, SUBSTITUTE = "remove", "add", "replace", "substitute"
+ADJACENCIES = (REMOVE, ADD, REPLACE, SUBSTITUTE)
 
 #: The pinned discretisation: dp-accounting's defaults (``PLDAccountant`` and
 #: ``from_gaussian_mechanism``), so that the numbers are the host's.
@@ -107,6 +113,8 @@ def hockey_stick(eps, *, sampling_probability: float, noise_multiplier: float, a
 
 
 def _hockey_stick(eps: np.ndarray, q: float, z: float, adjacency: str) -> np.ndarray:
+    if adjacency == SUBSTITUTE:  # the larger of the two pairs' at each epsilon (section 18 part 4)
+        return np.maximum(_hockey_stick(eps, q, z, REMOVE), _hockey_stick(eps, q, z, ADD))
     delta = np.zeros(eps.shape)
     if adjacency == REMOVE:
         inside = eps > (math.log1p(-q) if q < 1.0 else -math.inf)
@@ -146,7 +154,11 @@ def _truncation(z: float, adjacency: str) -> tuple[float, float]:
 
 
 def _loss_range(q: float, z: float, adjacency: str) -> tuple[float, float]:
-    """(lowest, highest) privacy loss on dp-accounting's truncated x-range (``connect_dots_bounds``)."""
+    """(lowest, highest) privacy loss on dp-accounting's truncated x-range (``connect_dots_bounds``);
+    for ``substitute`` the union of the ``remove`` and ``add`` ranges."""
+    if adjacency == SUBSTITUTE:
+        (lo_r, hi_r), (lo_a, hi_a) = _loss_range(q, z, REMOVE), _loss_range(q, z, ADD)
+        return min(lo_r, lo_a), max(hi_r, hi_a)
     lower_x, upper_x = _truncation(z, adjacency)
     kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -156,13 +168,15 @@ def _loss_range(q: float, z: float, adjacency: str) -> tuple[float, float]:
 def _limit_pmf(q: float, adjacency: str, discretization: float) -> pld_pmf.PLDPmf:
     r"""The pair's limit without noise: given inclusion the record is revealed. It dominates the pair
     at every noise level (for ``a >= 0``, :math:`H_a \le (1-q-a)_+ + q` (remove), :math:`(1-q)(1-a)_+ + q`
-    (replace), :math:`(1 - a(1-q))_+` (add), each the limit's), losses rounded up to the grid."""
+    (replace), :math:`(1 - a(1-q))_+` (add), each the limit's), losses rounded up to the grid. The
+    ``substitute`` pair's limit is the larger of the remove and add limits, which is replace's
+    (:math:`\max((1-q-a)_+ + q, (1 - a(1-q))_+) \le (1-q)(1-a)_+ + q`)."""
     log_keep = math.log1p(-q) if q < 1.0 else -math.inf
     if adjacency == ADD:
         return pld_pmf.create_pmf({math.ceil(-log_keep / discretization): 1.0}, discretization, 0.0, True)
     if q == 1.0:  # always included: the two laws are disjoint
         return pld_pmf.create_pmf({0: 0.0}, discretization, 1.0, True)
-    loss = 0.0 if adjacency == REPLACE else log_keep
+    loss = 0.0 if adjacency in (REPLACE, SUBSTITUTE) else log_keep
     return pld_pmf.create_pmf({math.ceil(loss / discretization): 1.0 - q}, discretization, q, True)
 
 
@@ -190,15 +204,23 @@ def single_step_pmf(
     return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, lo, hi, deltas)
 
 
-@functools.lru_cache(maxsize=16)
 def composed(sampling_probability: float, noise_multiplier: float, steps: int, add_or_remove: bool):
     """The T-fold composition (a dp-accounting ``PrivacyLossDistribution``), cached on every input.
 
     ``add_or_remove``: the remove and add pairs (the host's ``ADD_OR_REMOVE_ONE``); else the
     replace-one pair. The cache key is every argument; the discretisation is pinned.
     """
-    q, z = float(sampling_probability), min(float(noise_multiplier), MAX_NOISE)
+    q = float(sampling_probability)
     adjacencies = ((REMOVE,) if q == 1.0 else (REMOVE, ADD)) if add_or_remove else (REPLACE,)
+    return composed_pairs(q, noise_multiplier, steps, adjacencies)
+
+
+@functools.lru_cache(maxsize=16)
+def composed_pairs(sampling_probability: float, noise_multiplier: float, steps: int, adjacencies: tuple[str, ...]):
+    """The T-fold composition of the pairs ``adjacencies`` (one PMF each, the larger epsilon of them
+    reported: dp-accounting's remove and add PMFs), cached on every input; the discretisation is pinned.
+    ``(SUBSTITUTE,)`` is the random-batch pair (docs/decisions.md, section 18 part 4)."""
+    q, z = float(sampling_probability), min(float(noise_multiplier), MAX_NOISE)
     h = _discretization(q, z, adjacencies)
     if h is None:
         pmfs = [_limit_pmf(q, a, DISCRETIZATION) for a in adjacencies]

@@ -7,7 +7,8 @@ Rules the table keeps:
   bound is shown under the relation it is proven for with this sampling.
 * The standard baselines are registry rows (``composition``,
   ``composition-gdp-epochs``, ``composition-pld-poisson``,
-  ``composition-pld-poisson-replace-one``): the numbers ``best`` uses, computed once.
+  ``composition-pld-poisson-replace-one``, ``composition-pld-random-batch``): the numbers
+  ``best`` uses, computed once.
 * Host accountants (:mod:`.hosts`) are shown as a user would call them and never
   counted: best must not change with the optional hosts installed.
 * An unproven bound is listed with its proof status and computed only when asked

@@ -458,6 +458,10 @@ TARGETS: dict[str, list[tuple[str, Drawer]]] = {
         ("G1 poisson", _g1("poisson")),
         ("G3 poisson", _g3("poisson")),
     ],
+    "composition-pld-random-batch": [
+        ("G1 random_batch", _g1("random_batch")),
+        ("G3 random_batch", _g3("random_batch")),
+    ],
     "composition": [
         ("G1 cyclic", _g1("cyclic")),
         ("G1 reshuffle", _g1("reshuffle")),
