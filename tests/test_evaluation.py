@@ -115,14 +115,18 @@ HUGE_RUN = ["--dataset-size", "200", "--batch-size", "20", "--noise-multiplier",
             "--gradient-norms-within-clip"]  # fmt: skip
 
 
-def test_a_valid_epsilon_beyond_1e7_keeps_its_lower_end():
+def test_a_valid_epsilon_beyond_1e7_is_printed_with_its_lower_end_or_why_none():
     """The issue's command: the lower end's search stopped at 1e7 and called the exact value inf, which
-    turned a valid epsilon (5.004e7) into an error. Now the lower end is found and lies just below."""
+    turned a valid epsilon (5.004e7) into an error. Now the number stands; at 1e10 steps the linear
+    instance is not computed (None, and why), and at 1e7 steps the lower end lies just below best."""
     params = dict(dataset_size=200, batch_size=20, noise_multiplier=2.0, learning_rate=0.5, steps=10**10,
                   sampling="reshuffle", smoothness=0.5, gradient_norms_within_clip=True)  # fmt: skip
     result = lp.epsilon("best", DELTA, lower_bound=True, **params)
     assert result.epsilon == pytest.approx(5.004e7, rel=1e-3)
-    assert result.lower_bound is not None and 0.999 * result.epsilon <= result.lower_bound <= result.epsilon
+    assert result.lower_bound is None and "more than 1e+08 steps" in result.lower_bound_note
+    shorter = lp.epsilon("best", DELTA, lower_bound=True, **{**params, "steps": 10**7, "noise_multiplier": 0.05})
+    assert shorter.epsilon > 1e7  # beyond the old search's cap
+    assert shorter.lower_bound is not None and 0.99 * shorter.epsilon <= shorter.lower_bound <= shorter.epsilon
     proc = subprocess.run(
         [sys.executable, "-m", "lastiter_plugins.cli", "epsilon", "--bound", "best", "--delta", "1e-5", *HUGE_RUN],
         capture_output=True,

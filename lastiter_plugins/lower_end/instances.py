@@ -48,6 +48,9 @@ MAX_G3_STEPS = 40
 MAX_G3_POSITIONS = 16
 G3_NODES, G3_FINE_CELLS = 1_000, 4_000  # a coarser grid only widens the certified interval (its lower end stays valid)
 TOO_LARGE = "too large to compute exactly"
+#: The linear instances hold a few arrays of one number per step: beyond this many steps (8 GB of them),
+#: no lower end is computed (the answer says so) rather than asking for the memory.
+MAX_LINEAR_STEPS = 10**8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,6 +385,8 @@ def _contracting_candidates(config: TrainingConfig, a: LossAssumptions) -> list[
 
 def _linear_epsilon(config: TrainingConfig, inst: LinearInstance, delta: float) -> tuple[float | None, str]:
     """The lower end of the exact epsilon of one linear instance, or None and why."""
+    if config.steps > MAX_LINEAR_STEPS:
+        return None, f"{TOO_LARGE} (more than {MAX_LINEAR_STEPS:.0e} steps)"
     rhos = _rhos(config, inst.lam_in, inst.lam_out)
     c = _contractions(rhos)
     exact = bool(np.all(c == 1.0))
