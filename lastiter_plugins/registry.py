@@ -26,6 +26,7 @@ from lastiter_plugins.bounds import (
     altschuler_talwar,
     bounded_domain,
     composition,
+    dominating_mixture,
     kong_ribero,
     liang,
     membership_mixtures,
@@ -484,13 +485,15 @@ def _poisson_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
     }
 
 
-def _si_poisson(cfg, a) -> GaussianMixtureProfile:
-    # replace-one moves the clipped sum by 2C, add-or-remove by C (the divisor b is fixed)
-    s = shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier)
-    if cfg.relation is Relation.ADD_OR_REMOVE_ONE:
-        s /= 2.0
-    return membership_mixtures.poisson_profile(
-        step_mu=s, sampling_probability=cfg.sampling_probability, steps=cfg.steps, events=list(_poisson_events(cfg, a))
+def _si_poisson(cfg, a) -> dominating_mixture.DominatingMixtureProfile:
+    # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
+    # the patterns mixed against that one law (add-or-remove), or through it (replace-one): section 23
+    return dominating_mixture.poisson_profile(
+        step_mu=shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier) / 2.0,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        events=list(_poisson_events(cfg, a)),
+        reflected=cfg.relation is Relation.REPLACE_ONE,
     )
 
 
