@@ -108,25 +108,38 @@ class DominatingMixtureProfile:
         down = special.logsumexp(np.append(base - mp * x, math.log(zero) if zero > 0.0 else -math.inf))
         return float(up - down)
 
+    def _margin(self, x: float) -> float:
+        """A bound on the rounding of the computed log ratio at x, with room: _LOG_MARGIN times the size
+        of the largest exponent summed (log-sum-exp rounds by about 1e-13 of it)."""
+        top = float(self._parts[3].max()) if self._parts[3].size else 0.0
+        return _LOG_MARGIN * (1.0 + top * abs(x) + 0.5 * top * top)
+
     def _bracket(self, log_target: float) -> tuple[float, float]:
         """(t1, t2) with log ratio <= target - margin at t1 and >= target + margin at t2: the crossing
         lies in [t1, t2]. The caller ensures that the crossing exists."""
+
+        def below(x: float) -> bool:
+            return self._log_ratio(x) <= log_target - self._margin(x)
+
+        def above(x: float) -> bool:
+            return self._log_ratio(x) >= log_target + self._margin(x)
+
         lo, hi = -1.0, 1.0
-        while self._log_ratio(lo) > log_target - _LOG_MARGIN:
+        while not below(lo):
             lo *= 2.0
             if lo < -_FAR:
                 raise _NoBracket
-        while self._log_ratio(hi) < log_target + _LOG_MARGIN:
+        while not above(hi):
             hi *= 2.0
             if hi > _FAR:
                 raise _NoBracket
         t = optimize.brentq(lambda x: self._log_ratio(x) - log_target, lo, hi, xtol=1e-14, rtol=1e-15)
         t1, t2, step = t, t, max(abs(t) * 1e-13, 1e-13)
-        while self._log_ratio(t1) > log_target - _LOG_MARGIN:
+        while not below(t1):
             t1 -= step
             step *= 2.0
         step = max(abs(t) * 1e-13, 1e-13)
-        while self._log_ratio(t2) < log_target + _LOG_MARGIN:
+        while not above(t2):
             t2 += step
             step *= 2.0
         return t1, t2
@@ -159,7 +172,7 @@ class DominatingMixtureProfile:
             zero_part = 0.0
         f = a * (1.0 + _RELATIVE) - b * (1.0 - _RELATIVE) + zero_part * (1.0 - _RELATIVE)
         # what the bracket can hide: int_{t*}^{t2} m <= (t2 - t1) ratio(t2) max_{[t1, t2]} l
-        hidden = (t2 - t1) * math.exp(self._log_ratio(t2) + _LOG_MARGIN) * self._max_second_density(t1, t2)
+        hidden = (t2 - t1) * math.exp(self._log_ratio(t2) + self._margin(t2)) * self._max_second_density(t1, t2)
         return min(1.0, max(f, 0.0) + hidden + inf)
 
     def _backward(self, eps: float) -> float:
