@@ -47,6 +47,8 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 #: No crossing within this many standard deviations: the divergence is bounded by 1 (a crossing within
 #: 1e-9 of the ratio's limit, e.g. at eps = 0 with almost all mass at mu = 0).
 _FAR = 1e8
+#: Divergences at larger epsilons are computed at this one (an upper bound: they decrease in epsilon).
+_LARGEST_EPS = 700.0
 
 
 class _NoBracket(Exception):
@@ -158,6 +160,7 @@ class DominatingMixtureProfile:
     def _forward(self, eps: float) -> float:
         r""":math:`H_{e^\varepsilon}(M \| L)`, rounded up."""
         inf, zero, log_w, mp = self._parts
+        eps = min(eps, _LARGEST_EPS)  # a smaller gamma only raises the divergence
         gamma = math.exp(eps)
         if mp.size == 0:  # M's finite part is zero * N(0, 1); L is N(0, 1) (or the same mixture)
             return min(1.0, inf + max(zero - gamma * (1.0 if not self.reflected else zero), 0.0))
@@ -178,6 +181,7 @@ class DominatingMixtureProfile:
     def _backward(self, eps: float) -> float:
         r""":math:`H_{e^\varepsilon}(N_0 \| M)` (add-or-remove), rounded up (M's atom at infinity never helps N_0)."""
         _, zero, log_w, mp = self._parts
+        eps = min(eps, _LARGEST_EPS)  # a smaller gamma only raises the divergence
         gamma = math.exp(eps)
         if zero * gamma >= 1.0:  # the ratio never drops below 1/gamma: N_0 <= gamma M everywhere
             return 0.0
@@ -191,15 +195,26 @@ class DominatingMixtureProfile:
         hidden = (t2 - t1) * self._max_second_density(t1, t2)  # int_{t1}^{t*} phi
         return min(1.0, max(f, 0.0) + hidden)
 
+    @functools.cached_property
+    def _joint_convexity(self) -> profiles.GaussianMixtureProfile:
+        """Section 19's bound on the same pair, sum_j w_j delta_{mu_j} (delta_{2 mu_j} reflected): also valid
+        (joint convexity), never smaller in exact arithmetic; used where the crossing cannot be certified
+        (mus of 1e-200 or 1e100, a ratio within rounding of the target) and as a cap."""
+        scale = 2.0 if self.reflected else 1.0
+        with np.errstate(over="ignore"):
+            mus = np.asarray(self.mus, dtype=float) * scale
+        return profiles.GaussianMixtureProfile.mixture(self.weights, mus)
+
     def _pair_delta(self, eps: float) -> float:
+        cap = self._joint_convexity.delta(eps)
         if math.isinf(eps):
-            return self._parts[0]
+            return min(cap, self._parts[0])
         try:
             if self.reflected:  # H(M~||M) = H(M||M~) (x -> -x)
-                return self._forward(eps)
-            return max(self._forward(eps), self._backward(eps))
+                return min(cap, self._forward(eps))
+            return min(cap, max(self._forward(eps), self._backward(eps)))
         except _NoBracket:
-            return 1.0
+            return cap
 
     def delta(self, eps: float) -> float:
         """delta(eps), both directions, rounded up: (1 - p) times the pair's, plus p."""
