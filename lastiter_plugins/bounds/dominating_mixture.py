@@ -175,7 +175,10 @@ class DominatingMixtureProfile:
             zero_part = 0.0
         f = a * (1.0 + _RELATIVE) - b * (1.0 - _RELATIVE) + zero_part * (1.0 - _RELATIVE)
         # what the bracket can hide: int_{t*}^{t2} m <= (t2 - t1) ratio(t2) max_{[t1, t2]} l
-        hidden = (t2 - t1) * math.exp(self._log_ratio(t2) + self._margin(t2)) * self._max_second_density(t1, t2)
+        try:
+            hidden = (t2 - t1) * math.exp(self._log_ratio(t2) + self._margin(t2)) * self._max_second_density(t1, t2)
+        except OverflowError:  # mus of 1e6 and more: a margin too wide to use (the cap of _pair_delta applies)
+            hidden = math.inf
         return min(1.0, max(f, 0.0) + hidden + inf)
 
     def _backward(self, eps: float) -> float:
