@@ -901,7 +901,9 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-poisson",
         title="f-DP, Poisson sampling, add-or-remove (Opacus' default): schedule mixture over the memberships",
-        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): every "
+        "membership pattern against the run without the record, the patterns' tradeoff functions averaged "
+        "(a one-dimensional Gaussian mixture against N(0, 1): amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
         "docs/decisions.md",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
@@ -914,7 +916,9 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-poisson-replace-one",
         title="f-DP, Poisson sampling, replace-one: schedule mixture over the memberships",
-        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): both "
+        "worlds compared through the run without the record (a one-dimensional Gaussian mixture against its "
+        "reflection: amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
         "docs/decisions.md",
         covers=_covers((Sampling.POISSON,)),
