@@ -183,3 +183,18 @@ def test_glm_poisson_row_below_the_every_iterate_pld(epochs, relation):
     row = lp.epsilon(f"shifted-interpolation-poisson{suffix}", 1e-5, **params).epsilon
     pld = lp.epsilon(f"composition-pld-poisson{suffix}", 1e-5, **params).epsilon
     assert row < pld, (row, pld)
+
+
+def test_the_poisson_pair_does_not_dominate_fixed_size_batches():
+    """Section 23, part 4: n = 3, b = 1, T = 6, linear 1-D losses (+1, 0, 0) against (-1, 0, 0): the last
+    iterates' total variation exceeds that of (E_k N(2k, T), N(0, T)), the pair a random-batch row would
+    reuse from Poisson sampling, so that shortcut is not a bound (and is not shipped)."""
+    steps, n = 6, 3
+    k = np.arange(steps + 1)
+    w = stats.binom.pmf(k, steps, 1 / n)
+    # the sum of the picked gradients is the number of steps that picked the record (times its gradient)
+    symmetric = gaussian_mixture_hockey_stick(w, k.astype(float), w, -k.astype(float), float(steps))
+    one_sided = gaussian_mixture_hockey_stick(w, 2.0 * k, np.ones(1), np.zeros(1), float(steps))
+    (low,), _ = symmetric.delta(np.array([0.0]))
+    _, (up,) = one_sided.delta(np.array([0.0]))
+    assert low > 1.04 * up, (low, up)
