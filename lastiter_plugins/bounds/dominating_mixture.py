@@ -51,6 +51,14 @@ _FAR = 1e8
 _LARGEST_EPS = 700.0
 
 
+def _log_sum_exp(values: np.ndarray, extra: float) -> float:
+    """log(sum(exp(values)) + exp(extra)), without overflow."""
+    top = max(float(values.max()) if values.size else -math.inf, extra)
+    if top == -math.inf:
+        return -math.inf
+    return top + math.log(float(np.exp(values - top).sum()) + math.exp(extra - top))
+
+
 class _NoBracket(Exception):
     """The likelihood ratio does not cross the target by a certified margin within +-_FAR."""
 
@@ -100,15 +108,20 @@ class DominatingMixtureProfile:
     def max_mu(self) -> float:
         return max(self.mus)
 
+    @functools.cached_property
+    def _exponents(self) -> tuple[np.ndarray, float]:
+        """log w_j - mu_j^2 / 2 of the components with 0 < mu < inf, and log of the weight at mu = 0."""
+        _, zero, log_w, mp = self._parts
+        return log_w - 0.5 * mp * mp, (math.log(zero) if zero > 0.0 else -math.inf)
+
     def _log_ratio(self, x: float) -> float:
         """log of the likelihood ratio of M's finite part against L at x (non-decreasing in x)."""
-        _, zero, log_w, mp = self._parts
-        base = log_w - 0.5 * mp * mp
-        up = special.logsumexp(np.append(base + mp * x, math.log(zero) if zero > 0.0 else -math.inf))
+        mp = self._parts[3]
+        base, log_zero = self._exponents
+        up = _log_sum_exp(base + mp * x, log_zero)
         if not self.reflected:
-            return float(up)
-        down = special.logsumexp(np.append(base - mp * x, math.log(zero) if zero > 0.0 else -math.inf))
-        return float(up - down)
+            return up
+        return up - _log_sum_exp(base - mp * x, log_zero)
 
     def _margin(self, x: float) -> float:
         """A bound on the rounding of the computed log ratio at x, with room: _LOG_MARGIN times the size
@@ -227,8 +240,19 @@ class DominatingMixtureProfile:
         p = self.event_mass
         return min(1.0, (1.0 - p) * self._pair_delta(eps) * (1.0 + _RELATIVE) + p)
 
+    @functools.cached_property
+    def _epsilons(self) -> dict[float, float]:
+        return {}
+
     def epsilon(self, delta: float) -> float:
-        """Smallest eps with delta(eps) <= delta (re-checked at the returned value)."""
+        """Smallest eps with delta(eps) <= delta (re-checked at the returned value); remembered per delta
+        (the Poisson rows choose their event at REFERENCE_DELTA, the delta most often asked)."""
+        delta = float(delta)
+        if delta not in self._epsilons:
+            self._epsilons[delta] = self._epsilon(delta)
+        return self._epsilons[delta]
+
+    def _epsilon(self, delta: float) -> float:
         if delta < self.delta(math.inf):
             return math.inf
 
