@@ -198,3 +198,21 @@ def test_the_poisson_pair_does_not_dominate_fixed_size_batches():
     (low,), _ = symmetric.delta(np.array([0.0]))
     _, (up,) = one_sided.delta(np.array([0.0]))
     assert low > 1.04 * up, (low, up)
+
+
+def test_convex_row_never_below_the_exact_linear_instance_at_realistic_sizes():
+    """Linear losses, c = 1, add-or-remove: the last iterate is exactly Bin(T, q) / z + N(0, T) against
+    N(0, T) (every pattern with k uses has the same law), so its exact epsilon is the 1-D pair's with
+    mu = k / (z sqrt T); computed with the profile's own (upward) numerics, it must not exceed the row's
+    epsilon, at sizes the 2^T enumerations cannot reach."""
+    rng = np.random.default_rng(11)
+    for _ in range(5):
+        n = int(rng.integers(200, 5000))
+        b = int(rng.integers(1, max(2, n // 20)))
+        z = float(rng.uniform(0.6, 3.0))
+        steps = int(rng.integers(50, 2000))
+        delta = float(10 ** rng.uniform(-8, -3))
+        exact = _linear_lower_end(b / n, z, steps, delta)
+        params = {**_CONVEX, "dataset_size": n, "batch_size": b, "noise_multiplier": z, "steps": steps}
+        row = lp.epsilon("shifted-interpolation-poisson", delta, **params).epsilon
+        assert row >= exact, (params, delta, row, exact)
