@@ -26,6 +26,7 @@ from lastiter_plugins.bounds import (
     altschuler_talwar,
     bounded_domain,
     composition,
+    dominating_mixture,
     kong_ribero,
     liang,
     membership_mixtures,
@@ -540,13 +541,15 @@ def _poisson_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
     }
 
 
-def _si_poisson(cfg, a) -> GaussianMixtureProfile:
-    # replace-one moves the clipped sum by 2C, add-or-remove by C (the divisor b is fixed)
-    s = shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier)
-    if cfg.relation is Relation.ADD_OR_REMOVE_ONE:
-        s /= 2.0
-    return membership_mixtures.poisson_profile(
-        step_mu=s, sampling_probability=cfg.sampling_probability, steps=cfg.steps, events=list(_poisson_events(cfg, a))
+def _si_poisson(cfg, a) -> dominating_mixture.DominatingMixtureProfile:
+    # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
+    # the patterns mixed against that one law (add-or-remove), or through it (replace-one): section 25
+    return dominating_mixture.poisson_profile(
+        step_mu=shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier) / 2.0,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        events=list(_poisson_events(cfg, a)),
+        reflected=cfg.relation is Relation.REPLACE_ONE,
     )
 
 
@@ -1076,12 +1079,15 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-poisson",
         provenance=Provenance(
-            derived="docs/decisions.md section 19, part 4 (a schedule mixture; batch sizes conditioned); checks: "
-            f"exact instances (tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent "
-            "re-derivation"
+            derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes "
+            "conditioned; the patterns mixed against the run without the record); checks: exact instances "
+            "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
+            f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
         ),
         title="f-DP, Poisson sampling, add-or-remove (Opacus' default): schedule mixture over the memberships",
-        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): every "
+        "membership pattern against the run without the record, the patterns' tradeoff functions averaged "
+        "(a one-dimensional Gaussian mixture against N(0, 1): amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
         "docs/decisions.md",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
@@ -1094,12 +1100,15 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-poisson-replace-one",
         provenance=Provenance(
-            derived="docs/decisions.md section 19, part 4 (a schedule mixture; batch sizes conditioned); checks: "
-            f"exact instances (tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent "
-            "re-derivation"
+            derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes "
+            "conditioned; the patterns mixed against the run without the record); checks: exact instances "
+            "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
+            f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
         ),
         title="f-DP, Poisson sampling, replace-one: schedule mixture over the memberships",
-        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4), with the "
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): both "
+        "worlds compared through the run without the record (a one-dimensional Gaussian mixture against its "
+        "reflection: amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
         "docs/decisions.md",
         covers=_covers((Sampling.POISSON,)),

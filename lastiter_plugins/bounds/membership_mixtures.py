@@ -884,23 +884,3 @@ def poisson_size_events(
         mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, q))) * (1.0 + 1e-6))
         out.append((c, mass))
     return out
-
-
-def poisson_profile(
-    *, step_mu: float, sampling_probability: float, steps: int, events: list[tuple[float, float]]
-) -> profiles.GaussianMixtureProfile:
-    """The Poisson profile: :func:`membership_profile` under each (contraction, probability) event of
-    :func:`poisson_size_events`, the best at REFERENCE_DELTA (each is valid).
-
-    Raises:
-      ValueError: no event (no batch-size range keeps the step non-expansive, c <= 1).
-    """
-    if not events:
-        raise ValueError("no range of batch sizes around the expected one keeps the step non-expansive (c <= 1).")
-    candidates = [
-        membership_profile(
-            step_mu=step_mu, contraction=c, use_probability=sampling_probability, steps=steps, extra_mass=mass
-        )
-        for c, mass in events
-    ]
-    return candidates[0] if len(candidates) == 1 else min(candidates, key=lambda p: p.epsilon(REFERENCE_DELTA))
