@@ -530,6 +530,7 @@ def test_hook_outside_make_private_needs_bound_loader(request):
         optimizer.step()
     accountant.bind_data_loader(loader)
     optimizer.zero_grad()
+    xb, yb = next(iter(loader))  # a pass begun after binding: the accountant records the batches it draws
     _loss(model, xb, yb).backward()
     optimizer.step()
     assert accountant.steps == 1

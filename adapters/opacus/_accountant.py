@@ -18,6 +18,7 @@ from opacus.accountants import IAccountant
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
@@ -25,6 +26,8 @@ from lastiter_plugins.adapters.opacus._observe import (
     check_sgd,
     core_batch,
     observe,
+    planned_normaliser,
+    unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
@@ -90,6 +93,10 @@ class LastIterateAccountant(IAccountant):
         self._resume_digest: str | None = None
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
+        self._monitor: RunMonitor | None = None
+        #: an accountant of this library that accounted earlier steps of the model bound now (continued
+        #: at the first step when its configuration is this one's)
+        self._prior: LastIterateAccountant | None = None
         self._void: str | None = None
 
     # -- IAccountant
@@ -130,7 +137,10 @@ class LastIterateAccountant(IAccountant):
             raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
+        self._prior = self._earlier_accounting(module)
         reference = None if module is None else weakref.ref(module)
+        derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
+        self._monitor = RunMonitor(data_loader, facts, derivation)  # before the watch: it records at the sampler
         self._binding = _Binding(facts, plan, LoaderWatch(data_loader, facts), reference, Buffers(module))
         if self._checks is not None:
             self._checks.remove()
@@ -144,6 +154,56 @@ class LastIterateAccountant(IAccountant):
             self._counter.reset()
         if self.steps == 0:
             self._void = None
+
+    def _earlier_accounting(self, module: Any) -> LastIterateAccountant | None:
+        """The accountant of an earlier engine that trained ``module``'s model (None: a fresh model), after
+        checking that this one may continue it; marks the model as this accountant's."""
+        if module is None:
+            return None
+        model = unwrap(module)
+        prior = MARKS.get(model)
+        if prior is None or prior is self or not prior.steps:
+            MARKS[model] = self
+            return None
+        found = (
+            f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
+            "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
+        )
+        if prior._void is not None:
+            raise _Error(
+                f"a model whose earlier DP training was refused cannot be accounted: the released model carries "
+                f"those steps. {found}, whose run was void. Start from a fresh model."
+            )
+        mine, theirs = dict(self.registration.to_dict()), dict(prior.registration.to_dict())
+        mine.pop("name"), theirs.pop("name")
+        if mine != theirs:
+            raise _Error(
+                "a model trained by an earlier engine continues that accounting only under the same "
+                f"configuration (the released model is the output of all its steps). {found}, registered as "
+                f"{theirs}; this accountant is {mine}. Register the same configuration, or start from a fresh "
+                "model (initial weights must not depend on the private data)."
+            )
+        return prior
+
+    def _continue_prior(self, observed: Observed) -> None:
+        """The first step of a model an earlier accountant trained: continue its accounting (its history,
+        its index record) when the step is configured as its steps were, else refuse."""
+        prior, self._prior = self._prior, None
+        if prior._void is not None:
+            raise _Error(f"the earlier accounting of this model was refused: {prior._void}")
+        if prior._observed != observed:
+            raise _Error(
+                f"a model trained by an earlier engine continues that accounting only with the same noise, clipping, "
+                f"batch size and learning rate. Found {prior._observed.to_dict()} for its {prior.steps} steps and "
+                f"{observed.to_dict()} now. Start from a fresh model, or train with the same settings."
+            )
+        self.history = deepcopy(prior.history)
+        if prior._monitor is not None:
+            self._monitor.derivation = prior._monitor.derivation
+        prior._void = (
+            f"the model it accounted for was trained further under accountant {self.registration.name!r}, which "
+            "continues its accounting; read the epsilon there"
+        )
 
     def _check_permutation(self, saved: str | None, current: str | None) -> None:
         if saved != current:
@@ -214,11 +274,17 @@ class LastIterateAccountant(IAccountant):
         checks = self._checks
         checks.verify_optimizer(optim, steps + 1)  # the same DP optimizer, SGD and parameters; nothing after us
         observed = observe(optim, reg, binding.facts)  # noise, clipping, reduction, lr: plain SGD
+        if self._prior is not None:  # the model was trained by an earlier engine: continue or refuse
+            self._continue_prior(observed)
+            steps = self.steps
         self._verify_constant(observed, steps)  # ... the same as at the first step
         change = binding.watch.changed()  # the loader bound at make_private; one shuffle-once permutation
         if change is not None:
             raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
-        checks.verify_examples(optim, binding.facts, binding.watch, self._counter, steps + 1)  # one gradient each
+        gradients = checks.verify_examples(optim, binding.facts, binding.watch, self._counter, steps + 1)
+        problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
+        if problem is not None:
+            raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps)
             checks.rebase()
@@ -365,7 +431,7 @@ class LastIterateAccountant(IAccountant):
             raise _Error(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
         sample_rate = facts.opacus_sample_rate
         # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
-        normaliser = float(int(reg.dataset_size * sample_rate)) if call["loss_reduction"] == "mean" else 1.0
+        normaliser = planned_normaliser(call["loss_reduction"], reg.dataset_size, sample_rate)
         b = core_batch(reg, facts)
         observed = Observed(
             noise_multiplier=1.0,

@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from opacus.grad_sample import AbstractGradSampleModule
 from torch import nn
 
 import lastiter_plugins as lp
@@ -49,7 +48,13 @@ from lastiter_plugins import feature_clip
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
 from lastiter_plugins.adapters.opacus._loaders import check_data_loader
-from lastiter_plugins.adapters.opacus._observe import core_batch, poisson_batch_size
+from lastiter_plugins.adapters.opacus._observe import (
+    core_batch,
+    optimizer_normaliser,
+    planned_normaliser,
+    poisson_batch_size,
+    unwrap,
+)
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
@@ -216,18 +221,6 @@ def declare(
 
 
 # ---------------------------------------------------------------- the model
-
-
-def unwrap(module: Any) -> nn.Module:
-    """The user's model inside Opacus' GradSampleModule and (DP)DDP wrappers."""
-    for _ in range(4):
-        if isinstance(module, AbstractGradSampleModule):
-            module = module._module
-        elif type(module).__name__ in ("DistributedDataParallel", "DifferentiallyPrivateDistributedDataParallel"):
-            module = module.module
-        else:
-            break
-    return module
 
 
 def _leaves_in_order(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
@@ -598,6 +591,18 @@ class Watch:
                 f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
                 f"Found {optim.max_grad_norm!r}. The run's epsilon is void."
             )
+        frozen = [
+            name
+            for name, trained in (("weight", True), ("bias", d.bias))
+            if trained and not getattr(getattr(linear, name, None), "requires_grad", False)
+        ]
+        if frozen:
+            self.fail(
+                f"the final nn.Linear's {' and '.join(frozen)} must stay trained for the whole run: the constants "
+                f"were derived for a model whose trained parameters are {'weight and bias' if d.bias else 'weight'}. "
+                f"Found the {' and '.join(frozen)} frozen (requires_grad=False) after make_private. Decide what to "
+                "train before make_private. The run's epsilon is void."
+            )
         groups = optim.original_optimizer.param_groups
         decays = tuple(_number(g.get("weight_decay", 0.0)) for g in groups)
         if decays != d.weight_decays:
@@ -648,6 +653,8 @@ class Watch:
                 "computed by another function or on a transformed output, or the loss module called several "
                 "times). The run's epsilon is void."
             )
+        if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
+            return
         backprop = self._backprops(weight, features, linear)
         self._check_rank_one(weight, backprop, features)
         self._check_loss(backprop, *calls[0], features)
@@ -806,8 +813,7 @@ class GlmAccountant(LastIterateAccountant):
         if caller is not None:
             optim, loader = caller["optimizer"], caller["data_loader"]
             facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-            world = int(getattr(optim, "world_size", 1) or 1)
-            normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
+            normaliser = optimizer_normaliser(optim)
             self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), normaliser)
             criterion = caller.get("criterion")
             if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
@@ -851,7 +857,7 @@ class GlmAccountant(LastIterateAccountant):
                     "module=model) before training. Found no model."
                 )
             reg = type(self)._registration
-            normaliser = float(optim.expected_batch_size) if optim.loss_reduction == "mean" else 1.0
+            normaliser = optimizer_normaliser(optim)
             try:
                 self._adopt(module, optim, optim.max_grad_norm, core_batch(reg, self._glm_facts), normaliser)
             except _Error as exc:
@@ -880,7 +886,7 @@ class GlmAccountant(LastIterateAccountant):
             b = poisson_batch_size(reg.dataset_size, 1.0 / batches)
         else:
             b = core_batch(reg, check_data_loader(loader, reg.sampling, reg.dataset_size))
-        normaliser = float(int(n * (1.0 / batches))) if call["loss_reduction"] == "mean" else 1.0
+        normaliser = planned_normaliser(call["loss_reduction"], n, 1.0 / batches)
         # Opacus' calibration runs on a temporary accountant: derive without hooking the model
         self._adopt(call["module"], call["optimizer"], call["max_grad_norm"], b, normaliser, watch=False)
 

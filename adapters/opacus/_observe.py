@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from opacus.grad_sample import AbstractGradSampleModule
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from torch.nn.utils.rnn import PackedSequence
 
@@ -120,6 +121,36 @@ def check_dp_optimizer(optim: Any, reg: Registration) -> None:
     check_sgd(optim.original_optimizer, reg)
 
 
+def unwrap(module: Any) -> torch.nn.Module:
+    """The user's model inside Opacus' GradSampleModule and (DP)DDP wrappers."""
+    for _ in range(4):
+        if isinstance(module, AbstractGradSampleModule):
+            module = module._module
+        elif type(module).__name__ in ("DistributedDataParallel", "DifferentiallyPrivateDistributedDataParallel"):
+            module = module.module
+        else:
+            break
+    return module
+
+
+def loss_normaliser(loss_reduction: str, expected_batch_size: float, world_size: int = 1) -> float:
+    """N, what Opacus divides the noisy clipped sum by: ``expected_batch_size * world_size`` for
+    ``loss_reduction="mean"`` (``DPOptimizer.scale_grad``; ``DistributedDPOptimizer`` then averages the
+    ranks' gradients), 1 for ``"sum"``. The only place N is computed."""
+    return float(expected_batch_size) * int(world_size) if loss_reduction == "mean" else 1.0
+
+
+def optimizer_normaliser(optim: Any) -> float:
+    """N of a DP optimizer (its world size when distributed)."""
+    world = int(getattr(optim, "world_size", 1) or 1) if type(optim) is DistributedDPOptimizer else 1
+    return loss_normaliser(optim.loss_reduction, optim.expected_batch_size, world)
+
+
+def planned_normaliser(loss_reduction: str, dataset_size: int, sample_rate: float) -> float:
+    """N of the optimizer ``make_private`` will build: expected_batch_size = int(n q) in total over the ranks."""
+    return loss_normaliser(loss_reduction, int(dataset_size * sample_rate))
+
+
 def core_batch(reg: Registration, facts: LoaderFacts) -> int:
     """b of the core: the loader's batch size (for Poisson ceil(n q))."""
     if facts.sampling is Sampling.POISSON:
@@ -137,8 +168,7 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
             "DistributedDPOptimizer and vice versa (wrap the model in DPDDP before make_private). "
             f"Found loader distributed={facts.distributed}, optimizer {type(optim).__name__}."
         )
-    world = int(getattr(optim, "world_size", 1)) if distributed else 1
-    normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
+    normaliser = optimizer_normaliser(optim)
     b = core_batch(reg, facts)
     noise = optim.noise_multiplier
     if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):

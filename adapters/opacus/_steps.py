@@ -201,9 +201,10 @@ class StepChecks:
     # -- the examples of the step
     def verify_examples(
         self, optim: Any, facts: LoaderFacts, watch: LoaderWatch, counter: ExampleCounter | None, step: int
-    ) -> None:
+    ) -> int:
         """One backward pass, one clipped gradient per example of this step's loader batch, and as many
-        examples entering the private module in training forward passes."""
+        examples entering the private module in training forward passes. Returns the per-example clipped
+        gradients the step sums (with skipped steps: theirs too)."""
         samples = getattr(self.params[0], "grad_sample", None)  # Opacus' per-example gradients of a parameter
         if samples is None:
             passes = count = 0
@@ -259,6 +260,7 @@ class StepChecks:
                 f"{_ONE_EACH}. Found {total} per-example gradients in one step for a dataset of "
                 f"{facts.dataset_size} examples."
             )
+        return total
 
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""

@@ -1,0 +1,112 @@
+"""The run monitor of the Opacus adapter: what each noisy step used, observed where it happens.
+
+* the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
+  matched to noisy steps: a queue per pass of the sampler (docs/decisions.md, section 23);
+* the number of per-example clipped gradients the step summed (counted by the step checks);
+* the model the run starts from: a model an earlier accountant of this library has trained
+  (:data:`MARKS`) continues that accounting, or is refused;
+* data-dependent control: a ``ReduceLROnPlateau`` scheduler on the optimizer.
+
+The derivation (:mod:`lastiter_plugins.adapters._derivation`) compares the record with what is
+accounted; this module only observes and matches.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+
+from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._loaders import PERMUTATIONS, LoaderFacts
+
+#: user model (unwrapped) -> the accountant that accounts for its training (weakly keyed: a model
+#: garbage-collected takes its mark along; weights copied with load_state_dict carry none)
+MARKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class BatchQueue:
+    """The batches drawn by one recorded batch sampler and not yet matched to a step, per pass.
+
+    A noisy step takes its batch from the pass that drew last (a new pass, an evaluation pass run to
+    its end before it, a pass that broke off: their batches are never matched). Without worker
+    processes a loader draws a batch exactly when the loop asks for it, so the step's batch is the
+    newest of that pass and any older one was drawn and not used; with workers the loader draws up to
+    ``num_workers * prefetch_factor`` batches ahead, so the step's batch is the oldest of that pass.
+    """
+
+    def __init__(self, loader: Any, facts: LoaderFacts) -> None:
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
+        self._pending: dict[int, deque[DrawnBatch]] = {}
+        self._last: int | None = None
+        self._facts = facts
+        self._cut: tuple[int, int, list[int]] | None = None  # shuffle_once: (pass, position, indices so far)
+        if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
+            PERMUTATIONS.listen(facts.permutation_digest, self)
+        else:
+            internals.record_batches(loader.batch_sampler, self._drawn)
+
+    def index_drawn(self, pass_id: int, index: int) -> None:
+        """One index of a shuffle-once permutation, as a ``BatchSampler`` draws it: cut into the batches of
+        the bound loader's plan (a loader with another batch size shows in the gradient counts)."""
+        if self._cut is None or self._cut[0] != pass_id:
+            self._cut = (pass_id, 0, [])
+        pass_, position, indices = self._cut
+        indices.append(index)
+        if len(indices) == self._facts.batch_at(position % self._facts.num_batches):
+            self._drawn(pass_, position, indices)
+            self._cut = (pass_, position + 1, [])
+
+    def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
+        indices = tuple(batch.tolist() if torch.is_tensor(batch) else (int(i) for i in batch))
+        self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
+        self._last = pass_id
+
+    def take(self) -> tuple[DrawnBatch | None, int]:
+        """The batch of the step being taken (None: nothing drawn since the last step) and how many
+        batches of its pass stay drawn ahead of it."""
+        queue = self._pending.get(self._last) if self._last is not None else None
+        if not queue:
+            return None, 0
+        if self.ahead:
+            batch = queue.popleft()
+        else:
+            batch = queue.pop()
+            queue.clear()  # drawn before the step's batch and used by no step
+        for pass_id in [p for p in self._pending if p < batch.pass_id]:
+            del self._pending[pass_id]  # passes that ended or broke off: their batches are not used
+        return batch, len(queue)
+
+
+class RunMonitor:
+    """Per accountant binding: the loader's batch queue and the run's derivation."""
+
+    def __init__(self, loader: Any, facts: LoaderFacts, derivation: Derivation | None) -> None:
+        self.queue = BatchQueue(loader, facts)
+        self.derivation = derivation or Derivation(
+            facts.sampling, facts.dataset_size, facts.num_batches, facts.sample_rate
+        )
+
+    def check_step(self, gradients: int, optimizers: Any) -> str | None:
+        """Observe the step being taken and compare it with the declaration: None, or the reason to refuse."""
+        plateaus = internals.plateau_schedulers(optimizers)
+        if plateaus:
+            return (
+                "the learning rate must not follow a rule that reads the training losses: a ReduceLROnPlateau "
+                "scheduler holds this optimizer. The rule reads losses of intermediate models on the private data "
+                "and could change the step size on a neighbouring dataset, whether or not it fired in this run, so "
+                "no bound covers the run. Remove the scheduler (a schedule fixed in advance is refused too: "
+                "register the constant learning rate you use)"
+            )
+        batch, ahead = self.queue.take()
+        if batch is not None and self.queue.ahead and ahead > self.queue.ahead:
+            return (
+                "every noisy step must use one batch of the loader. Found "
+                f"{ahead + 1} batches drawn and not yet used at step {self.derivation.steps + 1}, more than the "
+                f"loader's workers fetch ahead ({self.queue.ahead}): the loop feeds several batches to one step"
+            )
+        return self.derivation.check_step(batch, gradients)
