@@ -339,3 +339,245 @@ def test_glm_bias_frozen_after_an_epoch_is_refused_naming_the_freeze(request):
     _glm_train(model, optimizer, loader, criterion)
     model._module[1].bias.requires_grad_(False)
     _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), "frozen")
+
+
+# ================================================================ odd but realistic loops (issue: adapters v4, own audit)
+# Each is a training loop a user writes. Accepted ones must get the core's number for what ran; refused
+# ones an error naming the cause.
+
+
+def _cyclic(request, **kw):
+    return _private(_register(request), **kw)
+
+
+def test_evaluation_passes_over_the_training_loader_are_accepted(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    for _ in range(2):
+        with torch.no_grad():
+            sum(float(_bce(model(xb), yb)) for xb, yb in loader)  # between epochs
+        for i, (xb, yb) in enumerate(loader):
+            _step(model, optimizer, xb, yb)
+            if i == 3:
+                with torch.no_grad():  # nested, in the middle of an epoch
+                    sum(float(_bce(model(x2), y2)) for x2, y2 in loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH), rel=1e-12)
+
+
+def test_a_batch_drawn_before_training_for_shapes_is_accepted(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    next(iter(loader))  # a pass begun and abandoned without a step
+    _train(model, optimizer, loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
+
+
+def test_an_epoch_broken_off_then_a_new_epoch_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    for i, (xb, yb) in enumerate(loader):
+        _step(model, optimizer, xb, yb)
+        if i == 4:
+            break
+    _refused(engine, lambda: _train(model, optimizer, loader), "whole passes.*used 5 of its 10 batches")
+
+
+def test_a_run_stopped_in_its_last_epoch_gets_the_steps_taken(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    _train(model, optimizer, loader)
+    for i, (xb, yb) in enumerate(loader):
+        _step(model, optimizer, xb, yb)
+        if i == 4:
+            break
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH + 5), rel=1e-12)
+
+
+def test_half_epochs_with_islice_are_refused(request):
+    import itertools
+
+    engine, model, optimizer, loader = _cyclic(request)
+    _train(model, optimizer, itertools.islice(loader, EPOCH // 2))
+    _refused(engine, lambda: _train(model, optimizer, itertools.islice(loader, EPOCH // 2)), "whole passes")
+
+
+def test_a_skipped_batch_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    batches = iter(loader)
+    for _ in range(3):
+        _step(model, optimizer, *next(batches))
+    next(batches)  # batch 4 drawn and not trained on
+    _refused(engine, lambda: _step(model, optimizer, *next(batches)), "drawn and not used")
+
+
+def test_a_fresh_iterator_per_step_is_refused_for_cyclic_and_accepted_for_poisson(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    _step(model, optimizer, *next(iter(loader)))
+    _refused(engine, lambda: _step(model, optimizer, *next(iter(loader))), "whole passes")
+    engine, model, optimizer, loader = _private(_register(request, "poisson", suffix="-p"), poisson=True)
+    for _ in range(15):
+        _step(model, optimizer, *next(iter(loader)))  # each step a fresh Poisson draw
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(15, "poisson"), rel=1e-12)
+
+
+def test_the_loader_recreated_every_epoch_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    _train(model, optimizer, loader)
+    _refused(engine, lambda: _train(model, optimizer, DataLoader(loader.dataset, batch_size=B)), "no batch drawn")
+
+
+def test_two_augmented_views_in_one_forward_are_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+
+    def views():
+        for xb, yb in loader:
+            _step(model, optimizer, torch.cat([xb, xb + 0.01 * torch.randn_like(xb)]), torch.cat([yb, yb]))
+
+    _refused(engine, views, "per-example gradients")
+
+
+def test_gradient_accumulation_over_two_batches_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+
+    def accumulated():
+        for i, (xb, yb) in enumerate(loader):
+            _bce(model(xb), yb).backward()
+            if i % 2:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    _refused(engine, accumulated, "backward passes")
+
+
+def test_zip_of_two_iterators_over_the_loader_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+
+    def zipped():
+        for (x1, y1), (x2, y2) in zip(loader, loader, strict=True):
+            _step(model, optimizer, torch.cat([x1, x2]), torch.cat([y1, y2]))
+
+    _refused(engine, zipped, "per-example gradients")
+
+
+def _dict_collate(batch):
+    return {"x": torch.stack([item[0] for item in batch]), "y": torch.stack([item[1] for item in batch])}
+
+
+def test_a_dict_collate_fn_with_poisson_is_accepted(request):
+    loader = DataLoader(_dataset(), batch_size=B, collate_fn=_dict_collate)
+    engine, model, optimizer, loader = _private(_register(request, "poisson"), loader, poisson=True)
+    for batch in loader:
+        _step(model, optimizer, batch["x"], batch["y"])
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH, "poisson"), rel=1e-12)
+
+
+def test_a_subset_sampler_is_refused_at_make_private(request):
+    from torch.utils.data import SubsetRandomSampler
+
+    loader = DataLoader(_dataset(), batch_size=B, sampler=SubsetRandomSampler(range(N // 2)))
+    with pytest.raises(lp.NotApplicableError, match="SubsetRandomSampler"):
+        _private(_register(request, "reshuffle"), loader)
+
+
+def test_batch_memory_manager_with_poisson_is_accepted(request):
+    engine, model, optimizer, loader = _private(_register(request, "poisson"), poisson=True)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=optimizer) as memory_safe:
+        for xb, yb in memory_safe:
+            _step(model, optimizer, xb, yb)
+    assert engine.accountant.steps == EPOCH
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH, "poisson"), rel=1e-12)
+
+
+def test_reshuffle_seeded_once_is_accepted(request):
+    generator = torch.Generator().manual_seed(1234)  # once, before training (the seed must stay secret)
+    loader = DataLoader(_dataset(), batch_size=B, shuffle=True, generator=generator)
+    engine, model, optimizer, loader = _private(_register(request, "reshuffle"), loader)
+    _train(model, optimizer, loader, epochs=2)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH, "reshuffle"), rel=1e-12)
+
+
+def test_drop_last_with_a_dividing_batch_size_is_accepted(request):
+    engine, model, optimizer, loader = _cyclic(request, loader=DataLoader(_dataset(), batch_size=B, drop_last=True))
+    _train(model, optimizer, loader, epochs=2)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH), rel=1e-12)
+
+
+def test_two_models_trained_on_one_loader_are_each_accepted(request):
+    loader = DataLoader(_dataset(), batch_size=B)
+    first, m1, o1, loader = _private(_register(request), loader)
+    second, m2, o2, _same = _private(_register(request, suffix="-2"), loader)
+    for xb, yb in loader:
+        _step(m1, o1, xb, yb)
+        _step(m2, o2, xb, yb)
+    for engine in (first, second):
+        assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
+
+
+def test_make_private_every_epoch_on_one_model_continues_the_accounting(request):
+    name = _register(request)
+    torch.manual_seed(0)
+    model = nn.Linear(D, 1)
+    loader = DataLoader(_dataset(), batch_size=B)
+    for _ in range(3):
+        engine, private, optimizer, loader = _private(name, loader, model=model)
+        _train(private, optimizer, loader)
+        private.remove_hooks()
+    assert engine.accountant.steps == 3 * EPOCH
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(3 * EPOCH), rel=1e-12)
+
+
+def test_a_logging_forward_on_another_iterator_of_the_training_loader(request):
+    """Inside each step the loop also draws a batch for a no-grad logging forward from a second iterator over
+    the training loader. The step's batch is matched to the pass that drew last, the logging one: in a fixed
+    order its batches are the training pass' own, so the record (and the number) is that of what ran."""
+    engine, model, optimizer, loader = _cyclic(request)
+    logging = iter(loader)
+    for xb, yb in loader:
+        with torch.no_grad():
+            model(next(logging)[0])
+        _step(model, optimizer, xb, yb)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
+
+
+# -- worker processes: the loader draws batches ahead of the loop
+
+
+def _workers(loader, **kw):
+    return DataLoader(loader.dataset, batch_size=B, num_workers=2, **kw)
+
+
+def test_cyclic_with_two_workers_is_accepted(request):
+    loader = DataLoader(_dataset(), batch_size=B, num_workers=2)
+    engine, model, optimizer, loader = _cyclic(request, loader=loader)
+    _train(model, optimizer, loader, epochs=2)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH), rel=1e-12)
+
+
+def test_poisson_with_two_workers_broken_early_then_a_whole_epoch_is_accepted(request):
+    loader = DataLoader(_dataset(), batch_size=B, num_workers=2, persistent_workers=True)
+    engine, model, optimizer, loader = _private(_register(request, "poisson"), loader, poisson=True)
+    for i, (xb, yb) in enumerate(loader):
+        _step(model, optimizer, xb, yb)
+        if i == 2:
+            break  # the workers had drawn batches ahead: never used
+    _train(model, optimizer, loader)
+    assert engine.accountant.steps == 3 + EPOCH
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(3 + EPOCH, "poisson"), rel=1e-12)
+
+
+def test_poisson_batch_memory_manager_with_two_workers_is_accepted(request):
+    loader = DataLoader(_dataset(), batch_size=B, num_workers=2)
+    engine, model, optimizer, loader = _private(_register(request, "poisson"), loader, poisson=True)
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=optimizer) as memory_safe:
+        for xb, yb in memory_safe:
+            _step(model, optimizer, xb, yb)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH, "poisson"), rel=1e-12)
+
+
+def test_concatenated_batches_with_two_workers_are_refused(request):
+    loader = DataLoader(_dataset(), batch_size=B, num_workers=2)
+    engine, model, optimizer, loader = _cyclic(request, loader=loader)
+
+    def concatenated():
+        it = iter(loader)
+        for _ in range(EPOCH // 2):
+            (x1, y1), (x2, y2) = next(it), next(it)
+            _step(model, optimizer, torch.cat([x1, x2]), torch.cat([y1, y2]))
+
+    _refused(engine, concatenated, "per-example gradients")

@@ -97,6 +97,7 @@ class LastIterateAccountant(IAccountant):
         #: an accountant of this library that accounted earlier steps of the model bound now (continued
         #: at the first step when its configuration is this one's)
         self._prior: LastIterateAccountant | None = None
+        self._prior_model: Any = None  # weak reference to the model the prior accountant trained
         self._void: str | None = None
 
     # -- IAccountant
@@ -165,6 +166,7 @@ class LastIterateAccountant(IAccountant):
         if prior is None or prior is self or not prior.steps:
             MARKS[model] = self
             return None
+        self._prior_model = weakref.ref(model)
         found = (
             f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
             "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
@@ -200,6 +202,9 @@ class LastIterateAccountant(IAccountant):
         self.history = deepcopy(prior.history)
         if prior._monitor is not None:
             self._monitor.derivation = prior._monitor.derivation
+        model = self._prior_model()
+        if model is not None:
+            MARKS[model] = self
         prior._void = (
             f"the model it accounted for was trained further under accountant {self.registration.name!r}, which "
             "continues its accounting; read the epsilon there"
