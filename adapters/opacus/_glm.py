@@ -90,8 +90,6 @@ BY_HAND = (
 )
 #: Relative tolerance of the per-step structure checks (float32 arithmetic of Opacus' grad samplers).
 _TOLERANCE = 1e-4
-#: Per-example gradients whose rank-one structure is checked at each step.
-_SAMPLE = 8
 
 
 # ---------------------------------------------------------------- the feature clip
@@ -479,7 +477,6 @@ class Watch:
         self._loss: Any = None  # weak reference to the loss module
         self._loss_handle: Any = None
         self.loss_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, target) on the record's output
-        self._generator = torch.Generator().manual_seed(0x6C6D)  # which rows to check; not the user's RNG
         me = weakref.ref(self)
         self._handles = [
             model.register_forward_pre_hook(_call(me, "_top_pre")),
@@ -655,9 +652,8 @@ class Watch:
             )
         if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
             return
-        backprop = self._backprops(weight, features, linear)
-        self._check_rank_one(weight, backprop, features)
-        self._check_loss(backprop, *calls[0], features)
+        self._check_rank_one()
+        self._check_loss(self._backprops(weight, features, linear), *calls[0], features)
 
     def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
@@ -670,59 +666,58 @@ class Watch:
         squares = torch.sum(a * a, dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
         return torch.einsum("bkd,bd->bk", weight, a) / squares[:, None]
 
-    def _check_rank_one(self, weight: torch.Tensor, backprop: torch.Tensor, features: torch.Tensor) -> None:
-        n = weight.shape[0]
-        rows = torch.randperm(n, generator=self._generator)[:_SAMPLE].to(weight.device)
-        g, a, w = backprop[rows].double(), features[rows].double(), weight[rows].double()
-        residual = torch.linalg.vector_norm(w - g[:, :, None] * a[:, None, :], dim=(1, 2))
-        scale = torch.linalg.vector_norm(g, dim=1) * torch.linalg.vector_norm(a, dim=1) + 1e-30
-        worst = float(torch.max(residual / scale)) if n else 0.0
-        if not worst <= _TOLERANCE:
+    def _check_rank_one(self) -> None:
+        """Opacus computes the Linear's per-example gradients with its own grad sampler, which forms
+        dloss/du (outer) feature row: rank one on 2-D features (checked in every forward). A grad sampler
+        registered in its place could return anything, so it is refused."""
+        if not internals.opacus_linear_grad_sampler():
             self.fail(
-                "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as for "
-                f"every GLM. Found a relative deviation of {worst:.3g} (a custom grad sampler, or a loss that is not "
-                f"a function of the score u alone). {BY_HAND} The run's epsilon is void."
+                "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as "
+                "for every GLM, which Opacus' own grad sampler for nn.Linear computes. Found another grad sampler "
+                f"registered for nn.Linear (a custom grad sampler). {BY_HAND} The run's epsilon is void."
             )
 
     def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, target: Any, features: torch.Tensor) -> None:
         """Per example, dloss/du (Opacus' per-example gradient, undone of the mean) is the declared loss'
-        gradient at the example's score and label: any other loss, scale or extra term shows here."""
+        gradient at the example's score and label: any other loss, scale or extra term shows here. Computed
+        in the gradients' dtype (float32 rounding is far below the tolerance), read back once."""
         rows = backprop.shape[0]
-        u = scores.double().reshape(rows, -1)
         if not torch.is_tensor(target) or target.shape[0] != rows:
             self.fail(
                 f"the loss module's target must be a tensor with one row per example ({rows}). Found "
                 f"{tuple(target.shape) if torch.is_tensor(target) else type(target).__name__}. The run's epsilon is "
                 "void."
             )
+        dtype = backprop.dtype if backprop.dtype.is_floating_point else torch.float64
+        u = scores.to(dtype).reshape(rows, -1)
         family = self.decl.family
         if family is LossFamily.SOFTMAX_CROSS_ENTROPY:
             k = u.shape[1]
             if target.dtype.is_floating_point:  # class probabilities
-                q = target.double().reshape(rows, k)
-                if not (float(q.min()) >= 0 and float(torch.max(torch.abs(q.sum(1) - 1))) <= _TOLERANCE):
-                    self._wrong_labels("class probabilities (non-negative, summing to 1)")
+                q = target.to(dtype).reshape(rows, k)
+                labels_bad = (q.min() < 0) | (torch.max(torch.abs(q.sum(1) - 1)) > _TOLERANCE)
+                needed = "class probabilities (non-negative, summing to 1)"
             else:
                 labels = target.reshape(rows)
-                if not bool(((labels >= 0) & (labels < k)).all()):
-                    self._wrong_labels(f"class indices in [0, {k}) (none equal to ignore_index)")
-                q = torch.nn.functional.one_hot(labels, k).double()
+                labels_bad = ~((labels >= 0) & (labels < k)).all()
+                needed = f"class indices in [0, {k}) (none equal to ignore_index)"
+                q = torch.nn.functional.one_hot(labels.clamp(0, k - 1), k).to(dtype)
             expected = torch.softmax(u, dim=1) - q
         else:
-            y = target.double().reshape(rows, -1)
+            y = target.to(dtype).reshape(rows, -1)
             if family is LossFamily.BINARY_LOGISTIC:
-                if not (float(y.min()) >= 0 and float(y.max()) <= 1):
-                    self._wrong_labels("labels in [0, 1]")
+                labels_bad = (y.min() < 0) | (y.max() > 1)
+                needed = "labels in [0, 1]"
                 expected = torch.sigmoid(u) - y
             else:
+                labels_bad, needed = torch.zeros((), dtype=torch.bool), ""
                 expected = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
-        g = backprop.double().reshape(rows, -1)
+        difference = torch.abs(backprop.reshape(rows, -1).to(dtype) - expected)
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
-            keep = torch.sum(features.double() ** 2, dim=1) > 0
-            g, expected = g[keep], expected[keep]
-        if g.numel() == 0:
-            return
-        worst = float(torch.max(torch.abs(g - expected)))
+            difference = difference * (torch.sum(features * features, dim=1, keepdim=True) > 0)
+        bad, worst = torch.stack([labels_bad.to(dtype), difference.max()]).tolist()
+        if bad:
+            self._wrong_labels(needed)
         scale = max(1.0, self.decl.huber_delta or 1.0)
         if not worst <= _TOLERANCE * scale:
             self.fail(

@@ -16,6 +16,8 @@ and why:
   global hooks of ``torch.optim.optimizer`` (torch): a step pre-hook, or a post-hook
   running before the adapter's own, could write to the parameters between the
   accountant's check and its record of their versions, unseen;
+* ``GradSampleModule.GRAD_SAMPLERS[nn.Linear]``: whether Opacus' own grad sampler (rank one on 2-D
+  inputs) computes the final Linear's per-example gradients on the GLM route;
 * ``PrivacyEngine.dataset`` (set by ``make_private``): whether an engine has already
   handed its accountant's hook to an optimizer;
 * ``make_private``'s default ``criterion`` object: whether the user passed a loss module;
@@ -61,6 +63,8 @@ import opacus.accountants
 import torch.amp.grad_scaler as torch_grad_scaler
 import torch.optim.lr_scheduler as torch_lr_scheduler
 import torch.optim.optimizer as torch_optimizer
+from opacus.grad_sample import GradSampleModule
+from opacus.grad_sample.linear import compute_linear_grad_sample
 from opacus.privacy_engine import PrivacyEngine
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 
@@ -337,3 +341,11 @@ if not getattr(_plateau_init, "_lastiter_remembers", False):
 def plateau_schedulers(optimizers: Any) -> list[Any]:
     """The live ``ReduceLROnPlateau`` schedulers (and subclasses) that hold one of ``optimizers``."""
     return [s for s in list(_PLATEAUS) if any(getattr(s, "optimizer", None) is o for o in optimizers)]
+
+
+def opacus_linear_grad_sampler() -> bool:
+    """Whether the grad sampler Opacus uses for ``torch.nn.Linear`` is its own (``compute_linear_grad_sample``:
+    dloss/du outer the input row, per example)."""
+    import torch
+
+    return GradSampleModule.GRAD_SAMPLERS.get(torch.nn.Linear) is compute_linear_grad_sample

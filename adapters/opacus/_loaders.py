@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import numbers
 import secrets
 import weakref
@@ -73,19 +74,23 @@ class ShuffleOnceSampler(Sampler[int]):
         listeners = PERMUTATIONS.listeners(self._digest)
         if not listeners:
             return iter(self._permutation)
-        return _reported(self._permutation, listeners)
+        return itertools.chain.from_iterable(_reported(self._permutation, listeners))
 
     def __len__(self) -> int:
         return len(self._permutation)
 
 
-def _reported(permutation: tuple[int, ...], listeners: list) -> Iterator[int]:
-    """Yield the permutation, telling ``listeners`` (``listener(pass_id, index)``) each index as it is drawn."""
+def _reported(permutation: tuple[int, ...], listeners: list) -> Iterator[tuple[int, ...]]:
+    """The permutation in chunks, cut where a listener's batch starts; before a chunk is drawn from, each
+    listener whose batch starts there is told ``listener.batch_drawn(pass_id, start)`` (a BatchSampler
+    draws a batch's indices one by one from the chained chunks: the report comes with its first index)."""
     pass_id = next(PASS_IDS)
-    for index in permutation:
+    starts = sorted(set().union(*(listener.starts for listener in listeners)))
+    for start, end in zip(starts, [*starts[1:], len(permutation)], strict=True):
         for listener in listeners:
-            listener(pass_id, index)
-        yield index
+            if start in listener.starts:
+                listener.batch_drawn(pass_id, start)
+        yield permutation[start:end]
 
 
 class PermutationLog:
@@ -99,12 +104,13 @@ class PermutationLog:
         self._listeners: dict[str, weakref.WeakSet] = {}  # digest -> monitors told of every index drawn
 
     def listen(self, digest: str, listener: Any) -> None:
-        """Tell ``listener.index_drawn(pass_id, index)`` of every index any ``ShuffleOnceSampler`` with this
-        permutation draws (whatever loader iterates it: the permutation, not the object, is the run's)."""
+        """Tell ``listener`` (``.starts``: where its batches start; ``.batch_drawn(pass_id, start)``) of every
+        batch any ``ShuffleOnceSampler`` with this permutation starts drawing (whatever loader iterates it:
+        the permutation, not the object, is the run's)."""
         self._listeners.setdefault(digest, weakref.WeakSet()).add(listener)
 
     def listeners(self, digest: str) -> list:
-        return [listener.index_drawn for listener in self._listeners.get(digest, ())]
+        return list(self._listeners.get(digest, ()))
 
     def started(self, size: int, digest: str) -> None:
         self.serial += 1

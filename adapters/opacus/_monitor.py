@@ -13,6 +13,7 @@ accounted; this module only observes and matches.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections import deque
 from typing import Any
@@ -43,26 +44,25 @@ class BatchQueue:
         self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
         self._pending: dict[int, deque[DrawnBatch]] = {}
         self._last: int | None = None
-        self._facts = facts
-        self._cut: tuple[int, int, list[int]] | None = None  # shuffle_once: (pass, position, indices so far)
         if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
+            self._permutation = loader.batch_sampler.sampler.permutation
+            bounds = [0]
+            for position in range(facts.num_batches):
+                bounds.append(bounds[-1] + facts.batch_at(position))
+            self._plan = {start: (k, end) for k, (start, end) in enumerate(itertools.pairwise(bounds))}
+            self.starts = frozenset(self._plan)
             PERMUTATIONS.listen(facts.permutation_digest, self)
         else:
             internals.record_batches(loader.batch_sampler, self._drawn)
 
-    def index_drawn(self, pass_id: int, index: int) -> None:
-        """One index of a shuffle-once permutation, as a ``BatchSampler`` draws it: cut into the batches of
-        the bound loader's plan (a loader with another batch size shows in the gradient counts)."""
-        if self._cut is None or self._cut[0] != pass_id:
-            self._cut = (pass_id, 0, [])
-        pass_, position, indices = self._cut
-        indices.append(index)
-        if len(indices) == self._facts.batch_at(position % self._facts.num_batches):
-            self._drawn(pass_, position, indices)
-            self._cut = (pass_, position + 1, [])
+    def batch_drawn(self, pass_id: int, start: int) -> None:
+        """A shuffle-once batch of the bound loader's plan started being drawn (a loader with another batch
+        size shows in the gradient counts)."""
+        position, end = self._plan[start]
+        self._drawn(pass_id, position, self._permutation[start:end])
 
     def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
-        indices = tuple(batch.tolist() if torch.is_tensor(batch) else (int(i) for i in batch))
+        indices = batch if type(batch) is tuple else tuple(batch.tolist() if torch.is_tensor(batch) else batch)
         self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
         self._last = pass_id
 
