@@ -286,7 +286,7 @@ class LastIterateAccountant(IAccountant):
         change = binding.watch.changed()  # the loader bound at make_private; one shuffle-once permutation
         if change is not None:
             raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
-        gradients = checks.verify_examples(optim, binding.facts, binding.watch, self._counter, steps + 1)
+        gradients = checks.verify_examples(optim, binding.watch, self._counter)
         problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
