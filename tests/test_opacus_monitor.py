@@ -581,3 +581,8 @@ def test_concatenated_batches_with_two_workers_are_refused(request):
             _step(model, optimizer, torch.cat([x1, x2]), torch.cat([y1, y2]))
 
     _refused(engine, concatenated, "per-example gradients")
+
+
+def test_a_loader_without_batches_of_indices_is_refused_at_make_private(request):
+    with pytest.raises(lp.NotApplicableError, match="BatchSampler"):
+        _private(_register(request), DataLoader(_dataset(), batch_size=None))
