@@ -17,6 +17,7 @@ from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._glm import GlmRoute
 from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
 from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
@@ -78,12 +79,15 @@ class LastIterateAccountant(IAccountant):
     _registration: Registration | None = None
 
     def __init__(self) -> None:
-        if self._registration is None:
+        if type(self)._registration is None:
             raise TypeError(
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
         super().__init__()
+        declared = type(self)._registration
+        #: model="glm": the route that derives the loss assumptions and watches loss and model (one more check)
+        self._glm = GlmRoute(declared) if declared.glm is not None else None
         self.history = []
         self._observed: Observed | None = None
         self._binding: _Binding | None = None
@@ -109,7 +113,13 @@ class LastIterateAccountant(IAccountant):
 
     @property
     def registration(self) -> Registration:
-        return self._registration
+        """The registered configuration; on the GLM route, with the constants derived from the model."""
+        return self._glm.registration if self._glm is not None else type(self)._registration
+
+    @property
+    def derivation(self) -> Any:
+        """model="glm": the certificate and the facts it was derived from (None before it was derived)."""
+        return None if self._glm is None else self._glm.derivation
 
     def __len__(self) -> int:
         return len(self.history)
@@ -122,15 +132,23 @@ class LastIterateAccountant(IAccountant):
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         _merge_step(self.history, float(noise_multiplier), float(sample_rate))
 
-    def bind_data_loader(self, data_loader: Any, module: torch.nn.Module | None = None) -> LoaderFacts:
+    def bind_data_loader(
+        self, data_loader: Any, module: torch.nn.Module | None = None, loss: torch.nn.Module | None = None
+    ) -> LoaderFacts:
         """Declare the data loader the training loop iterates (the one returned by
         ``make_private``) and the private module (``GradSampleModule``) the loop calls.
         Needed only when the optimizer hook was not created by Opacus'
         ``PrivacyEngine.make_private`` (which the accountant reads itself). Before any
-        step, it also clears a refusal (the loop must then start a fresh pass)."""
-        reg = self._registration
+        step, it also clears a refusal (the loop must then start a fresh pass). ``loss``
+        (``model="glm"`` only): the loss module the loop computes the loss with
+        (``make_private`` reads it from its ``criterion`` argument)."""
+        if loss is not None and self._glm is None:
+            raise _Error("loss is for accountants registered with model='glm'. Found a loss module without it.")
+        reg = self.registration
         facts = check_data_loader(data_loader, reg.sampling, reg.dataset_size)
         self._bind(facts, None, data_loader, module)
+        if self._glm is not None:
+            self._glm.bind(facts, module, loss)
         return facts
 
     def _bind(self, facts: LoaderFacts, plan: Any, data_loader: Any, module: Any) -> None:
@@ -213,16 +231,18 @@ class LastIterateAccountant(IAccountant):
     def _check_permutation(self, saved: str | None, current: str | None) -> None:
         if saved != current:
             raise _Error(
-                f"a run with sampling={self._registration.sampling.value} must resume with the same permutation: the "
+                f"a run with sampling={self.registration.sampling.value} must resume with the same permutation: the "
                 "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
                 f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
                 "Build the ShuffleOnceSampler with the seed of the interrupted run."
             )
 
     def get_optimizer_hook_fn(self, sample_rate: float):
-        reg = self._registration
         internals.require_tested_opacus()
         caller = internals.engine_locals("make_private")
+        if caller is not None and self._glm is not None:  # first derive the constants from the model
+            self._glm.at_make_private(caller)
+        reg = self.registration  # (on the GLM route: with the derived constants and weight decay)
         if caller is not None:  # validate at make_private time
             facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
             if not math.isclose(facts.opacus_sample_rate, sample_rate, rel_tol=1e-9):
@@ -237,6 +257,14 @@ class LastIterateAccountant(IAccountant):
             module = caller.get("module")
             self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
+        if self._glm is not None:
+            glm = self._glm
+
+            def hook_fn(optim: Any) -> None:
+                glm.check_step(optim)
+                self._account_step(optim)
+
+            return hook_fn
         return self._account_step  # called by the DP optimizer at every step (a bound method: one call less)
 
     # -- one step
@@ -258,7 +286,7 @@ class LastIterateAccountant(IAccountant):
 
     def _void_message(self) -> str:
         return (
-            f"accountant {self._registration.name!r} refused a step of this run: {self._void} The run's epsilon "
+            f"accountant {self.registration.name!r} refused a step of this run: {self._void} The run's epsilon "
             "is void (the run is no longer the one the accountant verified). Fix the cause, then start again "
             "with a new PrivacyEngine and model (or, before any step was accounted, call bind_data_loader "
             "and begin a fresh pass over the loader)."
@@ -266,7 +294,7 @@ class LastIterateAccountant(IAccountant):
 
     def _verify(self, optim: Any) -> None:
         """The facts of docs/opacus.md, *Verified at every step*, in its order; then the step is recorded."""
-        reg, binding, steps = self._registration, self._binding, self.steps
+        reg, binding, steps = self.registration, self._binding, self.steps
         if binding is None:
             raise _Error(
                 f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
@@ -376,7 +404,7 @@ class LastIterateAccountant(IAccountant):
 
     # -- epsilon
     def _config(self, observed: Observed, noise_multiplier: float, steps: int) -> lp.TrainingConfig:
-        reg = self._registration
+        reg = self.registration
         return lp.TrainingConfig(
             dataset_size=reg.dataset_size,
             batch_size=observed.batch_size,
@@ -389,7 +417,7 @@ class LastIterateAccountant(IAccountant):
         )
 
     def _compute(self, config: lp.TrainingConfig, delta: float, bound: str | None = None) -> lp.EpsilonResult:
-        reg = self._registration
+        reg = self.registration
         orders = None if reg.orders is None else np.array(reg.orders)
         return lp.compute_epsilon(bound or reg.bound, config, reg.assumptions, delta, orders)
 
@@ -405,7 +433,7 @@ class LastIterateAccountant(IAccountant):
 
     def _predicted(self) -> tuple[Observed, int]:
         """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
-        reg = self._registration
+        reg = self.registration
         call = internals.engine_locals("make_private_with_epsilon")
         if call is None:
             raise _Error(
@@ -455,6 +483,8 @@ class LastIterateAccountant(IAccountant):
 
     def training_config(self) -> lp.TrainingConfig | None:
         """The core's description of the steps taken so far (None before the first step)."""
+        if self._glm is not None:
+            self._glm.before_epsilon(self.registration.name, len(self.history))
         if self._void is not None:
             raise LastIteratePipelineChangedError(self._void_message())
         if not self.history:
@@ -502,7 +532,7 @@ class LastIterateAccountant(IAccountant):
         config = self.training_config()
         if config is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
-        reg = self._registration
+        reg = self.registration
         out = build_report(reg.name, config, reg.assumptions, delta, reg.orders)
         if show:
             print(out)
@@ -526,7 +556,7 @@ class LastIterateAccountant(IAccountant):
         destination["mechanism"] = self.mechanism()
         destination["lastiter"] = {
             "format": 3,
-            "registration": self._registration.to_dict(),
+            "registration": self.registration.to_dict(),
             "observed": None if self._observed is None else self._observed.to_dict(),
             "model_digest": model_digest if self.history else None,
             "void": self._void,
@@ -536,7 +566,9 @@ class LastIterateAccountant(IAccountant):
     def load_state_dict(self, state_dict: Any) -> None:
         """Resume from ``state_dict``. The model's parameters and buffers are checked against the
         state's digest at the next step (and when an epsilon is read before it)."""
-        reg = self._registration
+        if self._glm is not None:
+            self._glm.before_load()
+        reg = self.registration
         if not state_dict or "lastiter" not in state_dict:
             raise _Error(
                 f"state_dict must come from a last-iterate accountant (key 'lastiter'). Found keys "

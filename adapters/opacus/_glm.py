@@ -46,7 +46,6 @@ from torch import nn
 import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
 from lastiter_plugins.adapters.opacus._loaders import check_data_loader
 from lastiter_plugins.adapters.opacus._observe import (
     core_batch,
@@ -758,111 +757,96 @@ def _call(ref: Any, method: str) -> Any:
     return hook
 
 
-# ---------------------------------------------------------------- the accountant
+# ---------------------------------------------------------------- the route
 
 
-class GlmAccountant(LastIterateAccountant):
-    """A last-iterate accountant whose loss assumptions are derived from the model (``model="glm"``).
-
-    Created by ``register(..., model="glm")``. ``registration.assumptions`` holds the derived
-    constants once ``make_private`` (or the first step after ``bind_data_loader``) has seen the model.
+class GlmRoute:
+    """The GLM route (``model="glm"``) as one more check of the accountant: it derives the loss
+    assumptions from the model (at ``make_private``, at the first step after ``bind_data_loader``, or
+    from a ``make_private_with_epsilon`` call) and watches the loss and the model's structure at every
+    forward and step (:class:`Watch`). ``registration`` is the declaration with the derived constants
+    once derived (the state the accountant computes with), else the declaration.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._glm_module: Any = None  # weak reference to the module given to bind_data_loader
-        self._glm_facts: Any = None
-        self._watch: Watch | None = None
-        self._derivation: Derivation | None = None
-
-    @property
-    def derivation(self) -> Derivation | None:
-        """The certificate and the facts it was derived from (None before make_private)."""
-        return self._derivation
+    def __init__(self, declared: Registration) -> None:
+        self.declared = declared
+        self.registration = declared
+        self.derivation: Derivation | None = None
+        self.watch: Watch | None = None
+        self._module: Any = None  # weak reference to the module given to bind_data_loader
+        self._facts: Any = None
 
     def _adopt(
         self, module: Any, optim: Any, clip_norm: Any, batch_size: int, normaliser: float, *, watch: bool = True
     ) -> None:
-        reg = type(self)._registration
+        reg = self.declared
         derivation, model, linear, clip = derive(
             module, optim, clip_norm=clip_norm, reg=reg, batch_size=batch_size, normaliser=normaliser
         )
-        if watch and self._watch is not None and self._watch.watches(model, linear, clip):
-            self._watch.derivation = derivation  # hooked at bind_data_loader: keep what it recorded
+        if watch and self.watch is not None and self.watch.watches(model, linear, clip):
+            self.watch.derivation = derivation  # hooked at bind_data_loader: keep what it recorded
         else:
-            if self._watch is not None:
-                self._watch.remove()
-                self._watch = None
+            if self.watch is not None:
+                self.watch.remove()
+                self.watch = None
             if watch:
-                self._watch = Watch(model, linear, clip, reg.glm, derivation)
-        self._derivation = derivation
-        # the core computes with the instance's registration: the derived constants, and the weight
-        # decay the optimizer check must accept
-        self._registration = dataclasses.replace(
+                self.watch = Watch(model, linear, clip, reg.glm, derivation)
+        self.derivation = derivation
+        # the derived constants, and the weight decay the optimizer check must accept
+        self.registration = dataclasses.replace(
             reg, assumptions=assumptions_of(derivation), weight_decays=derivation.weight_decays
         )
 
-    def get_optimizer_hook_fn(self, sample_rate: float):
-        reg = type(self)._registration
-        caller = internals.engine_locals("make_private")
-        if caller is not None:
-            optim, loader = caller["optimizer"], caller["data_loader"]
-            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-            normaliser = optimizer_normaliser(optim)
-            self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), normaliser)
-            criterion = caller.get("criterion")
-            if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
-                self._watch.bind_loss(criterion, optim.loss_reduction)
-        inner = super().get_optimizer_hook_fn(sample_rate)
+    def at_make_private(self, caller: dict[str, Any]) -> None:
+        """Derive from the model, optimizer and loader ``make_private`` prepared; hook the loss module given."""
+        reg = self.declared
+        optim = caller["optimizer"]
+        facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
+        self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), optimizer_normaliser(optim))
+        criterion = caller.get("criterion")
+        if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
+            self.watch.bind_loss(criterion, optim.loss_reduction)
 
-        def hook_fn(optim: Any) -> None:
-            self._glm_step(optim)
-            inner(optim)
-
-        return hook_fn
-
-    def bind_data_loader(self, data_loader: Any, module: nn.Module | None = None, loss: nn.Module | None = None):
-        """As :meth:`LastIterateAccountant.bind_data_loader`, and ``loss``: the loss module the loop computes the
-        loss with (``make_private`` reads it from its ``criterion`` argument)."""
+    def bind(self, facts: Any, module: nn.Module | None, loss: nn.Module | None) -> None:
+        """``bind_data_loader``: hook the model now (so that the first forward is seen); derive at the first step."""
         if loss is not None and not isinstance(loss, nn.Module):
             raise _Error(f"loss must be a torch.nn.Module (the loss module). Found {type(loss).__name__}.")
-        facts = super().bind_data_loader(data_loader, module)
-        if module is None or self._watch is None or not self._watch.watches(unwrap(module)):
-            if self._watch is not None:
-                self._watch.remove()
-            self._watch = self._derivation = None
-            vars(self).pop("_registration", None)  # back to the declaration until the model is derived
-            self._glm_module = None if module is None else weakref.ref(module)
-            if isinstance(module, nn.Module):  # hook the model now, so that the first forward is seen
+        if module is None or self.watch is None or not self.watch.watches(unwrap(module)):
+            if self.watch is not None:
+                self.watch.remove()
+            self.watch = self.derivation = None
+            self.registration = self.declared  # back to the declaration until the model is derived
+            self._module = None if module is None else weakref.ref(module)
+            if isinstance(module, nn.Module):
                 model = unwrap(module)
-                linear, clip = _find_structure(model, type(self)._registration.glm)
-                self._watch = Watch(model, linear, clip, type(self)._registration.glm, None)
-        if loss is not None and self._watch is not None:  # (the reduction is checked against the optimizer's
-            self._watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
-        self._glm_facts = facts
-        return facts
+                linear, clip = _find_structure(model, self.declared.glm)
+                self.watch = Watch(model, linear, clip, self.declared.glm, None)
+        if loss is not None and self.watch is not None:  # (the reduction is checked against the optimizer's
+            self.watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
+        self._facts = facts
 
-    def _glm_step(self, optim: Any) -> None:
-        if self._derivation is None:  # optimizer hook created outside make_private: derive at the first step
-            module = self._glm_module() if self._glm_module is not None else None
-            if module is None or self._glm_facts is None:
+    def check_step(self, optim: Any) -> None:
+        """Before the accountant's checks: derive (hook created outside make_private), then the watch's step check."""
+        if self.derivation is None:
+            module = self._module() if self._module is not None else None
+            if module is None or self._facts is None:
                 raise _Changed(
                     "model='glm' derives the loss assumptions from the model: create the optimizer with "
                     "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
                     "module=model) before training. Found no model."
                 )
-            reg = type(self)._registration
-            normaliser = optimizer_normaliser(optim)
+            batch, normaliser = core_batch(self.declared, self._facts), optimizer_normaliser(optim)
             try:
-                self._adopt(module, optim, optim.max_grad_norm, core_batch(reg, self._glm_facts), normaliser)
+                self._adopt(module, optim, optim.max_grad_norm, batch, normaliser)
             except _Error as exc:
                 raise _Changed(str(exc)) from None
-        self._watch.check_step(optim)
+        self.watch.check_step(optim)
 
-    def training_config(self) -> lp.TrainingConfig | None:
-        if self._watch is not None and self._watch.failure is not None:
-            raise _Changed(f"accountant {self.mechanism()!r} refused this run: {self._watch.failure}")
-        if self._derivation is None and self.history:
+    def before_epsilon(self, name: str, steps: int) -> None:
+        """A failure of the watch voids the run; Opacus' calibration derives from its call."""
+        if self.watch is not None and self.watch.failure is not None:
+            raise _Changed(f"accountant {name!r} refused this run: {self.watch.failure}")
+        if self.derivation is None and steps:
             call = internals.engine_locals("make_private_with_epsilon", depth=16)
             if call is None:
                 raise _Error(
@@ -870,11 +854,10 @@ class GlmAccountant(LastIterateAccountant):
                     "not seen one. Call PrivacyEngine.make_private (or make_private_with_epsilon) first."
                 )
             self._adopt_planned(call)
-        return super().training_config()
 
     def _adopt_planned(self, call: dict[str, Any]) -> None:
         """Derive from a make_private_with_epsilon call (Opacus' calibration, before the model is wrapped)."""
-        reg = type(self)._registration
+        reg = self.declared
         loader = call["data_loader"]
         n, batches = len(loader.dataset), len(loader)
         if call["poisson_sampling"]:
@@ -885,20 +868,9 @@ class GlmAccountant(LastIterateAccountant):
         # Opacus' calibration runs on a temporary accountant: derive without hooking the model
         self._adopt(call["module"], call["optimizer"], call["max_grad_norm"], b, normaliser, watch=False)
 
-    def load_state_dict(self, state_dict: Any) -> None:
-        if self._derivation is None:
+    def before_load(self) -> None:
+        if self.derivation is None:
             raise _Error(
                 "model='glm' derives the loss assumptions from the model: call make_private before loading the "
                 "accountant's state, so that the checkpoint's constants can be compared with the model's."
             )
-        super().load_state_dict(state_dict)
-
-
-def register_class(name: str, reg: Registration, force: bool) -> None:
-    """Register the configured subclass of :class:`GlmAccountant` with Opacus."""
-    cls = type(
-        f"GlmAccountant_{name}",
-        (GlmAccountant,),
-        {"_registration": reg, "__module__": __name__, "__doc__": f"Certified linear-model accountant {name!r}."},
-    )
-    internals.register_accountant(name, cls, force=force)
