@@ -203,6 +203,19 @@ class Derivation:
             "make_private)"
         )
 
+    # -- checkpoints
+    def state(self) -> dict:
+        """What a resumed run must be compared with: the steps and every pass' batch hashes (64-bit)."""
+        passes = [*self._passes, *([self._current] if self._current is not None else [])]
+        return {"steps": self.steps, "passes": [list(p.hashes) for p in passes]}
+
+    def restore(self, state: dict) -> None:
+        """Continue the record of a checkpoint (``state()``): the passes before it are the earlier passes
+        the resumed ones are compared with; the resumed loader starts a new pass."""
+        self.steps = int(state["steps"])
+        self._passes = [_Pass(-1, [int(h) for h in hashes], 0, None) for hashes in state["passes"]]
+        self._current, self._candidates = None, []
+
     # -- what the record shows
     @property
     def passes(self) -> int:

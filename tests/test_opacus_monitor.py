@@ -587,3 +587,28 @@ def test_concatenated_batches_with_two_workers_are_refused(request):
 def test_a_loader_without_batches_of_indices_is_refused_at_make_private(request):
     with pytest.raises(lp.NotApplicableError, match="BatchSampler"):
         _private(_register(request), DataLoader(_dataset(), batch_size=None))
+
+
+@pytest.mark.parametrize("seed_after_resume", [0, 1])
+def test_a_resumed_reshuffle_run_is_compared_with_the_epochs_before_the_checkpoint(
+    request, tmp_path, seed_after_resume
+):
+    """A checkpoint after one epoch, resumed in a new process-like setup: the loader's generator seeded
+    with the run's first seed again replays the first permutation (refused); another seed is a fresh one."""
+    name = _register(request, "reshuffle")
+    generator = torch.Generator().manual_seed(0)
+    data = _dataset()
+    engine, model, optimizer, loader = _private(name, DataLoader(data, batch_size=B, shuffle=True, generator=generator))
+    _train(model, optimizer, loader)
+    path = tmp_path / "ckpt.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
+
+    generator = torch.Generator().manual_seed(seed_after_resume)
+    loader = DataLoader(data, batch_size=B, shuffle=True, generator=generator)
+    engine2, model2, optimizer2, loader2 = _private(name, loader)
+    engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+    if seed_after_resume == 0:
+        _refused(engine2, lambda: _train(model2, optimizer2, loader2), "equal to an earlier epoch's")
+    else:
+        _train(model2, optimizer2, loader2)
+        assert engine2.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH, "reshuffle"), rel=1e-12)

@@ -98,6 +98,8 @@ class LastIterateAccountant(IAccountant):
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
         self._monitor: RunMonitor | None = None
+        #: after load_state_dict: the checkpoint's index record (the passes the resumed ones are compared with)
+        self._saved_record: dict | None = None
         #: an accountant of this library that accounted earlier steps of the model bound now (continued
         #: at the first step when its configuration is this one's)
         self._prior: LastIterateAccountant | None = None
@@ -160,6 +162,8 @@ class LastIterateAccountant(IAccountant):
         reference = None if module is None else weakref.ref(module)
         derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
         self._monitor = RunMonitor(data_loader, facts, derivation)  # before the watch: it records at the sampler
+        if self._saved_record is not None and not derivation:
+            self._monitor.derivation.restore(self._saved_record)
         self._binding = _Binding(facts, plan, LoaderWatch(data_loader, facts), reference, Buffers(module))
         if self._checks is not None:
             self._checks.remove()
@@ -560,6 +564,7 @@ class LastIterateAccountant(IAccountant):
             "observed": None if self._observed is None else self._observed.to_dict(),
             "model_digest": model_digest if self.history else None,
             "void": self._void,
+            "record": self._monitor.derivation.state() if self._monitor is not None else self._saved_record,
         }
         return destination
 
@@ -600,6 +605,9 @@ class LastIterateAccountant(IAccountant):
         self._resumed = bool(history)
         self._resume_digest = extra["model_digest"] if history else None
         self._void = extra.get("void")
+        self._saved_record = extra.get("record") if history else None  # (absent from states of earlier versions)
+        if self._saved_record is not None and self._monitor is not None:
+            self._monitor.derivation.restore(self._saved_record)
 
 
 def _delta(delta: Any) -> float:
