@@ -612,3 +612,63 @@ def test_a_resumed_reshuffle_run_is_compared_with_the_epochs_before_the_checkpoi
     else:
         _train(model2, optimizer2, loader2)
         assert engine2.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH, "reshuffle"), rel=1e-12)
+
+
+def test_two_optimizer_steps_on_one_batch_are_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+
+    def twice():
+        for xb, yb in loader:
+            _step(model, optimizer, xb, yb)
+            _step(model, optimizer, xb, yb)  # a second noisy step on the same examples
+
+    _refused(engine, twice, "no batch drawn from it")
+
+
+def test_a_step_with_a_closure_is_accepted(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    for xb, yb in loader:
+
+        def closure(xb=xb, yb=yb):
+            optimizer.zero_grad()
+            loss = _bce(model(xb), yb)
+            loss.backward()
+            return loss
+
+        optimizer.step(closure)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
+
+
+def test_a_generator_wrapping_the_loader_with_a_step_limit_is_accepted(request):
+    def progress(iterable):  # what tqdm does: yields the loader's batches
+        yield from iterable
+
+    engine, model, optimizer, loader = _cyclic(request)
+    steps = 0
+    for _ in range(2):
+        for xb, yb in progress(loader):
+            if steps == 15:
+                break
+            _step(model, optimizer, xb, yb)
+            steps += 1
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(15), rel=1e-12)
+
+
+def test_a_batch_trimmed_by_one_row_is_refused(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    _refused(engine, lambda: [_step(model, optimizer, xb[:-1], yb[:-1]) for xb, yb in loader], r"holds 20 examples")
+
+
+def test_reshuffle_with_workers_reseeded_every_epoch_is_refused(request):
+    loader = DataLoader(_dataset(), batch_size=B, shuffle=True, num_workers=2, persistent_workers=True)
+    engine, model, optimizer, loader = _private(_register(request, "reshuffle"), loader)
+
+    def epoch():
+        torch.manual_seed(0)
+        _train(model, optimizer, loader)
+
+    # the first iterator also draws the workers' base seed from the global generator, a reset one does not:
+    # epoch 1 differs from epoch 2, and every later epoch repeats epoch 2
+    epoch()
+    epoch()
+    _refused(engine, epoch, "equal to an earlier epoch's")
