@@ -129,6 +129,7 @@ class Derivation:
                     f"batch {batch.position + 1} of a pass whose first batches no step used"
                 )
             if current is not None:
+                current.seen = None  # (only the current pass needs it)
                 self._passes.append(current)
             seen = bytearray(self.n) if epochs else None
             self._current = _Pass(batch.pass_id, [], 0, seen)

@@ -668,3 +668,26 @@ def test_reshuffle_with_workers_reseeded_every_epoch_is_refused(request):
     epoch()
     epoch()
     _refused(engine, epoch, "equal to an earlier epoch's")
+
+
+def test_evaluation_passes_without_steps_keep_the_pending_batches_bounded(request):
+    engine, model, optimizer, loader = _cyclic(request)
+    queue = engine.accountant._monitor.queue
+    with torch.no_grad():
+        for _ in range(30):
+            for xb, _yb in loader:
+                model(xb)
+    assert len(queue._pending) <= 2  # the last evaluation pass, not thirty
+    _train(model, optimizer, loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
+
+
+def test_a_recorded_batch_sampler_pickles_and_copies_as_torchs_own(request):
+    import copy
+    import pickle
+
+    from torch.utils.data import BatchSampler
+
+    _engine1, _model, _optimizer, loader = _cyclic(request)
+    for clone in (pickle.loads(pickle.dumps(loader.batch_sampler)), copy.deepcopy(loader.batch_sampler)):
+        assert type(clone) is BatchSampler and list(clone) == list(loader.batch_sampler)

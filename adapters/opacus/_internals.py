@@ -279,6 +279,13 @@ def host_class(obj: Any) -> type:
     return _RECORDING_CLASSES.get(cls, cls)
 
 
+def _unrecorded(cls: type, state: dict) -> Any:
+    """A copy of a recorded sampler, of its host class (what pickling and copying a recorded sampler give)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
 def _recording_class(base: type) -> type:
     for recording, host in _RECORDING_CLASSES.items():
         if host is base:
@@ -290,8 +297,15 @@ def _recording_class(base: type) -> type:
             for listener in list(_LISTENERS.get(self, ())):
                 listener(pass_id, position, batch)
             yield batch
+        for listener in list(_LISTENERS.get(self, ())):
+            listener(pass_id, -1, None)  # the pass has ended
 
-    recording = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        # pickled or copied as the host class: the recording belongs to this process' accountants
+        return _unrecorded, (base, dict(vars(self)))
+
+    namespace = {"__iter__": __iter__, "__reduce_ex__": __reduce_ex__, "__module__": base.__module__}
+    recording = type(base.__name__, (base,), namespace)
     recording.__qualname__ = base.__qualname__
     _RECORDING_CLASSES[recording] = base
     return recording
@@ -299,7 +313,8 @@ def _recording_class(base: type) -> type:
 
 def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]) -> None:
     """Call ``listener(pass_id, position, batch)`` for every batch ``batch_sampler`` yields from now on
-    (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s), by swapping
+    (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s; position -1
+    and batch None when a pass ends), by swapping
     the object's class for a subclass whose ``__iter__`` reports each batch. ``listener`` is held weakly
     (a bound method: weakly through its object)."""
     cls = type(batch_sampler)

@@ -91,6 +91,8 @@ def _reported(permutation: tuple[int, ...], listeners: list) -> Iterator[tuple[i
             if start in listener.starts:
                 listener.batch_drawn(pass_id, start)
         yield permutation[start:end]
+    for listener in listeners:
+        listener.pass_ended(pass_id)
 
 
 class PermutationLog:

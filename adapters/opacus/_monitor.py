@@ -43,6 +43,7 @@ class BatchQueue:
         workers = int(getattr(loader, "num_workers", 0) or 0)
         self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
         self._pending: dict[int, deque[DrawnBatch]] = {}
+        self._ended: set[int] = set()
         self._last: int | None = None
         if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
             self._permutation = loader.batch_sampler.sampler.permutation
@@ -61,7 +62,19 @@ class BatchQueue:
         position, end = self._plan[start]
         self._drawn(pass_id, position, self._permutation[start:end])
 
+    def pass_ended(self, pass_id: int) -> None:
+        self._ended.add(pass_id)
+
     def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
+        if batch is None:  # (record_batches: the pass has ended)
+            self.pass_ended(pass_id)
+            return
+        if pass_id not in self._pending and self._ended:
+            # a new pass: the passes that ended before it (evaluation passes, an epoch run out) hold no batch a
+            # step will use; dropping them bounds the memory of loops that iterate without steps
+            for ended in [p for p in self._pending if p in self._ended]:
+                del self._pending[ended]
+            self._ended.clear()
         indices = batch if type(batch) is tuple else tuple(batch.tolist() if torch.is_tensor(batch) else batch)
         self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
         self._last = pass_id
