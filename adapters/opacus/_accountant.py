@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import weakref
 from collections import OrderedDict
 from copy import deepcopy
@@ -18,16 +17,14 @@ from opacus.accountants import IAccountant
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
-from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch, check_data_loader
 from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
-    check_sgd,
-    core_batch,
     observe,
-    planned_normaliser,
+    planned_run,
     unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
@@ -435,56 +432,6 @@ class LastIterateAccountant(IAccountant):
             )
         return float(next(iter(noises)))
 
-    def _predicted(self) -> tuple[Observed, int]:
-        """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
-        reg = self.registration
-        call = internals.engine_locals("make_private_with_epsilon")
-        if call is None:
-            raise _Error(
-                f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
-                "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
-                "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
-            )
-        loader = call["data_loader"]
-        if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
-            if reg.sampling is not Sampling.POISSON:
-                raise _Error(
-                    f"sampling was declared {reg.sampling.value!r} but "
-                    "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
-                    "Pass poisson_sampling=False with "
-                    f"{FIXES[reg.sampling]}, or register with sampling='poisson'."
-                )
-            n = len(loader.dataset)
-            if n != reg.dataset_size:
-                raise _Error(
-                    f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
-                )
-            facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
-        else:
-            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-        check_sgd(call["optimizer"], reg)
-        clip = call["max_grad_norm"]
-        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
-            raise _Error(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
-        sample_rate = facts.opacus_sample_rate
-        # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
-        normaliser = planned_normaliser(call["loss_reduction"], reg.dataset_size, sample_rate)
-        b = core_batch(reg, facts)
-        observed = Observed(
-            noise_multiplier=1.0,
-            clip_norm=float(clip),
-            loss_reduction=call["loss_reduction"],
-            normaliser=normaliser,
-            accumulated_iterations=1,
-            sampling=facts.sampling.value,
-            loader_batches=facts.num_batches,
-            loader_batch_size=facts.batch_size,
-            sample_rate=sample_rate,
-            batch_size=b,
-            learning_rate=reg.learning_rate * b / normaliser,
-        )
-        return observed, int(call["epochs"]) * facts.num_batches
-
     def training_config(self) -> lp.TrainingConfig | None:
         """The core's description of the steps taken so far (None before the first step)."""
         if self._glm is not None:
@@ -504,7 +451,7 @@ class LastIterateAccountant(IAccountant):
                     self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
             return self._config(self._observed, noise, self.steps)
-        observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
+        observed, planned = planned_run(self.registration)  # Opacus' calibration: a history, no optimizer step
         if not math.isclose(self.history[0][1], observed.sample_rate, rel_tol=1e-12):
             raise _Error(
                 f"sample_rate must be 1/len(data_loader) = {observed.sample_rate:g}. Found {self.history[0][1]:g}."
