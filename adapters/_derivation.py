@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 import lastiter_plugins as lp
 
 Sampling = lp.Sampling
@@ -49,7 +51,7 @@ class _Pass:
     pass_id: int
     hashes: list[int]  # per position: hash of the batch's index tuple
     size: int  # indices consumed so far
-    seen: bytearray | None  # epoch schemes: which examples this pass has used
+    seen: np.ndarray | None  # epoch schemes: which examples this pass has used
 
 
 class Derivation:
@@ -131,7 +133,7 @@ class Derivation:
             if current is not None:
                 current.seen = None  # (only the current pass needs it)
                 self._passes.append(current)
-            seen = bytearray(self.n) if epochs else None
+            seen = np.zeros(self.n, dtype=bool) if epochs else None
             self._current = _Pass(batch.pass_id, [], 0, seen)
             self._candidates = [p for p in self._passes if p.hashes]
             return None
@@ -147,15 +149,14 @@ class Derivation:
     def _compare(self, batch: DrawnBatch, step: int) -> str | None:
         current, key = self._current, hash(batch.indices)
         position = len(current.hashes)
-        if current.seen is not None:
-            seen = current.seen
-            if any(seen[i] for i in batch.indices):
+        if current.seen is not None and batch.indices:
+            rows = np.fromiter(batch.indices, dtype=np.int64, count=len(batch.indices))
+            if current.seen[rows].any():
                 return (
                     f"sampling={self.sampling.value} assumes each pass is a permutation of the data. Found step "
                     f"{step} using an example its pass had already used"
                 )
-            for i in batch.indices:
-                seen[i] = 1
+            current.seen[rows] = True
         if self.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE) and self._passes:
             first = self._passes[0]
             if position >= len(first.hashes) or first.hashes[position] != key:
