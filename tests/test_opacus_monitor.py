@@ -691,3 +691,20 @@ def test_a_recorded_batch_sampler_pickles_and_copies_as_torchs_own(request):
     _engine1, _model, _optimizer, loader = _cyclic(request)
     for clone in (pickle.loads(pickle.dumps(loader.batch_sampler)), copy.deepcopy(loader.batch_sampler)):
         assert type(clone) is BatchSampler and list(clone) == list(loader.batch_sampler)
+
+
+def test_a_plateau_scheduler_created_before_the_adapter_patched_torch_is_found():
+    from lastiter_plugins.adapters.opacus import _internals
+
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
+    patched = plateau.__init__
+    plateau.__init__ = _internals._plateau_init  # as before the adapter's first use
+    try:
+        sgd = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+        scheduler = plateau(sgd)
+        _internals._PLATEAUS.discard(scheduler)
+        assert _internals.plateau_schedulers([sgd]) == []
+        _internals.remember_plateau_schedulers()  # wraps __init__ again and scans the live objects
+        assert _internals.plateau_schedulers([sgd]) == [scheduler]
+    finally:
+        plateau.__init__ = patched

@@ -27,8 +27,8 @@ and why:
   yields (:func:`record_batches`): a DataLoader's ``batch_sampler`` cannot be reassigned after
   construction, and Opacus' ``BatchMemoryManager`` iterates that very object, so the record is made at
   the object itself;
-* torch's ``ReduceLROnPlateau.__init__``, wrapped to remember every instance
-  (:func:`plateau_schedulers`): a scheduler holds a reference to its optimizer, not the reverse, and a
+* torch's ``ReduceLROnPlateau.__init__``, wrapped (once the version check has passed) to remember
+  every instance (:func:`plateau_schedulers`): a scheduler holds a reference to its optimizer, not the reverse, and a
   rule that reads training losses must be found whether it fires or not (docs/decisions.md, section 23).
 
 It also holds everything that differs between the tested Opacus versions. Opacus 1.6
@@ -95,6 +95,7 @@ def require_tested_opacus(version: str | None = None) -> None:
             f"adapter: it reads Opacus internals (make_private's arguments, the skip-step flag) that other versions "
             f"may change. Found opacus {version}. Install a tested version (pip install 'opacus>=1.5,<1.7')."
         )
+    remember_plateau_schedulers()  # (patches torch only for a tested Opacus)
 
 
 def register_accountant(name: str, cls: type, *, force: bool) -> None:
@@ -345,12 +346,14 @@ def _remembering_init(self: Any, *args: Any, **kwargs: Any) -> None:
     _PLATEAUS.add(self)
 
 
-if not getattr(_plateau_init, "_lastiter_remembers", False):
+def remember_plateau_schedulers() -> None:
+    """Wrap ``ReduceLROnPlateau.__init__`` once (after the version check: :func:`require_tested_opacus`), and
+    find the instances created before."""
+    if getattr(torch_lr_scheduler.ReduceLROnPlateau.__init__, "_lastiter_remembers", False):
+        return
     _remembering_init._lastiter_remembers = True  # type: ignore[attr-defined]
     torch_lr_scheduler.ReduceLROnPlateau.__init__ = _remembering_init
-    _PLATEAUS.update(  # the instances created before this module was imported
-        obj for obj in gc.get_objects() if issubclass(type(obj), torch_lr_scheduler.ReduceLROnPlateau)
-    )
+    _PLATEAUS.update(obj for obj in gc.get_objects() if issubclass(type(obj), torch_lr_scheduler.ReduceLROnPlateau))
 
 
 def plateau_schedulers(optimizers: Any) -> list[Any]:
