@@ -116,7 +116,7 @@ def test_loader_replaced_after_make_private_is_refused(request):
     name = _register(request)
     _, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B))
     _train(model, optimizer, loader)
-    with pytest.raises(lp.PipelineChangedError, match=r"holds 50 examples.*Found 25 per-example"):
+    with pytest.raises(lp.PipelineChangedError, match=r"no batch drawn from it"):
         _train(model, optimizer, DataLoader(_dataset(), batch_size=B // 2))
     # a replacement with the same batch size over other data, the bound loader gone
     _engine, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B))

@@ -29,10 +29,12 @@ needs Opacus 1.6 (``docs/opacus.md``, *Opacus 1.5*).
 
 Modules of this package (each one job): ``_registration`` (register, create_accountant, attach,
 errors), ``_loaders`` (loader -> sampling scheme, per-step loader watch), ``_observe`` (optimizer
-facts in the core's terms, example counter), ``_steps`` (per-step optimizer, example and model
+facts in the core's terms, N and b, example counter), ``_monitor`` (the run monitor: the batches
+each step drew, the model's earlier accounting, loss-reading schedulers; the derivation is
+``lastiter_plugins.adapters._derivation``, shared), ``_steps`` (per-step optimizer, example and model
 checks), ``_projection``, ``_report``, ``_accountant``, ``_glm`` (certified linear models:
-``register(..., model="glm")`` and ``FeatureNormClip``) and ``_internals`` (the only reader of
-Opacus' private state, behind a version guard).
+``register(..., model="glm")``, ``FeatureNormClip`` and the route the accountant holds) and
+``_internals`` (the only reader of Opacus' private state, behind a version guard).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
-from lastiter_plugins.adapters.opacus._glm import FeatureNormClip, GlmAccountant
+from lastiter_plugins.adapters.opacus._glm import FeatureNormClip
 from lastiter_plugins.adapters.opacus._internals import TESTED_OPACUS
 from lastiter_plugins.adapters.opacus._loaders import (
     LoaderFacts,
@@ -71,7 +73,6 @@ __all__ = [
     "TESTED_OPACUS",
     "THREAT_MODEL",
     "FeatureNormClip",
-    "GlmAccountant",
     "LastIterateAccountant",
     "LastIterateConfigurationError",
     "LastIteratePipelineChangedError",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import weakref
 from collections import OrderedDict
 from copy import deepcopy
@@ -17,14 +16,16 @@ from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._glm import GlmRoute
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
-    check_sgd,
-    core_batch,
     observe,
+    planned_run,
+    unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
@@ -75,12 +76,15 @@ class LastIterateAccountant(IAccountant):
     _registration: Registration | None = None
 
     def __init__(self) -> None:
-        if self._registration is None:
+        if type(self)._registration is None:
             raise TypeError(
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
         super().__init__()
+        declared = type(self)._registration
+        #: model="glm": the route that derives the loss assumptions and watches loss and model (one more check)
+        self._glm = GlmRoute(declared) if declared.glm is not None else None
         self.history = []
         self._observed: Observed | None = None
         self._binding: _Binding | None = None
@@ -90,6 +94,13 @@ class LastIterateAccountant(IAccountant):
         self._resume_digest: str | None = None
         self._counter: ExampleCounter | None = None
         self._checks: StepChecks | None = None
+        self._monitor: RunMonitor | None = None
+        #: after load_state_dict: the checkpoint's index record (the passes the resumed ones are compared with)
+        self._saved_record: dict | None = None
+        #: an accountant of this library that accounted earlier steps of the model bound now (continued
+        #: at the first step when its configuration is this one's)
+        self._prior: LastIterateAccountant | None = None
+        self._prior_model: Any = None  # weak reference to the model the prior accountant trained
         self._void: str | None = None
 
     # -- IAccountant
@@ -101,7 +112,13 @@ class LastIterateAccountant(IAccountant):
 
     @property
     def registration(self) -> Registration:
-        return self._registration
+        """The registered configuration; on the GLM route, with the constants derived from the model."""
+        return self._glm.registration if self._glm is not None else type(self)._registration
+
+    @property
+    def derivation(self) -> Any:
+        """model="glm": the certificate and the facts it was derived from (None before it was derived)."""
+        return None if self._glm is None else self._glm.derivation
 
     def __len__(self) -> int:
         return len(self.history)
@@ -114,15 +131,23 @@ class LastIterateAccountant(IAccountant):
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         _merge_step(self.history, float(noise_multiplier), float(sample_rate))
 
-    def bind_data_loader(self, data_loader: Any, module: torch.nn.Module | None = None) -> LoaderFacts:
+    def bind_data_loader(
+        self, data_loader: Any, module: torch.nn.Module | None = None, loss: torch.nn.Module | None = None
+    ) -> LoaderFacts:
         """Declare the data loader the training loop iterates (the one returned by
         ``make_private``) and the private module (``GradSampleModule``) the loop calls.
         Needed only when the optimizer hook was not created by Opacus'
         ``PrivacyEngine.make_private`` (which the accountant reads itself). Before any
-        step, it also clears a refusal (the loop must then start a fresh pass)."""
-        reg = self._registration
+        step, it also clears a refusal (the loop must then start a fresh pass). ``loss``
+        (``model="glm"`` only): the loss module the loop computes the loss with
+        (``make_private`` reads it from its ``criterion`` argument)."""
+        if loss is not None and self._glm is None:
+            raise _Error("loss is for accountants registered with model='glm'. Found a loss module without it.")
+        reg = self.registration
         facts = check_data_loader(data_loader, reg.sampling, reg.dataset_size)
         self._bind(facts, None, data_loader, module)
+        if self._glm is not None:
+            self._glm.bind(facts, module, loss)
         return facts
 
     def _bind(self, facts: LoaderFacts, plan: Any, data_loader: Any, module: Any) -> None:
@@ -130,7 +155,12 @@ class LastIterateAccountant(IAccountant):
             raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
         if self._resumed and self._observed is not None:
             self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
+        self._prior = self._earlier_accounting(module)
         reference = None if module is None else weakref.ref(module)
+        derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
+        self._monitor = RunMonitor(data_loader, facts, derivation)  # before the watch: it records at the sampler
+        if self._saved_record is not None and not derivation:
+            self._monitor.derivation.restore(self._saved_record)
         self._binding = _Binding(facts, plan, LoaderWatch(data_loader, facts), reference, Buffers(module))
         if self._checks is not None:
             self._checks.remove()
@@ -145,19 +175,75 @@ class LastIterateAccountant(IAccountant):
         if self.steps == 0:
             self._void = None
 
+    def _earlier_accounting(self, module: Any) -> LastIterateAccountant | None:
+        """The accountant of an earlier engine that trained ``module``'s model (None: a fresh model), after
+        checking that this one may continue it; marks the model as this accountant's."""
+        if module is None:
+            return None
+        model = unwrap(module)
+        prior = MARKS.get(model)
+        if prior is None or prior is self or not prior.steps:
+            MARKS[model] = self
+            return None
+        self._prior_model = weakref.ref(model)
+        found = (
+            f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
+            "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
+        )
+        if prior._void is not None:
+            raise _Error(
+                f"a model whose earlier DP training was refused cannot be accounted: the released model carries "
+                f"those steps. {found}, whose run was void. Start from a fresh model."
+            )
+        mine, theirs = dict(self.registration.to_dict()), dict(prior.registration.to_dict())
+        mine.pop("name"), theirs.pop("name")
+        if mine != theirs:
+            raise _Error(
+                "a model trained by an earlier engine continues that accounting only under the same "
+                f"configuration (the released model is the output of all its steps). {found}, registered as "
+                f"{theirs}; this accountant is {mine}. Register the same configuration, or start from a fresh "
+                "model (initial weights must not depend on the private data)."
+            )
+        return prior
+
+    def _continue_prior(self, observed: Observed) -> None:
+        """The first step of a model an earlier accountant trained: continue its accounting (its history,
+        its index record) when the step is configured as its steps were, else refuse."""
+        prior, self._prior = self._prior, None
+        if prior._void is not None:
+            raise _Error(f"the earlier accounting of this model was refused: {prior._void}")
+        if prior._observed != observed:
+            raise _Error(
+                f"a model trained by an earlier engine continues that accounting only with the same noise, clipping, "
+                f"batch size and learning rate. Found {prior._observed.to_dict()} for its {prior.steps} steps and "
+                f"{observed.to_dict()} now. Start from a fresh model, or train with the same settings."
+            )
+        self.history = deepcopy(prior.history)
+        if prior._monitor is not None:
+            self._monitor.derivation = prior._monitor.derivation
+        model = self._prior_model()
+        if model is not None:
+            MARKS[model] = self
+        prior._void = (
+            f"the model it accounted for was trained further under accountant {self.registration.name!r}, which "
+            "continues its accounting; read the epsilon there"
+        )
+
     def _check_permutation(self, saved: str | None, current: str | None) -> None:
         if saved != current:
             raise _Error(
-                f"a run with sampling={self._registration.sampling.value} must resume with the same permutation: the "
+                f"a run with sampling={self.registration.sampling.value} must resume with the same permutation: the "
                 "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
                 f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
                 "Build the ShuffleOnceSampler with the seed of the interrupted run."
             )
 
     def get_optimizer_hook_fn(self, sample_rate: float):
-        reg = self._registration
         internals.require_tested_opacus()
         caller = internals.engine_locals("make_private")
+        if caller is not None and self._glm is not None:  # first derive the constants from the model
+            self._glm.at_make_private(caller)
+        reg = self.registration  # (on the GLM route: with the derived constants and weight decay)
         if caller is not None:  # validate at make_private time
             facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
             if not math.isclose(facts.opacus_sample_rate, sample_rate, rel_tol=1e-9):
@@ -172,6 +258,14 @@ class LastIterateAccountant(IAccountant):
             module = caller.get("module")
             self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
+        if self._glm is not None:
+            glm = self._glm
+
+            def hook_fn(optim: Any) -> None:
+                glm.check_step(optim)
+                self._account_step(optim)
+
+            return hook_fn
         return self._account_step  # called by the DP optimizer at every step (a bound method: one call less)
 
     # -- one step
@@ -193,7 +287,7 @@ class LastIterateAccountant(IAccountant):
 
     def _void_message(self) -> str:
         return (
-            f"accountant {self._registration.name!r} refused a step of this run: {self._void} The run's epsilon "
+            f"accountant {self.registration.name!r} refused a step of this run: {self._void} The run's epsilon "
             "is void (the run is no longer the one the accountant verified). Fix the cause, then start again "
             "with a new PrivacyEngine and model (or, before any step was accounted, call bind_data_loader "
             "and begin a fresh pass over the loader)."
@@ -201,7 +295,7 @@ class LastIterateAccountant(IAccountant):
 
     def _verify(self, optim: Any) -> None:
         """The facts of docs/opacus.md, *Verified at every step*, in its order; then the step is recorded."""
-        reg, binding, steps = self._registration, self._binding, self.steps
+        reg, binding, steps = self.registration, self._binding, self.steps
         if binding is None:
             raise _Error(
                 f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
@@ -214,11 +308,17 @@ class LastIterateAccountant(IAccountant):
         checks = self._checks
         checks.verify_optimizer(optim, steps + 1)  # the same DP optimizer, SGD and parameters; nothing after us
         observed = observe(optim, reg, binding.facts)  # noise, clipping, reduction, lr: plain SGD
+        if self._prior is not None:  # the model was trained by an earlier engine: continue or refuse
+            self._continue_prior(observed)
+            steps = self.steps
         self._verify_constant(observed, steps)  # ... the same as at the first step
         change = binding.watch.changed()  # the loader bound at make_private; one shuffle-once permutation
         if change is not None:
             raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
-        checks.verify_examples(optim, binding.facts, binding.watch, self._counter, steps + 1)  # one gradient each
+        gradients = checks.verify_examples(optim, binding.watch, self._counter)
+        problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
+        if problem is not None:
+            raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps)
             checks.rebase()
@@ -305,7 +405,7 @@ class LastIterateAccountant(IAccountant):
 
     # -- epsilon
     def _config(self, observed: Observed, noise_multiplier: float, steps: int) -> lp.TrainingConfig:
-        reg = self._registration
+        reg = self.registration
         return lp.TrainingConfig(
             dataset_size=reg.dataset_size,
             batch_size=observed.batch_size,
@@ -318,7 +418,7 @@ class LastIterateAccountant(IAccountant):
         )
 
     def _compute(self, config: lp.TrainingConfig, delta: float, bound: str | None = None) -> lp.EpsilonResult:
-        reg = self._registration
+        reg = self.registration
         orders = None if reg.orders is None else np.array(reg.orders)
         return lp.compute_epsilon(bound or reg.bound, config, reg.assumptions, delta, orders)
 
@@ -332,58 +432,10 @@ class LastIterateAccountant(IAccountant):
             )
         return float(next(iter(noises)))
 
-    def _predicted(self) -> tuple[Observed, int]:
-        """What the run will do, before any step, from Opacus' make_private_with_epsilon call."""
-        reg = self._registration
-        call = internals.engine_locals("make_private_with_epsilon")
-        if call is None:
-            raise _Error(
-                f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
-                "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
-                "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
-            )
-        loader = call["data_loader"]
-        if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
-            if reg.sampling is not Sampling.POISSON:
-                raise _Error(
-                    f"sampling was declared {reg.sampling.value!r} but "
-                    "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
-                    "Pass poisson_sampling=False with "
-                    f"{FIXES[reg.sampling]}, or register with sampling='poisson'."
-                )
-            n = len(loader.dataset)
-            if n != reg.dataset_size:
-                raise _Error(
-                    f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
-                )
-            facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
-        else:
-            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-        check_sgd(call["optimizer"], reg)
-        clip = call["max_grad_norm"]
-        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
-            raise _Error(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
-        sample_rate = facts.opacus_sample_rate
-        # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
-        normaliser = float(int(reg.dataset_size * sample_rate)) if call["loss_reduction"] == "mean" else 1.0
-        b = core_batch(reg, facts)
-        observed = Observed(
-            noise_multiplier=1.0,
-            clip_norm=float(clip),
-            loss_reduction=call["loss_reduction"],
-            normaliser=normaliser,
-            accumulated_iterations=1,
-            sampling=facts.sampling.value,
-            loader_batches=facts.num_batches,
-            loader_batch_size=facts.batch_size,
-            sample_rate=sample_rate,
-            batch_size=b,
-            learning_rate=reg.learning_rate * b / normaliser,
-        )
-        return observed, int(call["epochs"]) * facts.num_batches
-
     def training_config(self) -> lp.TrainingConfig | None:
         """The core's description of the steps taken so far (None before the first step)."""
+        if self._glm is not None:
+            self._glm.before_epsilon(self.registration.name, len(self.history))
         if self._void is not None:
             raise LastIteratePipelineChangedError(self._void_message())
         if not self.history:
@@ -399,7 +451,7 @@ class LastIterateAccountant(IAccountant):
                     self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
             return self._config(self._observed, noise, self.steps)
-        observed, planned = self._predicted()  # Opacus' calibration sets history without running the optimizer
+        observed, planned = planned_run(self.registration)  # Opacus' calibration: a history, no optimizer step
         if not math.isclose(self.history[0][1], observed.sample_rate, rel_tol=1e-12):
             raise _Error(
                 f"sample_rate must be 1/len(data_loader) = {observed.sample_rate:g}. Found {self.history[0][1]:g}."
@@ -431,7 +483,7 @@ class LastIterateAccountant(IAccountant):
         config = self.training_config()
         if config is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
-        reg = self._registration
+        reg = self.registration
         out = build_report(reg.name, config, reg.assumptions, delta, reg.orders)
         if show:
             print(out)
@@ -455,17 +507,20 @@ class LastIterateAccountant(IAccountant):
         destination["mechanism"] = self.mechanism()
         destination["lastiter"] = {
             "format": 3,
-            "registration": self._registration.to_dict(),
+            "registration": self.registration.to_dict(),
             "observed": None if self._observed is None else self._observed.to_dict(),
             "model_digest": model_digest if self.history else None,
             "void": self._void,
+            "record": self._monitor.derivation.state() if self._monitor is not None else self._saved_record,
         }
         return destination
 
     def load_state_dict(self, state_dict: Any) -> None:
         """Resume from ``state_dict``. The model's parameters and buffers are checked against the
         state's digest at the next step (and when an epsilon is read before it)."""
-        reg = self._registration
+        if self._glm is not None:
+            self._glm.before_load()
+        reg = self.registration
         if not state_dict or "lastiter" not in state_dict:
             raise _Error(
                 f"state_dict must come from a last-iterate accountant (key 'lastiter'). Found keys "
@@ -497,6 +552,9 @@ class LastIterateAccountant(IAccountant):
         self._resumed = bool(history)
         self._resume_digest = extra["model_digest"] if history else None
         self._void = extra.get("void")
+        self._saved_record = extra.get("record") if history else None  # (absent from states of earlier versions)
+        if self._saved_record is not None and self._monitor is not None:
+            self._monitor.derivation.restore(self._saved_record)
 
 
 def _delta(delta: Any) -> float:

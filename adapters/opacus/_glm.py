@@ -41,15 +41,19 @@ from typing import Any
 
 import numpy as np
 import torch
-from opacus.grad_sample import AbstractGradSampleModule
 from torch import nn
 
 import lastiter_plugins as lp
 from lastiter_plugins import feature_clip
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
 from lastiter_plugins.adapters.opacus._loaders import check_data_loader
-from lastiter_plugins.adapters.opacus._observe import core_batch, poisson_batch_size
+from lastiter_plugins.adapters.opacus._observe import (
+    core_batch,
+    optimizer_normaliser,
+    planned_normaliser,
+    poisson_batch_size,
+    unwrap,
+)
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
     LastIteratePipelineChangedError,
@@ -85,8 +89,6 @@ BY_HAND = (
 )
 #: Relative tolerance of the per-step structure checks (float32 arithmetic of Opacus' grad samplers).
 _TOLERANCE = 1e-4
-#: Per-example gradients whose rank-one structure is checked at each step.
-_SAMPLE = 8
 
 
 # ---------------------------------------------------------------- the feature clip
@@ -216,18 +218,6 @@ def declare(
 
 
 # ---------------------------------------------------------------- the model
-
-
-def unwrap(module: Any) -> nn.Module:
-    """The user's model inside Opacus' GradSampleModule and (DP)DDP wrappers."""
-    for _ in range(4):
-        if isinstance(module, AbstractGradSampleModule):
-            module = module._module
-        elif type(module).__name__ in ("DistributedDataParallel", "DifferentiallyPrivateDistributedDataParallel"):
-            module = module.module
-        else:
-            break
-    return module
 
 
 def _leaves_in_order(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
@@ -486,7 +476,6 @@ class Watch:
         self._loss: Any = None  # weak reference to the loss module
         self._loss_handle: Any = None
         self.loss_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, target) on the record's output
-        self._generator = torch.Generator().manual_seed(0x6C6D)  # which rows to check; not the user's RNG
         me = weakref.ref(self)
         self._handles = [
             model.register_forward_pre_hook(_call(me, "_top_pre")),
@@ -598,6 +587,18 @@ class Watch:
                 f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
                 f"Found {optim.max_grad_norm!r}. The run's epsilon is void."
             )
+        frozen = [
+            name
+            for name, trained in (("weight", True), ("bias", d.bias))
+            if trained and not getattr(getattr(linear, name, None), "requires_grad", False)
+        ]
+        if frozen:
+            self.fail(
+                f"the final nn.Linear's {' and '.join(frozen)} must stay trained for the whole run: the constants "
+                f"were derived for a model whose trained parameters are {'weight and bias' if d.bias else 'weight'}. "
+                f"Found the {' and '.join(frozen)} frozen (requires_grad=False) after make_private. Decide what to "
+                "train before make_private. The run's epsilon is void."
+            )
         groups = optim.original_optimizer.param_groups
         decays = tuple(_number(g.get("weight_decay", 0.0)) for g in groups)
         if decays != d.weight_decays:
@@ -648,9 +649,10 @@ class Watch:
                 "computed by another function or on a transformed output, or the loss module called several "
                 "times). The run's epsilon is void."
             )
-        backprop = self._backprops(weight, features, linear)
-        self._check_rank_one(weight, backprop, features)
-        self._check_loss(backprop, *calls[0], features)
+        if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
+            return
+        self._check_rank_one()
+        self._check_loss(self._backprops(weight, features, linear), *calls[0], features)
 
     def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
@@ -663,59 +665,58 @@ class Watch:
         squares = torch.sum(a * a, dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
         return torch.einsum("bkd,bd->bk", weight, a) / squares[:, None]
 
-    def _check_rank_one(self, weight: torch.Tensor, backprop: torch.Tensor, features: torch.Tensor) -> None:
-        n = weight.shape[0]
-        rows = torch.randperm(n, generator=self._generator)[:_SAMPLE].to(weight.device)
-        g, a, w = backprop[rows].double(), features[rows].double(), weight[rows].double()
-        residual = torch.linalg.vector_norm(w - g[:, :, None] * a[:, None, :], dim=(1, 2))
-        scale = torch.linalg.vector_norm(g, dim=1) * torch.linalg.vector_norm(a, dim=1) + 1e-30
-        worst = float(torch.max(residual / scale)) if n else 0.0
-        if not worst <= _TOLERANCE:
+    def _check_rank_one(self) -> None:
+        """Opacus computes the Linear's per-example gradients with its own grad sampler, which forms
+        dloss/du (outer) feature row: rank one on 2-D features (checked in every forward). A grad sampler
+        registered in its place could return anything, so it is refused."""
+        if not internals.opacus_linear_grad_sampler():
             self.fail(
-                "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as for "
-                f"every GLM. Found a relative deviation of {worst:.3g} (a custom grad sampler, or a loss that is not "
-                f"a function of the score u alone). {BY_HAND} The run's epsilon is void."
+                "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as "
+                "for every GLM, which Opacus' own grad sampler for nn.Linear computes. Found another grad sampler "
+                f"registered for nn.Linear (a custom grad sampler). {BY_HAND} The run's epsilon is void."
             )
 
     def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, target: Any, features: torch.Tensor) -> None:
         """Per example, dloss/du (Opacus' per-example gradient, undone of the mean) is the declared loss'
-        gradient at the example's score and label: any other loss, scale or extra term shows here."""
+        gradient at the example's score and label: any other loss, scale or extra term shows here. Computed
+        in the gradients' dtype (float32 rounding is far below the tolerance), read back once."""
         rows = backprop.shape[0]
-        u = scores.double().reshape(rows, -1)
         if not torch.is_tensor(target) or target.shape[0] != rows:
             self.fail(
                 f"the loss module's target must be a tensor with one row per example ({rows}). Found "
                 f"{tuple(target.shape) if torch.is_tensor(target) else type(target).__name__}. The run's epsilon is "
                 "void."
             )
+        dtype = backprop.dtype if backprop.dtype.is_floating_point else torch.float64
+        u = scores.to(dtype).reshape(rows, -1)
         family = self.decl.family
         if family is LossFamily.SOFTMAX_CROSS_ENTROPY:
             k = u.shape[1]
             if target.dtype.is_floating_point:  # class probabilities
-                q = target.double().reshape(rows, k)
-                if not (float(q.min()) >= 0 and float(torch.max(torch.abs(q.sum(1) - 1))) <= _TOLERANCE):
-                    self._wrong_labels("class probabilities (non-negative, summing to 1)")
+                q = target.to(dtype).reshape(rows, k)
+                labels_bad = (q.min() < 0) | (torch.max(torch.abs(q.sum(1) - 1)) > _TOLERANCE)
+                needed = "class probabilities (non-negative, summing to 1)"
             else:
                 labels = target.reshape(rows)
-                if not bool(((labels >= 0) & (labels < k)).all()):
-                    self._wrong_labels(f"class indices in [0, {k}) (none equal to ignore_index)")
-                q = torch.nn.functional.one_hot(labels, k).double()
+                labels_bad = ~((labels >= 0) & (labels < k)).all()
+                needed = f"class indices in [0, {k}) (none equal to ignore_index)"
+                q = torch.nn.functional.one_hot(labels.clamp(0, k - 1), k).to(dtype)
             expected = torch.softmax(u, dim=1) - q
         else:
-            y = target.double().reshape(rows, -1)
+            y = target.to(dtype).reshape(rows, -1)
             if family is LossFamily.BINARY_LOGISTIC:
-                if not (float(y.min()) >= 0 and float(y.max()) <= 1):
-                    self._wrong_labels("labels in [0, 1]")
+                labels_bad = (y.min() < 0) | (y.max() > 1)
+                needed = "labels in [0, 1]"
                 expected = torch.sigmoid(u) - y
             else:
+                labels_bad, needed = torch.zeros((), dtype=torch.bool), ""
                 expected = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
-        g = backprop.double().reshape(rows, -1)
+        difference = torch.abs(backprop.reshape(rows, -1).to(dtype) - expected)
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
-            keep = torch.sum(features.double() ** 2, dim=1) > 0
-            g, expected = g[keep], expected[keep]
-        if g.numel() == 0:
-            return
-        worst = float(torch.max(torch.abs(g - expected)))
+            difference = difference * (torch.sum(features * features, dim=1, keepdim=True) > 0)
+        bad, worst = torch.stack([labels_bad.to(dtype), difference.max()]).tolist()
+        if bad:
+            self._wrong_labels(needed)
         scale = max(1.0, self.decl.huber_delta or 1.0)
         if not worst <= _TOLERANCE * scale:
             self.fail(
@@ -756,112 +757,96 @@ def _call(ref: Any, method: str) -> Any:
     return hook
 
 
-# ---------------------------------------------------------------- the accountant
+# ---------------------------------------------------------------- the route
 
 
-class GlmAccountant(LastIterateAccountant):
-    """A last-iterate accountant whose loss assumptions are derived from the model (``model="glm"``).
-
-    Created by ``register(..., model="glm")``. ``registration.assumptions`` holds the derived
-    constants once ``make_private`` (or the first step after ``bind_data_loader``) has seen the model.
+class GlmRoute:
+    """The GLM route (``model="glm"``) as one more check of the accountant: it derives the loss
+    assumptions from the model (at ``make_private``, at the first step after ``bind_data_loader``, or
+    from a ``make_private_with_epsilon`` call) and watches the loss and the model's structure at every
+    forward and step (:class:`Watch`). ``registration`` is the declaration with the derived constants
+    once derived (the state the accountant computes with), else the declaration.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._glm_module: Any = None  # weak reference to the module given to bind_data_loader
-        self._glm_facts: Any = None
-        self._watch: Watch | None = None
-        self._derivation: Derivation | None = None
-
-    @property
-    def derivation(self) -> Derivation | None:
-        """The certificate and the facts it was derived from (None before make_private)."""
-        return self._derivation
+    def __init__(self, declared: Registration) -> None:
+        self.declared = declared
+        self.registration = declared
+        self.derivation: Derivation | None = None
+        self.watch: Watch | None = None
+        self._module: Any = None  # weak reference to the module given to bind_data_loader
+        self._facts: Any = None
 
     def _adopt(
         self, module: Any, optim: Any, clip_norm: Any, batch_size: int, normaliser: float, *, watch: bool = True
     ) -> None:
-        reg = type(self)._registration
+        reg = self.declared
         derivation, model, linear, clip = derive(
             module, optim, clip_norm=clip_norm, reg=reg, batch_size=batch_size, normaliser=normaliser
         )
-        if watch and self._watch is not None and self._watch.watches(model, linear, clip):
-            self._watch.derivation = derivation  # hooked at bind_data_loader: keep what it recorded
+        if watch and self.watch is not None and self.watch.watches(model, linear, clip):
+            self.watch.derivation = derivation  # hooked at bind_data_loader: keep what it recorded
         else:
-            if self._watch is not None:
-                self._watch.remove()
-                self._watch = None
+            if self.watch is not None:
+                self.watch.remove()
+                self.watch = None
             if watch:
-                self._watch = Watch(model, linear, clip, reg.glm, derivation)
-        self._derivation = derivation
-        # the core computes with the instance's registration: the derived constants, and the weight
-        # decay the optimizer check must accept
-        self._registration = dataclasses.replace(
+                self.watch = Watch(model, linear, clip, reg.glm, derivation)
+        self.derivation = derivation
+        # the derived constants, and the weight decay the optimizer check must accept
+        self.registration = dataclasses.replace(
             reg, assumptions=assumptions_of(derivation), weight_decays=derivation.weight_decays
         )
 
-    def get_optimizer_hook_fn(self, sample_rate: float):
-        reg = type(self)._registration
-        caller = internals.engine_locals("make_private")
-        if caller is not None:
-            optim, loader = caller["optimizer"], caller["data_loader"]
-            facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-            world = int(getattr(optim, "world_size", 1) or 1)
-            normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
-            self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), normaliser)
-            criterion = caller.get("criterion")
-            if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
-                self._watch.bind_loss(criterion, optim.loss_reduction)
-        inner = super().get_optimizer_hook_fn(sample_rate)
+    def at_make_private(self, caller: dict[str, Any]) -> None:
+        """Derive from the model, optimizer and loader ``make_private`` prepared; hook the loss module given."""
+        reg = self.declared
+        optim = caller["optimizer"]
+        facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
+        self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), optimizer_normaliser(optim))
+        criterion = caller.get("criterion")
+        if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
+            self.watch.bind_loss(criterion, optim.loss_reduction)
 
-        def hook_fn(optim: Any) -> None:
-            self._glm_step(optim)
-            inner(optim)
-
-        return hook_fn
-
-    def bind_data_loader(self, data_loader: Any, module: nn.Module | None = None, loss: nn.Module | None = None):
-        """As :meth:`LastIterateAccountant.bind_data_loader`, and ``loss``: the loss module the loop computes the
-        loss with (``make_private`` reads it from its ``criterion`` argument)."""
+    def bind(self, facts: Any, module: nn.Module | None, loss: nn.Module | None) -> None:
+        """``bind_data_loader``: hook the model now (so that the first forward is seen); derive at the first step."""
         if loss is not None and not isinstance(loss, nn.Module):
             raise _Error(f"loss must be a torch.nn.Module (the loss module). Found {type(loss).__name__}.")
-        facts = super().bind_data_loader(data_loader, module)
-        if module is None or self._watch is None or not self._watch.watches(unwrap(module)):
-            if self._watch is not None:
-                self._watch.remove()
-            self._watch = self._derivation = None
-            vars(self).pop("_registration", None)  # back to the declaration until the model is derived
-            self._glm_module = None if module is None else weakref.ref(module)
-            if isinstance(module, nn.Module):  # hook the model now, so that the first forward is seen
+        if module is None or self.watch is None or not self.watch.watches(unwrap(module)):
+            if self.watch is not None:
+                self.watch.remove()
+            self.watch = self.derivation = None
+            self.registration = self.declared  # back to the declaration until the model is derived
+            self._module = None if module is None else weakref.ref(module)
+            if isinstance(module, nn.Module):
                 model = unwrap(module)
-                linear, clip = _find_structure(model, type(self)._registration.glm)
-                self._watch = Watch(model, linear, clip, type(self)._registration.glm, None)
-        if loss is not None and self._watch is not None:  # (the reduction is checked against the optimizer's
-            self._watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
-        self._glm_facts = facts
-        return facts
+                linear, clip = _find_structure(model, self.declared.glm)
+                self.watch = Watch(model, linear, clip, self.declared.glm, None)
+        if loss is not None and self.watch is not None:  # (the reduction is checked against the optimizer's
+            self.watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
+        self._facts = facts
 
-    def _glm_step(self, optim: Any) -> None:
-        if self._derivation is None:  # optimizer hook created outside make_private: derive at the first step
-            module = self._glm_module() if self._glm_module is not None else None
-            if module is None or self._glm_facts is None:
+    def check_step(self, optim: Any) -> None:
+        """Before the accountant's checks: derive (hook created outside make_private), then the watch's step check."""
+        if self.derivation is None:
+            module = self._module() if self._module is not None else None
+            if module is None or self._facts is None:
                 raise _Changed(
                     "model='glm' derives the loss assumptions from the model: create the optimizer with "
                     "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
                     "module=model) before training. Found no model."
                 )
-            reg = type(self)._registration
-            normaliser = float(optim.expected_batch_size) if optim.loss_reduction == "mean" else 1.0
+            batch, normaliser = core_batch(self.declared, self._facts), optimizer_normaliser(optim)
             try:
-                self._adopt(module, optim, optim.max_grad_norm, core_batch(reg, self._glm_facts), normaliser)
+                self._adopt(module, optim, optim.max_grad_norm, batch, normaliser)
             except _Error as exc:
                 raise _Changed(str(exc)) from None
-        self._watch.check_step(optim)
+        self.watch.check_step(optim)
 
-    def training_config(self) -> lp.TrainingConfig | None:
-        if self._watch is not None and self._watch.failure is not None:
-            raise _Changed(f"accountant {self.mechanism()!r} refused this run: {self._watch.failure}")
-        if self._derivation is None and self.history:
+    def before_epsilon(self, name: str, steps: int) -> None:
+        """A failure of the watch voids the run; Opacus' calibration derives from its call."""
+        if self.watch is not None and self.watch.failure is not None:
+            raise _Changed(f"accountant {name!r} refused this run: {self.watch.failure}")
+        if self.derivation is None and steps:
             call = internals.engine_locals("make_private_with_epsilon", depth=16)
             if call is None:
                 raise _Error(
@@ -869,35 +854,23 @@ class GlmAccountant(LastIterateAccountant):
                     "not seen one. Call PrivacyEngine.make_private (or make_private_with_epsilon) first."
                 )
             self._adopt_planned(call)
-        return super().training_config()
 
     def _adopt_planned(self, call: dict[str, Any]) -> None:
         """Derive from a make_private_with_epsilon call (Opacus' calibration, before the model is wrapped)."""
-        reg = type(self)._registration
+        reg = self.declared
         loader = call["data_loader"]
         n, batches = len(loader.dataset), len(loader)
         if call["poisson_sampling"]:
             b = poisson_batch_size(reg.dataset_size, 1.0 / batches)
         else:
             b = core_batch(reg, check_data_loader(loader, reg.sampling, reg.dataset_size))
-        normaliser = float(int(n * (1.0 / batches))) if call["loss_reduction"] == "mean" else 1.0
+        normaliser = planned_normaliser(call["loss_reduction"], n, 1.0 / batches)
         # Opacus' calibration runs on a temporary accountant: derive without hooking the model
         self._adopt(call["module"], call["optimizer"], call["max_grad_norm"], b, normaliser, watch=False)
 
-    def load_state_dict(self, state_dict: Any) -> None:
-        if self._derivation is None:
+    def before_load(self) -> None:
+        if self.derivation is None:
             raise _Error(
                 "model='glm' derives the loss assumptions from the model: call make_private before loading the "
                 "accountant's state, so that the checkpoint's constants can be compared with the model's."
             )
-        super().load_state_dict(state_dict)
-
-
-def register_class(name: str, reg: Registration, force: bool) -> None:
-    """Register the configured subclass of :class:`GlmAccountant` with Opacus."""
-    cls = type(
-        f"GlmAccountant_{name}",
-        (GlmAccountant,),
-        {"_registration": reg, "__module__": __name__, "__doc__": f"Certified linear-model accountant {name!r}."},
-    )
-    internals.register_accountant(name, cls, force=force)

@@ -16,11 +16,20 @@ and why:
   global hooks of ``torch.optim.optimizer`` (torch): a step pre-hook, or a post-hook
   running before the adapter's own, could write to the parameters between the
   accountant's check and its record of their versions, unseen;
+* ``GradSampleModule.GRAD_SAMPLERS[nn.Linear]``: whether Opacus' own grad sampler (rank one on 2-D
+  inputs) computes the final Linear's per-example gradients on the GLM route;
 * ``PrivacyEngine.dataset`` (set by ``make_private``): whether an engine has already
   handed its accountant's hook to an optimizer;
 * ``make_private``'s default ``criterion`` object: whether the user passed a loss module;
 * the frames above the step hook: whether torch's ``GradScaler.step`` takes the step (mixed
-  precision with loss scaling).
+  precision with loss scaling);
+* the class of the bound loader's batch sampler, swapped for a subclass that records each batch it
+  yields (:func:`record_batches`): a DataLoader's ``batch_sampler`` cannot be reassigned after
+  construction, and Opacus' ``BatchMemoryManager`` iterates that very object, so the record is made at
+  the object itself;
+* torch's ``ReduceLROnPlateau.__init__``, wrapped (once the version check has passed) to remember
+  every instance (:func:`plateau_schedulers`): a scheduler holds a reference to its optimizer, not the reverse, and a
+  rule that reads training losses must be found whether it fires or not (docs/decisions.md, section 26).
 
 It also holds everything that differs between the tested Opacus versions. Opacus 1.6
 has an accountant registry (``opacus.accountants.register_accountant``;
@@ -40,16 +49,22 @@ tested with (:data:`TESTED_OPACUS`).
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import operator
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import opacus
 import opacus.accountants
 import torch.amp.grad_scaler as torch_grad_scaler
+import torch.optim.lr_scheduler as torch_lr_scheduler
 import torch.optim.optimizer as torch_optimizer
+from opacus.grad_sample import GradSampleModule
+from opacus.grad_sample.linear import compute_linear_grad_sample
 from opacus.privacy_engine import PrivacyEngine
 from opacus.utils.batch_memory_manager import BatchSplittingSampler
 
@@ -80,6 +95,7 @@ def require_tested_opacus(version: str | None = None) -> None:
             f"adapter: it reads Opacus internals (make_private's arguments, the skip-step flag) that other versions "
             f"may change. Found opacus {version}. Install a tested version (pip install 'opacus>=1.5,<1.7')."
         )
+    remember_plateau_schedulers()  # (patches torch only for a tested Opacus)
 
 
 def register_accountant(name: str, cls: type, *, force: bool) -> None:
@@ -246,3 +262,108 @@ class SplitterFinder:
                 self._found = weakref.ref(obj)
                 return True
         return False
+
+
+# ---------------------------------------------------------------- the batches a sampler draws
+
+#: recording subclass -> the host class it records for
+_RECORDING_CLASSES: dict[type, type] = {}
+#: recorded batch sampler -> the callbacks told of its passes and batches
+_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: numbers the passes (iterations) of every recorded sampler, in the order they start
+PASS_IDS = itertools.count(1)
+
+
+def host_class(obj: Any) -> type:
+    """The class ``obj`` had before :func:`record_batches` swapped it for its recording subclass."""
+    cls = type(obj)
+    return _RECORDING_CLASSES.get(cls, cls)
+
+
+def _unrecorded(cls: type, state: dict) -> Any:
+    """A copy of a recorded sampler, of its host class (what pickling and copying a recorded sampler give)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _recording_class(base: type) -> type:
+    for recording, host in _RECORDING_CLASSES.items():
+        if host is base:
+            return recording
+
+    def __iter__(self: Any) -> Any:
+        pass_id = next(PASS_IDS)
+        for position, batch in enumerate(base.__iter__(self)):
+            for listener in list(_LISTENERS.get(self, ())):
+                listener(pass_id, position, batch)
+            yield batch
+        for listener in list(_LISTENERS.get(self, ())):
+            listener(pass_id, -1, None)  # the pass has ended
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        # pickled or copied as the host class: the recording belongs to this process' accountants
+        return _unrecorded, (base, dict(vars(self)))
+
+    namespace = {"__iter__": __iter__, "__reduce_ex__": __reduce_ex__, "__module__": base.__module__}
+    recording = type(base.__name__, (base,), namespace)
+    recording.__qualname__ = base.__qualname__
+    _RECORDING_CLASSES[recording] = base
+    return recording
+
+
+def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]) -> None:
+    """Call ``listener(pass_id, position, batch)`` for every batch ``batch_sampler`` yields from now on
+    (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s; position -1
+    and batch None when a pass ends), by swapping
+    the object's class for a subclass whose ``__iter__`` reports each batch. ``listener`` is held weakly
+    (a bound method: weakly through its object)."""
+    cls = type(batch_sampler)
+    if cls not in _RECORDING_CLASSES:
+        batch_sampler.__class__ = _recording_class(cls)
+    listeners = _LISTENERS.setdefault(batch_sampler, [])
+    ref = weakref.WeakMethod(listener) if hasattr(listener, "__self__") else (lambda: listener)
+
+    def call(pass_id: int, position: int, batch: Any) -> None:
+        target = ref()
+        if target is None:
+            listeners.remove(call)
+        else:
+            target(pass_id, position, batch)
+
+    listeners.append(call)
+
+
+# ---------------------------------------------------------------- learning-rate rules that read losses
+
+_PLATEAUS: weakref.WeakSet = weakref.WeakSet()
+_plateau_init = torch_lr_scheduler.ReduceLROnPlateau.__init__
+
+
+@functools.wraps(_plateau_init)
+def _remembering_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _plateau_init(self, *args, **kwargs)
+    _PLATEAUS.add(self)
+
+
+def remember_plateau_schedulers() -> None:
+    """Wrap ``ReduceLROnPlateau.__init__`` once (after the version check: :func:`require_tested_opacus`), and
+    find the instances created before."""
+    if getattr(torch_lr_scheduler.ReduceLROnPlateau.__init__, "_lastiter_remembers", False):
+        return
+    _remembering_init._lastiter_remembers = True  # type: ignore[attr-defined]
+    torch_lr_scheduler.ReduceLROnPlateau.__init__ = _remembering_init
+    _PLATEAUS.update(obj for obj in gc.get_objects() if issubclass(type(obj), torch_lr_scheduler.ReduceLROnPlateau))
+
+
+def plateau_schedulers(optimizers: Any) -> list[Any]:
+    """The live ``ReduceLROnPlateau`` schedulers (and subclasses) that hold one of ``optimizers``."""
+    return [s for s in list(_PLATEAUS) if any(getattr(s, "optimizer", None) is o for o in optimizers)]
+
+
+def opacus_linear_grad_sampler() -> bool:
+    """Whether the grad sampler Opacus uses for ``torch.nn.Linear`` is its own (``compute_linear_grad_sample``:
+    dloss/du outer the input row, per example)."""
+    import torch
+
+    return GradSampleModule.GRAD_SAMPLERS.get(torch.nn.Linear) is compute_linear_grad_sample

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import numbers
 import secrets
 import weakref
@@ -24,6 +25,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters.opacus._internals import PASS_IDS, host_class
 from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
 
 Sampling = lp.Sampling
@@ -69,10 +71,28 @@ class ShuffleOnceSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         PERMUTATIONS.started(len(self._permutation), self._digest)
-        return iter(self._permutation)
+        listeners = PERMUTATIONS.listeners(self._digest)
+        if not listeners:
+            return iter(self._permutation)
+        return itertools.chain.from_iterable(_reported(self._permutation, listeners))
 
     def __len__(self) -> int:
         return len(self._permutation)
+
+
+def _reported(permutation: tuple[int, ...], listeners: list) -> Iterator[tuple[int, ...]]:
+    """The permutation in chunks, cut where a listener's batch starts; before a chunk is drawn from, each
+    listener whose batch starts there is told ``listener.batch_drawn(pass_id, start)`` (a BatchSampler
+    draws a batch's indices one by one from the chained chunks: the report comes with its first index)."""
+    pass_id = next(PASS_IDS)
+    starts = sorted(set().union(*(listener.starts for listener in listeners)))
+    for start, end in zip(starts, [*starts[1:], len(permutation)], strict=True):
+        for listener in listeners:
+            if start in listener.starts:
+                listener.batch_drawn(pass_id, start)
+        yield permutation[start:end]
+    for listener in listeners:
+        listener.pass_ended(pass_id)
 
 
 class PermutationLog:
@@ -83,6 +103,16 @@ class PermutationLog:
     def __init__(self) -> None:
         self.serial = 0
         self._latest: dict[tuple[int, str], int] = {}  # (size, digest) -> serial of its latest epoch start
+        self._listeners: dict[str, weakref.WeakSet] = {}  # digest -> monitors told of every index drawn
+
+    def listen(self, digest: str, listener: Any) -> None:
+        """Tell ``listener`` (``.starts``: where its batches start; ``.batch_drawn(pass_id, start)``) of every
+        batch any ``ShuffleOnceSampler`` with this permutation starts drawing (whatever loader iterates it:
+        the permutation, not the object, is the run's)."""
+        self._listeners.setdefault(digest, weakref.WeakSet()).add(listener)
+
+    def listeners(self, digest: str) -> list:
+        return list(self._listeners.get(digest, ()))
 
     def started(self, size: int, digest: str) -> None:
         self.serial += 1
@@ -194,7 +224,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
     batch_sampler = loader.batch_sampler
     if isinstance(batch_sampler, _POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)
-    if type(batch_sampler) is not BatchSampler:
+    if host_class(batch_sampler) is not BatchSampler:
         raise _refuse(
             "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
             f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."
@@ -303,7 +333,7 @@ def _sampler_state(sampler: Any) -> Any:
 def _signature(loader: DataLoader) -> tuple:
     """What the facts of a loader depend on, in the order of ``_FIELDS``."""
     dataset, bs = loader.dataset, loader.batch_sampler
-    if type(bs) is BatchSampler:
+    if host_class(bs) is BatchSampler:
         sampler = bs.sampler
         return dataset, len(dataset), bs, bs.batch_size, bs.drop_last, sampler, len(sampler), _sampler_state(sampler)
     if isinstance(bs, _POISSON_SAMPLERS):
@@ -323,7 +353,7 @@ class LoaderWatch:
         self.facts = facts
         self._loader = weakref.ref(loader)
         self._signature = _signature(loader)
-        self._types = (type(loader.batch_sampler), type(self._signature[5]))  # they choose _signature's branches
+        self._types = (host_class(loader.batch_sampler), type(self._signature[5]))  # they choose _signature's branches
         self._serial = PERMUTATIONS.serial
         self.batch_sampler = weakref.ref(loader.batch_sampler)
 
@@ -336,7 +366,7 @@ class LoaderWatch:
                 "Iterate the loader make_private returned"
             )
         now = _signature(loader)
-        kinds = (type(loader.batch_sampler), type(now[5]))
+        kinds = (host_class(loader.batch_sampler), type(now[5]))
         if kinds != self._types:
             return (
                 "the data loader's batch sampler or sampler changed class after make_private ("

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from opacus.grad_sample import AbstractGradSampleModule
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from torch.nn.utils.rnn import PackedSequence
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, check_data_loader
 from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError, Registration
 
 Sampling = lp.Sampling
@@ -120,6 +122,36 @@ def check_dp_optimizer(optim: Any, reg: Registration) -> None:
     check_sgd(optim.original_optimizer, reg)
 
 
+def unwrap(module: Any) -> torch.nn.Module:
+    """The user's model inside Opacus' GradSampleModule and (DP)DDP wrappers."""
+    for _ in range(4):
+        if isinstance(module, AbstractGradSampleModule):
+            module = module._module
+        elif type(module).__name__ in ("DistributedDataParallel", "DifferentiallyPrivateDistributedDataParallel"):
+            module = module.module
+        else:
+            break
+    return module
+
+
+def loss_normaliser(loss_reduction: str, expected_batch_size: float, world_size: int = 1) -> float:
+    """N, what Opacus divides the noisy clipped sum by: ``expected_batch_size * world_size`` for
+    ``loss_reduction="mean"`` (``DPOptimizer.scale_grad``; ``DistributedDPOptimizer`` then averages the
+    ranks' gradients), 1 for ``"sum"``. The only place N is computed."""
+    return float(expected_batch_size) * int(world_size) if loss_reduction == "mean" else 1.0
+
+
+def optimizer_normaliser(optim: Any) -> float:
+    """N of a DP optimizer (its world size when distributed)."""
+    world = int(getattr(optim, "world_size", 1) or 1) if type(optim) is DistributedDPOptimizer else 1
+    return loss_normaliser(optim.loss_reduction, optim.expected_batch_size, world)
+
+
+def planned_normaliser(loss_reduction: str, dataset_size: int, sample_rate: float) -> float:
+    """N of the optimizer ``make_private`` will build: expected_batch_size = int(n q) in total over the ranks."""
+    return loss_normaliser(loss_reduction, int(dataset_size * sample_rate))
+
+
 def core_batch(reg: Registration, facts: LoaderFacts) -> int:
     """b of the core: the loader's batch size (for Poisson ceil(n q))."""
     if facts.sampling is Sampling.POISSON:
@@ -137,8 +169,7 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
             "DistributedDPOptimizer and vice versa (wrap the model in DPDDP before make_private). "
             f"Found loader distributed={facts.distributed}, optimizer {type(optim).__name__}."
         )
-    world = int(getattr(optim, "world_size", 1)) if distributed else 1
-    normaliser = float(optim.expected_batch_size) * world if optim.loss_reduction == "mean" else 1.0
+    normaliser = optimizer_normaliser(optim)
     b = core_batch(reg, facts)
     noise = optim.noise_multiplier
     if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):
@@ -240,3 +271,54 @@ class ExampleCounter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value)
+
+
+def planned_run(reg: Registration) -> tuple[Observed, int]:
+    """What the run will do, before any step, from the running make_private_with_epsilon call (Opacus'
+    calibration sets the accountant's history without running the optimizer): its facts, and its steps."""
+    call = internals.engine_locals("make_private_with_epsilon")
+    if call is None:
+        raise LastIterateConfigurationError(
+            f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
+            "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
+            "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
+        )
+    loader = call["data_loader"]
+    if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
+        if reg.sampling is not Sampling.POISSON:
+            raise LastIterateConfigurationError(
+                f"sampling was declared {reg.sampling.value!r} but "
+                "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
+                "Pass poisson_sampling=False with "
+                f"{FIXES[reg.sampling]}, or register with sampling='poisson'."
+            )
+        n = len(loader.dataset)
+        if n != reg.dataset_size:
+            raise LastIterateConfigurationError(
+                f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
+            )
+        facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
+    else:
+        facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
+    check_sgd(call["optimizer"], reg)
+    clip = call["max_grad_norm"]
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+    sample_rate = facts.opacus_sample_rate
+    # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
+    normaliser = planned_normaliser(call["loss_reduction"], reg.dataset_size, sample_rate)
+    b = core_batch(reg, facts)
+    observed = Observed(
+        noise_multiplier=1.0,
+        clip_norm=float(clip),
+        loss_reduction=call["loss_reduction"],
+        normaliser=normaliser,
+        accumulated_iterations=1,
+        sampling=facts.sampling.value,
+        loader_batches=facts.num_batches,
+        loader_batch_size=facts.batch_size,
+        sample_rate=sample_rate,
+        batch_size=b,
+        learning_rate=reg.learning_rate * b / normaliser,
+    )
+    return observed, int(call["epochs"]) * facts.num_batches

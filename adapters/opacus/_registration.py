@@ -217,12 +217,7 @@ def register(
             f"accountant name {name!r} is already registered with a different configuration "
             f"({previous.to_dict()}); pass force=True to replace it or choose another name."
         )
-    if glm is not None:
-        from lastiter_plugins.adapters.opacus._glm import register_class as register_glm_class
-
-        register_glm_class(name, reg, force=force or previous is not None)
-    else:
-        register_class(name, reg, force=force or previous is not None)
+    register_class(name, reg, force=force or previous is not None)
     _REGISTRATIONS[name] = reg
     return name
 

@@ -17,7 +17,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch
+from lastiter_plugins.adapters.opacus._loaders import LoaderWatch
 from lastiter_plugins.adapters.opacus._observe import ExampleCounter, trainable
 from lastiter_plugins.adapters.opacus._projection import PROJECTIONS, STAMPS
 from lastiter_plugins.adapters.opacus._registration import LastIteratePipelineChangedError, Registration
@@ -199,11 +199,10 @@ class StepChecks:
             )
 
     # -- the examples of the step
-    def verify_examples(
-        self, optim: Any, facts: LoaderFacts, watch: LoaderWatch, counter: ExampleCounter | None, step: int
-    ) -> None:
-        """One backward pass, one clipped gradient per example of this step's loader batch, and as many
-        examples entering the private module in training forward passes."""
+    def verify_examples(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None) -> int:
+        """One backward pass, and as many examples entering the private module in training forward passes
+        as clipped gradients. Returns the per-example clipped gradients the step sums (with skipped steps:
+        theirs too), which the run monitor compares with the batch the step drew."""
         samples = getattr(self.params[0], "grad_sample", None)  # Opacus' per-example gradients of a parameter
         if samples is None:
             passes = count = 0
@@ -243,22 +242,7 @@ class StepChecks:
                         else "the forward bypassed the module make_private returned: call that module itself."
                     )
                 )
-        position = (step - 1) % facts.num_batches
-        planned = facts.batch_at(position)
-        if planned is not None and total != planned:
-            raise _Changed(
-                f"{_ONE_EACH}, and a step must use one whole batch of the loader bound at make_private: step "
-                f"{step} is batch {position + 1} of {facts.num_batches} of an epoch, which "
-                f"holds {planned} examples (n = {facts.dataset_size}, batch_size = {facts.batch_size}). Found "
-                f"{total} per-example gradients. More: examples repeated or added (a collate_fn or loss producing "
-                "several rows per example); fewer: a cut batch, another loader, or a loop that broke out of an "
-                "epoch. Feed each loader batch once, whole, to the private module."
-            )
-        if planned is None and total > facts.dataset_size:
-            raise _Changed(
-                f"{_ONE_EACH}. Found {total} per-example gradients in one step for a dataset of "
-                f"{facts.dataset_size} examples."
-            )
+        return total
 
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""

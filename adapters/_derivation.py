@@ -1,0 +1,225 @@
+"""Derive the pipeline that ran from what a run monitor observed, and compare it with what is accounted.
+
+Shared by the host adapters; it imports no host library. A host's monitor observes, for every noisy
+step, the logical batch the step used (the dataset indices its sampler drew, see
+:class:`DrawnBatch`) and the number of per-example clipped gradients the step summed, and hands them
+to :meth:`Derivation.check_step`. The derivation refuses a step (returns the reason) when what ran is
+not what is accounted (docs/decisions.md, section 26):
+
+* exactly one drawn logical batch per noisy step, and one clipped gradient per example in it
+  (duplicated rows, concatenated batches and merged skipped steps sum more gradients than that);
+* the epoch schemes (cyclic, shuffle_once, reshuffle): each pass of the sampler is a permutation of the
+  n examples, used whole (a pass that broke off, then a new one, is refused), batches in the order
+  drawn; cyclic and shuffle_once: every pass equal to the first; reshuffle: no pass equal to an
+  earlier one (one permutation reused with a public seed is cyclic, not reshuffle);
+* Poisson: no pass of batches equal to an earlier pass (a generator re-seeded with the same seed
+  every epoch draws the same batches: not independent Poisson draws).
+
+What cannot be observed (that a seed is secret, the data behind the indices) stays a precondition of
+the host's documentation. Equality is decided on 64-bit hashes of the index tuples: a collision can
+only refuse a genuine run (never accept a wrong one), with probability about 2^-64 per comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+import lastiter_plugins as lp
+
+Sampling = lp.Sampling
+_EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+#: A prefix of a pass equal to an earlier pass's is refused once a genuine draw of the declared law would
+#: repeat it with probability below 2^-EVIDENCE_BITS (a complete pass equal to an earlier one always is).
+EVIDENCE_BITS = 40.0
+
+
+@dataclasses.dataclass(frozen=True)
+class DrawnBatch:
+    """One logical batch as the sampler drew it: ``pass_id`` numbers the iterations of a recorded sampler
+    (one per epoch of the loader, globally increasing), ``position`` is its place in that pass."""
+
+    pass_id: int
+    position: int
+    indices: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class _Pass:
+    pass_id: int
+    hashes: list[int]  # per position: hash of the batch's index tuple
+    size: int  # indices consumed so far
+    seen: np.ndarray | None  # epoch schemes: which examples this pass has used
+
+
+class Derivation:
+    """The index stream of a run, step by step, against the declared sampling scheme.
+
+    Args:
+      sampling: the declared scheme.
+      dataset_size: n.
+      batches_per_pass: batches in one pass of the sampler (``len(loader)``).
+      sample_rate: Poisson's q (None for the epoch schemes).
+    """
+
+    def __init__(self, sampling: Sampling, dataset_size: int, batches_per_pass: int, sample_rate: float | None):
+        self.sampling = sampling
+        self.n = int(dataset_size)
+        self.batches_per_pass = int(batches_per_pass)
+        self.sample_rate = sample_rate
+        self.steps = 0
+        self._passes: list[_Pass] = []  # complete or interrupted passes before the current one
+        self._current: _Pass | None = None
+        self._candidates: list[_Pass] = []  # earlier passes equal to the current one so far
+
+    # -- the step
+    def check_step(self, batch: DrawnBatch | None, gradients: int) -> str | None:
+        """Whether noisy step ``steps + 1``, which summed ``gradients`` per-example clipped gradients, used
+        ``batch`` as the declared scheme says: None when it did (the step is recorded), else the reason."""
+        step = self.steps + 1
+        if batch is None:
+            return (
+                f"every noisy step must use one batch drawn by the sampler of the data loader bound at make_private. "
+                f"Found step {step} with no batch drawn from it since the previous step: the loop iterates another "
+                "loader (the loader passed to make_private instead of the one it returned, a new DataLoader, a "
+                "hand-made batch). Iterate the loader make_private returned"
+            )
+        size = len(batch.indices)
+        if gradients != size:
+            return (
+                f"each example of a step's batch must contribute exactly one clipped gradient (the sensitivity of "
+                f"the clipped sum is one clipping norm per example, as every bound assumes): the batch drawn for "
+                f"step {step} holds {size} examples. Found {gradients} per-example gradients summed. More: examples "
+                "repeated or added (a collate_fn or loss producing several rows per example, two loader batches "
+                "concatenated, several batches merged into one step with signal_skip_step); fewer: a cut batch. "
+                "Feed each loader batch once, whole, to the private module, and take one optimizer step per batch"
+            )
+        if size and (min(batch.indices) < 0 or max(batch.indices) >= self.n):
+            return f"the indices of a batch must lie in [0, {self.n}). Found {min(batch.indices)}..{max(batch.indices)}"
+        if len(set(batch.indices)) != size:
+            return (
+                f"a batch must hold each example at most once. Found the batch of step {step} with "
+                f"{size - len(set(batch.indices))} repeated indices (a sampler with replacement)"
+            )
+        problem = self._enter(batch, step)
+        if problem is None:
+            problem = self._compare(batch, step)
+        if problem is None:
+            self.steps = step
+        return problem
+
+    def _enter(self, batch: DrawnBatch, step: int) -> str | None:
+        """Start a pass or continue the current one (the batch is not recorded yet)."""
+        current = self._current
+        epochs = self.sampling in _EPOCH_SCHEMES
+        if current is None or batch.pass_id != current.pass_id:
+            if current is not None and epochs:
+                done = len(current.hashes)
+                if done != self.batches_per_pass or current.size != self.n:
+                    return (
+                        f"sampling={self.sampling.value} assumes whole passes over the data: each epoch uses every "
+                        f"batch of one pass of the loader, once. Found a new pass of the loader started at step "
+                        f"{step} after the previous pass used {done} of its {self.batches_per_pass} batches "
+                        f"({current.size} of {self.n} examples): a loop that broke out of an epoch, skipped a "
+                        "batch, or a loader re-created mid-epoch. Let every epoch run to its end"
+                    )
+            if epochs and batch.position != 0:
+                return (
+                    f"sampling={self.sampling.value} assumes whole passes over the data. Found step {step} using "
+                    f"batch {batch.position + 1} of a pass whose first batches no step used"
+                )
+            if current is not None:
+                current.seen = None  # (only the current pass needs it)
+                self._passes.append(current)
+            seen = np.zeros(self.n, dtype=bool) if epochs else None
+            self._current = _Pass(batch.pass_id, [], 0, seen)
+            self._candidates = [p for p in self._passes if p.hashes]
+            return None
+        if epochs and batch.position != len(current.hashes):
+            return (
+                f"sampling={self.sampling.value} assumes each epoch uses the batches of a pass in the order drawn, "
+                f"each once. Found step {step} using batch {batch.position + 1} of its pass after "
+                f"{len(current.hashes)} steps of that pass: a batch was drawn and not used by a step (a loop that "
+                "skips batches, or two batches fed to one step)"
+            )
+        return None
+
+    def _compare(self, batch: DrawnBatch, step: int) -> str | None:
+        current, key = self._current, hash(batch.indices)
+        position = len(current.hashes)
+        if current.seen is not None and batch.indices:
+            rows = np.fromiter(batch.indices, dtype=np.int64, count=len(batch.indices))
+            if current.seen[rows].any():
+                return (
+                    f"sampling={self.sampling.value} assumes each pass is a permutation of the data. Found step "
+                    f"{step} using an example its pass had already used"
+                )
+            current.seen[rows] = True
+        if self.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE) and self._passes:
+            first = self._passes[0]
+            if position >= len(first.hashes) or first.hashes[position] != key:
+                return (
+                    f"sampling={self.sampling.value} assumes one order of the data for the whole run, every epoch "
+                    f"the same batches. Found batch {position + 1} of epoch {len(self._passes) + 1} (step {step}) "
+                    "different from the first epoch's: the loader reshuffles (declare sampling='reshuffle' with "
+                    "DataLoader(shuffle=True)), or another sampler or permutation was used"
+                )
+        current.hashes.append(key)
+        current.size += len(batch.indices)
+        if self.sampling in (Sampling.RESHUFFLE, Sampling.POISSON) and self._candidates:
+            self._candidates = [p for p in self._candidates if position < len(p.hashes) and p.hashes[position] == key]
+            if self._candidates and self._repeat_is_evident(current):
+                return self._repeated(step)
+        return None
+
+    def _repeat_is_evident(self, current: _Pass) -> bool:
+        """Whether the current pass, equal so far to an earlier one, is beyond chance for the declared law."""
+        if self.sampling is Sampling.RESHUFFLE:
+            if current.size >= self.n:
+                return True
+            # probability that a fresh permutation starts with these m indices: 1 / (n (n-1) ... (n-m+1))
+            bits = (math.lgamma(self.n + 1) - math.lgamma(self.n - current.size + 1)) / math.log(2)
+            return bits >= EVIDENCE_BITS
+        if len(current.hashes) >= self.batches_per_pass:
+            return True
+        q = float(self.sample_rate)
+        same = q * q + (1.0 - q) * (1.0 - q)  # one example, one step: the two draws agree
+        bits = -len(current.hashes) * self.n * math.log2(same) if same < 1.0 else 0.0
+        return bits >= EVIDENCE_BITS
+
+    def _repeated(self, step: int) -> str:
+        if self.sampling is Sampling.RESHUFFLE:
+            return (
+                "sampling='reshuffle' assumes a fresh secret permutation every epoch. Found the permutation of the "
+                f"epoch running at step {step} equal to an earlier epoch's: a generator or torch.manual_seed "
+                "re-seeded with the same seed every epoch reuses one permutation with a public seed, which is "
+                "sampling='cyclic' (a fixed public order). Seed once, before training, or declare cyclic with "
+                "DataLoader(shuffle=False)"
+            )
+        return (
+            "sampling='poisson' assumes independent batches at every step. Found the batches of the pass running at "
+            f"step {step} equal to an earlier pass's: the sampler's generator is re-seeded with the same seed every "
+            "epoch, so the batches repeat. Seed the generator once, before training (or leave it to "
+            "make_private)"
+        )
+
+    # -- checkpoints
+    def state(self) -> dict:
+        """What a resumed run must be compared with: the steps and every pass' batch hashes (64-bit)."""
+        passes = [*self._passes, *([self._current] if self._current is not None else [])]
+        return {"steps": self.steps, "passes": [list(p.hashes) for p in passes]}
+
+    def restore(self, state: dict) -> None:
+        """Continue the record of a checkpoint (``state()``): the passes before it are the earlier passes
+        the resumed ones are compared with; the resumed loader starts a new pass."""
+        self.steps = int(state["steps"])
+        self._passes = [_Pass(-1, [int(h) for h in hashes], 0, None) for hashes in state["passes"]]
+        self._current, self._candidates = None, []
+
+    # -- what the record shows
+    @property
+    def passes(self) -> int:
+        """Passes of the sampler that steps used so far."""
+        return len(self._passes) + (self._current is not None)
