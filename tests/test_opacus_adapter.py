@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -1055,3 +1056,43 @@ def test_example_counter_counts_training_forward_inputs():
     counter.remove()
     model(torch.zeros(4, 3))
     assert counter.count == 0
+
+
+# ---------------------------------------------------------------- every declaration; Poisson's default relation
+
+
+def test_register_takes_the_glm_declarations_by_hand_and_checks_the_weight_decay(request):
+    """clipped_loss_convex_smooth and l2_outside_clip by hand (issue "One number on every route"): the number
+    is the core's for the declared run; the optimizer's weight_decay must be the declared l2 term."""
+    w = 0.05
+    name = _register(request, sampling="cyclic", smoothness=0.25 + w, strong_convexity=w,
+                     clipped_loss_convex_smooth=True, l2_outside_clip=True)  # fmt: skip
+    decayed = lambda model: torch.optim.SGD(model.parameters(), lr=LR, weight_decay=w)  # noqa: E731
+    engine, model, optimizer, loader = _private(name, optimizer=decayed)
+    _train(model, optimizer, loader, epochs=2)
+    expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, steps=20,
+                          sampling="cyclic", learning_rate=LR, smoothness=0.25 + w, strong_convexity=w,
+                          clipped_loss_convex_smooth=True, l2_outside_clip=True)  # fmt: skip
+    assert engine.accountant.get_epsilon(DELTA) == expected.epsilon
+    assert lo.registration(name).assumptions.l2_outside_clip
+    # another weight decay than the declared l2 term is refused
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"weight_decay must be 0\.05 .*l2_outside_clip"):
+        _private(name, optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=LR, weight_decay=2 * w))
+    with pytest.raises(ValueError, match="must be left out with model='glm'"):
+        lo.register(_name(request) + "-glm", force=True, sampling="cyclic", dataset_size=N, learning_rate=LR,
+                    model="glm", loss="logistic", feature_norm=1.0, clipped_loss_convex_smooth=True)  # fmt: skip
+
+
+def test_poisson_defaults_to_add_or_remove_with_a_warning(request):
+    """Opacus' accountants account Poisson sampling under add-or-remove; register follows them (it was
+    replace-one), and says so when the relation is left out."""
+    params = {k: v for k, v in BASE.items()}
+    with pytest.warns(FutureWarning, match="now accounts under relation='add_or_remove_one'"):
+        name = lo.register(_name(request), force=True, sampling="poisson", **params)
+    assert lo.registration(name).relation is lp.Relation.ADD_OR_REMOVE_ONE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        explicit = lo.register(_name(request) + "-r1", force=True, sampling="poisson", relation="replace_one", **params)
+        cyclic = lo.register(_name(request) + "-c", force=True, sampling="cyclic", **params)
+    assert lo.registration(explicit).relation is lp.Relation.REPLACE_ONE
+    assert lo.registration(cyclic).relation is lp.Relation.REPLACE_ONE

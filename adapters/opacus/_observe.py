@@ -74,6 +74,8 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
     decays = reg.weight_decays  # set only by the GLM route, which folds them into its derived constants
     for i, group in enumerate(optimizer.param_groups):
         decay = decays[i] if decays is not None and i < len(decays) else 0
+        if reg.weight_decay_everywhere is not None:  # l2_outside_clip declared by hand: the declared strong convexity
+            decay, decays = reg.weight_decay_everywhere, (reg.weight_decay_everywhere,)
         for key, neutral in (("momentum", 0), ("weight_decay", decay), ("nesterov", False), ("maximize", False)):
             value = group.get(key, 0 if key == "weight_decay" else neutral)
             value = value.item() if torch.is_tensor(value) else value
@@ -83,7 +85,12 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
                     if key == "weight_decay" and decays is None
                     else ""
                 )
-                what = "the value the GLM constants were derived for" if key == "weight_decay" and decays else ""
+                what = (
+                    ("the declared strong_convexity (l2_outside_clip)" if reg.weight_decay_everywhere is not None
+                     else "the value the GLM constants were derived for")
+                    if key == "weight_decay" and decays
+                    else ""
+                )  # fmt: skip
                 raise LastIterateConfigurationError(
                     f"{key} must be {neutral} for a last-iterate bound (plain SGD{'; ' + what if what else ''}). "
                     f"Found {key}={value} in param_groups[{i}].{hint}"

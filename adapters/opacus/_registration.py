@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -45,11 +46,15 @@ class Registration:
     #: torch SGD weight_decay per parameter group that the optimizer check accepts (None: 0 everywhere);
     #: set by the GLM route, which folds it into the derived constants
     weight_decays: tuple[float, ...] | None = None
+    #: l2_outside_clip declared by hand: the weight_decay of every parameter group (the declared strong convexity)
+    weight_decay_everywhere: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self.glm is not None:  # only then, so that checkpoints of declared runs keep their format
             extra = {"glm": self.glm.to_dict(), "weight_decays": list(self.weight_decays or ())}
+        if self.weight_decay_everywhere is not None:
+            extra["weight_decay_everywhere"] = self.weight_decay_everywhere
         return {
             **extra,
             "name": self.name,
@@ -78,7 +83,9 @@ def register(
     strong_convexity: float = 0.0,
     diameter: float | None = None,
     gradient_norms_within_clip: bool = False,
-    relation: str | lp.Relation = lp.Relation.REPLACE_ONE,
+    clipped_loss_convex_smooth: bool = False,
+    l2_outside_clip: bool = False,
+    relation: str | lp.Relation | None = None,
     orders: Sequence[float] | None = None,
     force: bool = False,
     model: str | None = None,
@@ -106,7 +113,16 @@ def register(
       learning_rate: the constant SGD step size; every step must use exactly it.
       smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss
         assumptions (see ``LossAssumptions``); ``diameter`` needs ``attach_projection``.
-      relation: the neighbouring relation of the guarantee.
+      clipped_loss_convex_smooth: declare by hand that every per-example loss is a scalar GLM
+        phi(<a, x>) with phi convex and ``smoothness``-smooth (its clipped gradient is then a gradient
+        step); ``model="glm"`` derives and checks this instead.
+      l2_outside_clip: ``strong_convexity`` is torch SGD's ``weight_decay`` (added after the noisy
+        clipped mean): every parameter group's ``weight_decay`` must then equal it, checked at every
+        step; ``smoothness`` includes it.
+      relation: the neighbouring relation of the guarantee. Default: ``add_or_remove_one`` with
+        ``sampling="poisson"`` (the relation of Opacus' own accountants; before 0.3 it was
+        ``replace_one``, and leaving it out warns with a ``FutureWarning``), else ``replace_one`` (the
+        only relation the other schemes have bounds for).
       orders: Renyi orders (default: the library's grid).
       force: replace an existing registration of ``name`` with a different configuration.
       model: ``"glm"`` derives the loss assumptions instead of taking them (certified linear models,
@@ -139,13 +155,22 @@ def register(
     if bound not in lp.BOUND_IDS:
         raise ValueError(f"bound must be one of {', '.join(lp.BOUND_IDS)}. Found {bound!r}.")
     sampling = lp.Sampling.parse(sampling)
-    relation = lp.Relation.parse(relation)
+    relation = _default_relation(sampling) if relation is None else lp.Relation.parse(relation)
     glm = None
     if model is not None:
         from lastiter_plugins.adapters.opacus._glm import declare
 
         if model != "glm":
             raise ValueError(f"model must be None or 'glm' (a certified linear model). Found {model!r}.")
+        for key, value in (
+            ("clipped_loss_convex_smooth", clipped_loss_convex_smooth),
+            ("l2_outside_clip", l2_outside_clip),
+        ):
+            if value:
+                raise ValueError(
+                    f"{key} must be left out with model='glm': the route derives it from the model and the "
+                    "optimizer's weight_decay. Found it declared."
+                )
         glm = declare(
             loss=loss,
             feature_norm=feature_norm,
@@ -169,6 +194,8 @@ def register(
         strong_convexity=strong_convexity,
         diameter=diameter,
         gradient_norms_within_clip=gradient_norms_within_clip,
+        clipped_loss_convex_smooth=clipped_loss_convex_smooth,
+        l2_outside_clip=l2_outside_clip,
     )
     # TrainingConfig validates dataset_size and learning_rate with the core's messages.
     probe = lp.TrainingConfig(
@@ -208,6 +235,7 @@ def register(
         assumptions=assumptions,
         orders=frozen_orders,
         glm=glm,
+        weight_decay_everywhere=float(strong_convexity) if l2_outside_clip else None,
     )
     previous = _REGISTRATIONS.get(name)
     if previous is not None and previous == reg:
@@ -220,6 +248,21 @@ def register(
     register_class(name, reg, force=force or previous is not None)
     _REGISTRATIONS[name] = reg
     return name
+
+
+def _default_relation(sampling: lp.Sampling) -> lp.Relation:
+    """add_or_remove_one for Poisson sampling (Opacus' convention; a FutureWarning says it changed), else
+    replace_one (the relation every bound for the other schemes is proven for)."""
+    if sampling is not lp.Sampling.POISSON:
+        return lp.Relation.REPLACE_ONE
+    warnings.warn(
+        "register(sampling='poisson') now accounts under relation='add_or_remove_one', the relation of Opacus' own "
+        "accountants (before lastiter-plugins 0.3 the default was 'replace_one', which gives a larger epsilon for "
+        "a stronger guarantee). Pass relation= explicitly to choose and to silence this warning.",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return lp.Relation.ADD_OR_REMOVE_ONE
 
 
 def create_accountant(name: str) -> Any:
