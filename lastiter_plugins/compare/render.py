@@ -200,7 +200,7 @@ def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = Fals
     if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
     if any(_proof_cell(r) == "ours" for r in rows):
-        out.append(f"({PROOF_LEGEND})")
+        out += _wrap(f"({PROOF_LEGEND})", "", " ")
     out += ["", "Best valid for this pipeline, per neighbouring relation:"]
     for b in c.best:
         out += _wrap(_best_text(b), "  ", "    ")
