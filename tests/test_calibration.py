@@ -147,7 +147,7 @@ def _fake_epsilon(monkeypatch, epsilon_of_z):
     """Replace the epsilon calibration sees by ``epsilon_of_z``; return the list of evaluated z."""
     calls: list[float] = []
 
-    def fake(bound, config, assumptions, delta, orders=None):
+    def fake(bound, config, assumptions, delta, orders=None, **kw):
         calls.append(config.noise_multiplier)
         return _FakeResult(epsilon_of_z(config.noise_multiplier))
 
@@ -193,7 +193,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
     fast = lp.calibrate_noise("best", 2.0, DELTA, **params)
 
     class WholeBest:
-        def __init__(self, config, assumptions, delta, orders, target):
+        def __init__(self, config, assumptions, delta, orders, target, published_only=False):
             self.config, self.assumptions, self.delta, self.target = config, assumptions, delta, target
 
         def probe(self, z):

@@ -1096,3 +1096,24 @@ def test_poisson_defaults_to_add_or_remove_with_a_warning(request):
         cyclic = lo.register(_name(request) + "-c", force=True, sampling="cyclic", **params)
     assert lo.registration(explicit).relation is lp.Relation.REPLACE_ONE
     assert lo.registration(cyclic).relation is lp.Relation.REPLACE_ONE
+
+
+def test_published_only_restricts_best_to_published_theorems(request):
+    """A short last batch (100 = 3 x 30 + 10) puts the fixed-batch rows outside their published statements:
+    best is then this library's derivation; published_only=True takes best over published theorems."""
+    params = dict(sampling="cyclic", smoothness=0.25, gradient_norms_within_clip=True)
+    plain = _register(request, **params)
+    published = lo.register(_name(request) + "-pub", force=True, published_only=True, **{**BASE, **params})
+    results = {}
+    for name in (plain, published):
+        engine, model, optimizer, loader = _private(name, loader=DataLoader(_dataset(), batch_size=30))
+        _train(model, optimizer, loader, epochs=2)
+        results[name] = engine.accountant.epsilon_result(DELTA)
+        report = engine.accountant.report(DELTA)
+    core = dict(dataset_size=N, batch_size=30, noise_multiplier=1.0, steps=8, learning_rate=LR, **params)
+    assert results[plain].epsilon == lp.epsilon("best", DELTA, **core).epsilon and not results[plain].published
+    assert results[published].epsilon == lp.epsilon("best", DELTA, published_only=True, **core).epsilon
+    assert results[published].published and results[published].epsilon > results[plain].epsilon
+    assert report.provenance.startswith("Proof: published:")
+    with pytest.raises(ValueError, match="published_only must be True or False"):
+        lo.register(_name(request) + "-bad", force=True, published_only="yes", **{**BASE, **params})

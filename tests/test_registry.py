@@ -125,3 +125,27 @@ def test_a_provenance_must_name_its_source():
         registry.Provenance()
     with pytest.raises(ValueError, match="needs both"):
         registry.Provenance(published="X 2020 (arXiv 1)", outside_published=(lambda c, a: None,))
+
+
+def test_the_dp_accounting_accountant_takes_published_only():
+    from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
+
+    event = LastIterateDpSgdEvent(steps=10000, **{k: v for k, v in BUILTIN.items() if k != "epochs"})
+    for published_only in (False, True):
+        acc = LastIterateAccountant(published_only=published_only)
+        acc.compose(event)
+        expected = lp.epsilon("best", DELTA, published_only=published_only, **BUILTIN)
+        assert acc.get_epsilon(DELTA) == expected.epsilon
+        assert ("via kong-ribero-cyclic" in acc.statement(DELTA)) is published_only
+    with pytest.raises(ValueError, match="published_only must be True or False"):
+        LastIterateAccountant(published_only=1)
+
+
+def test_the_keras_callback_takes_published_only():
+    pytest.importorskip("tensorflow_privacy")
+    from lastiter_plugins.adapters.tf_privacy import LastIterateCallback
+
+    callback = LastIterateCallback(sampling="cyclic", dataset_size=100, delta=DELTA, published_only=True)
+    assert callback.published_only is True
+    with pytest.raises(ValueError, match="published_only must be True or False"):
+        LastIterateCallback(sampling="cyclic", dataset_size=100, delta=DELTA, published_only="yes")

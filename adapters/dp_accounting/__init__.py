@@ -261,9 +261,14 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         }
 
     def rdp(
-        self, bound: str = "best", orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE
+        self,
+        bound: str = "best",
+        orders=None,
+        neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
+        published_only: bool = False,
     ) -> np.ndarray:
-        """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation``.
+        """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation`` (``published_only``:
+        ``best`` over the bounds whose proof is a published theorem).
 
         Raises:
           NotApplicableError: the bound does not apply (wrong sampling or relation,
@@ -271,7 +276,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
           ValueError: an invalid parameter.
         """
         config, assumptions, no_noise = self._build(neighboring_relation)
-        curve = evaluation.rdp_of(_to_bound(bound).value, config, assumptions, validate_orders(orders))
+        curve = evaluation.rdp_of(_to_bound(bound).value, config, assumptions, validate_orders(orders), published_only)
         return np.full_like(curve, np.inf) if no_noise else curve
 
     def gaussian_mu(self, bound: str = "best", neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> float:
@@ -460,19 +465,19 @@ def _run_inputs(run: Any, relation: Relation, orders_key: tuple[float, ...] | No
 # Cached: snapshots and host calibration ask the same state the same question many times.
 @functools.lru_cache(maxsize=256)
 def _single_run_epsilon(
-    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, delta: float
+    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, published_only: bool, delta: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    result = evaluation.epsilon_result(bound, config, assumptions, delta, orders)
+    result = evaluation.epsilon_result(bound, config, assumptions, delta, orders, published_only=published_only)
     return float(result.epsilon), result.order
 
 
 @functools.lru_cache(maxsize=256)
 def _single_run_delta(
-    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, eps: float
+    run: Any, bound: str, relation: Relation, orders_key: tuple[float, ...] | None, published_only: bool, eps: float
 ) -> tuple[float, float | None]:
     config, assumptions, orders = _run_inputs(run, relation, orders_key)
-    return evaluation.delta_of(bound, config, assumptions, eps, orders)
+    return evaluation.delta_of(bound, config, assumptions, eps, orders, published_only)
 
 
 # ---------------------------------------------------------------- the accountant
@@ -584,12 +589,23 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
       neighboring_relation: ``NeighboringRelation.REPLACE_ONE`` (default, the
         relation of most last-iterate bounds) or ``ADD_OR_REMOVE_ONE`` (also
         accepted: ``lastiter_plugins.Relation`` or its string value).
+      published_only: ``best`` over the bounds whose proof is a published theorem for each run (not
+        this library's derivations; a named bound must be one).
 
     Raises:
       ValueError: an unknown bound, invalid orders, or another relation (REPLACE_SPECIAL).
     """
 
-    def __init__(self, bound: Any = "best", orders=None, neighboring_relation: Any = NeighboringRelation.REPLACE_ONE):
+    def __init__(
+        self,
+        bound: Any = "best",
+        orders=None,
+        neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
+        published_only: bool = False,
+    ):
+        if not isinstance(published_only, bool):
+            raise ValueError(f"published_only must be True or False. Found {published_only!r}.")
+        self._published_only = published_only
         relation = _parse_relation(neighboring_relation)
         self._bound = _to_bound(bound)
         super().__init__(_HOST_RELATION[relation])
@@ -620,7 +636,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     def _plan_last_iterate(self, event: Any, count: int) -> _Plan:
         alone_only = ""
         try:
-            curve = event.rdp(self._bound.value, self._orders, self._relation)
+            curve = event.rdp(self._bound.value, self._orders, self._relation, self._published_only)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
             if not self._applies_without_curve(event):
                 raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
@@ -638,7 +654,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         candidate does; a named bound: that bound does)."""
         config, assumptions, _ = event._build(self._relation)
         if self._bound.value == BEST:
-            specs = evaluation.best_candidates(config, assumptions)
+            specs = evaluation.best_candidates(config, assumptions, self._published_only)
         else:
             specs = (registry.BOUNDS[self._bound.value],)
         return any(spec.protects is Protects.FINAL_MODEL for spec in specs)
@@ -647,7 +663,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         """The accountant's bound applies to the run (``best``: some candidate does), none with a Renyi curve."""
         try:
             config, assumptions, _ = event._build(self._relation)
-            evaluation.require_applicable(self._bound.value, config, assumptions)
+            evaluation.require_applicable(self._bound.value, config, assumptions, self._published_only)
         except (TypeError, ValueError):
             return False
         return True
@@ -759,7 +775,8 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             return None
         if _is_zero(self._run.noise_multiplier):
             return None
-        return (self._run, self._bound.value, self._relation, None if self._default_orders else self._orders_key)
+        orders_key = None if self._default_orders else self._orders_key
+        return (self._run, self._bound.value, self._relation, orders_key, self._published_only)
 
     def get_epsilon_and_optimal_order(self, target_delta: float) -> tuple[float, float | None]:
         """(epsilon, optimal order) at ``target_delta`` in [0, 1].
@@ -821,7 +838,9 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         if single is not None:  # the run alone: what its winner protects
             config, assumptions, _ = single[0]._build(self._relation)
             orders = None if single[3] is None else self._orders
-            winner = evaluation.epsilon_result(self._bound.value, config, assumptions, target_delta, orders)
+            winner = evaluation.epsilon_result(
+                self._bound.value, config, assumptions, target_delta, orders, published_only=self._published_only
+            )
             final_only = winner.protects is Protects.FINAL_MODEL
             bound = f"{self._bound.value}{f' via {winner.winner}' if self._bound.value == BEST else ''}"
         else:

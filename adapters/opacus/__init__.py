@@ -68,8 +68,10 @@ from lastiter_plugins.adapters.opacus._registration import (
     registration,
 )
 from lastiter_plugins.adapters.opacus._report import THREAT_MODEL, Report, ReportRow
+from lastiter_plugins.adapters.opacus._steps import DATA_INDEPENDENT_BUFFERS
 
 __all__ = [
+    "DATA_INDEPENDENT_BUFFERS",
     "TESTED_OPACUS",
     "THREAT_MODEL",
     "FeatureNormClip",

@@ -420,7 +420,9 @@ class LastIterateAccountant(IAccountant):
     def _compute(self, config: lp.TrainingConfig, delta: float, bound: str | None = None) -> lp.EpsilonResult:
         reg = self.registration
         orders = None if reg.orders is None else np.array(reg.orders)
-        return lp.compute_epsilon(bound or reg.bound, config, reg.assumptions, delta, orders)
+        return lp.compute_epsilon(
+            bound or reg.bound, config, reg.assumptions, delta, orders, published_only=reg.published_only
+        )
 
     def _history_noise(self) -> float:
         noises = {entry[0] for entry in self.history}
@@ -484,7 +486,7 @@ class LastIterateAccountant(IAccountant):
         if config is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
         reg = self.registration
-        out = build_report(reg.name, config, reg.assumptions, delta, reg.orders)
+        out = build_report(reg.name, config, reg.assumptions, delta, reg.orders, published_only=reg.published_only)
         if show:
             print(out)
         return out

@@ -48,6 +48,8 @@ class Registration:
     weight_decays: tuple[float, ...] | None = None
     #: l2_outside_clip declared by hand: the weight_decay of every parameter group (the declared strong convexity)
     weight_decay_everywhere: float | None = None
+    #: best over bounds whose proof is a published theorem only
+    published_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -55,6 +57,8 @@ class Registration:
             extra = {"glm": self.glm.to_dict(), "weight_decays": list(self.weight_decays or ())}
         if self.weight_decay_everywhere is not None:
             extra["weight_decay_everywhere"] = self.weight_decay_everywhere
+        if self.published_only:
+            extra["published_only"] = True
         return {
             **extra,
             "name": self.name,
@@ -87,6 +91,7 @@ def register(
     l2_outside_clip: bool = False,
     relation: str | lp.Relation | None = None,
     orders: Sequence[float] | None = None,
+    published_only: bool = False,
     force: bool = False,
     model: str | None = None,
     loss: str | None = None,
@@ -124,6 +129,8 @@ def register(
         ``replace_one``, and leaving it out warns with a ``FutureWarning``), else ``replace_one`` (the
         only relation the other schemes have bounds for).
       orders: Renyi orders (default: the library's grid).
+      published_only: ``best`` over bounds whose proof is a published theorem for the run (not this
+        library's derivations; a named ``bound`` must be one).
       force: replace an existing registration of ``name`` with a different configuration.
       model: ``"glm"`` derives the loss assumptions instead of taking them (certified linear models,
         docs/opacus.md): the model's only trainable layer must be a final ``nn.Linear`` fed by a
@@ -236,6 +243,7 @@ def register(
         orders=frozen_orders,
         glm=glm,
         weight_decay_everywhere=float(strong_convexity) if l2_outside_clip else None,
+        published_only=_flag("published_only", published_only),
     )
     previous = _REGISTRATIONS.get(name)
     if previous is not None and previous == reg:
@@ -248,6 +256,12 @@ def register(
     register_class(name, reg, force=force or previous is not None)
     _REGISTRATIONS[name] = reg
     return name
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False. Found {value!r}.")
+    return value
 
 
 def _default_relation(sampling: lp.Sampling) -> lp.Relation:

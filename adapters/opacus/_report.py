@@ -50,6 +50,7 @@ class Report:
     advice: str = ""  # when best is a standard baseline: why, and the single changes that would lower it
     tightness: str = ""  # best's lower bound: "the worst case ... lies in [lower, upper]", or why none
     lower_bound: float | None = None  # the exact epsilon of an instance meeting the declarations
+    provenance: str = ""  # best's proof: published theorem or this library's derivation, and what published gives
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,7 @@ class Report:
             "advice": self.advice,
             "lower_bound": self.lower_bound,
             "tightness": self.tightness,
+            "provenance": self.provenance,
             "threat_model": self.threat_model,
         }
 
@@ -91,6 +93,8 @@ class Report:
             lines.append(f"best: {self.best}")
         if self.tightness:
             lines.append(self.tightness)
+        if self.provenance:
+            lines.append(self.provenance)
         if self.advice:
             lines.append(self.advice)
         lines.append(self.threat_model)
@@ -103,8 +107,13 @@ def build_report(
     assumptions: lp.LossAssumptions,
     delta: float,
     orders: tuple[float, ...] | None,
+    *,
+    published_only: bool = False,
 ) -> Report:
-    """Render the core's evaluation of every bound for ``config`` (one evaluation path: the core's)."""
+    """Render the core's evaluation of every bound for ``config`` (one evaluation path: the core's);
+    ``published_only``: best over the bounds whose proof is a published theorem."""
+    from lastiter_plugins.evaluation import published_note
+
     grid = None if orders is None else np.array(orders)
     rows = []
     for bid, ev in lp.evaluate_all(config, assumptions, delta, grid).items():
@@ -121,10 +130,12 @@ def build_report(
                 proof=str(ev.proof),
             )
         )
-    best_text = advice = tightness = ""
+    best_text = advice = tightness = provenance = ""
     lower = None
     try:
-        best = lp.compute_epsilon(lp.BEST, config, assumptions, delta, grid, lower_bound=True)
+        best = lp.compute_epsilon(
+            lp.BEST, config, assumptions, delta, grid, lower_bound=True, published_only=published_only
+        )
         rows.append(
             ReportRow(
                 lp.BEST,
@@ -139,6 +150,9 @@ def build_report(
             )
         )
         best_text, tightness, lower = str(best), best.tightness_line, best.lower_bound
+        provenance = " ".join(
+            filter(None, (f"Proof: {best.provenance}.", published_note(best, config, assumptions, grid)))
+        )
         if lp.is_standard_baseline(best):
             advice = lp.baseline_note(best, lp.advise_config(delta, config, assumptions, top=3))
     except ValueError as exc:
@@ -155,4 +169,5 @@ def build_report(
         advice=advice,
         tightness=tightness,
         lower_bound=lower,
+        provenance=provenance,
     )

@@ -55,6 +55,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
 
     Args:
       bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``).
+      published_only: ``best`` over bounds whose proof is a published theorem for this run (not
+        this library's derivations; a named bound must be one); refused before the first step if
+        none applies.
       sampling: what fit does: ``reshuffle`` for ``shuffle=True`` (Keras'
         default), ``cyclic`` for ``shuffle=False`` (``shuffle_once`` with
         ``shuffle=False`` when the arrays were permuted once at random, in
@@ -104,6 +107,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         orders: Sequence[float] | None = None,
         model: str | None = None,
         feature_norm: float | None = None,
+        published_only: bool = False,
         **renamed: Any,
     ) -> None:
         super().__init__()
@@ -149,6 +153,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             clipped_loss_convex_smooth=clipped_loss_convex_smooth,
         )
         self.orders = validate_orders(orders)
+        if not isinstance(derive.flag(published_only), bool):
+            raise ValueError(f"published_only must be True or False. Found {published_only!r}.")
+        self.published_only = bool(published_only)  # best over published theorems only
         self._used = False
         self._reset()
 
@@ -193,7 +200,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         """The labelled guarantee (render it with ``str(result)`` or ``result.to_dict()``)."""
         self._check_usable()
         if self._cache is None or self._cache.steps != self._steps:
-            self._cache = lp.compute_epsilon(self.bound, self.config, self.assumptions, self.delta, self.orders)
+            self._cache = lp.compute_epsilon(
+                self.bound, self.config, self.assumptions, self.delta, self.orders, published_only=self.published_only
+            )
         return self._cache
 
     @property
@@ -291,6 +300,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             bound=self.bound,
             delta=self.delta,
             orders=self.orders,
+            published_only=self.published_only,
         )
         self._used = True
         self._probe = observe.StepProbe(model, model.optimizer, self._plan.ball, capacity=fit.steps_per_epoch)

@@ -552,8 +552,10 @@ def plan(
     bound: str,
     delta: float,
     orders: Any,
+    published_only: bool = False,
 ) -> Plan:
-    """The planned run, once the assumptions are known; refuses when ``bound`` does not apply to it."""
+    """The planned run, once the assumptions are known; refuses when ``bound`` does not apply to it (with a
+    published proof, if ``published_only``)."""
     projection = check_projection(fit.callbacks, assumptions.diameter)
     check_stopping(fit.callbacks)
     config = TrainingConfig(
@@ -566,7 +568,7 @@ def plan(
         clip_norm=settings.l2_norm_clip,
         relation=relation,
     )
-    lp.compute_epsilon(bound, config, assumptions, delta, orders)  # refuses before the first step
+    lp.compute_epsilon(bound, config, assumptions, delta, orders, published_only=published_only)  # refuses now
     tolerance = 0.0
     if projection is not None:
         projection._set_center()
