@@ -473,6 +473,30 @@ def test_opacus_refuses_a_run_without_the_loss_module(request):
 
 
 @needs_opacus
+def test_opacus_says_when_the_given_loss_module_is_gone(request):
+    """docs/opacus.md's Poisson snippet passed criterion=nn.BCEWithLogitsLoss() inline and computed the loss
+    with another instance: the given module was garbage-collected, and the refusal said "no loss module
+    given". It now says that the module given no longer exists and how to keep it."""
+    import gc
+
+    name = _glm(request)
+    x, y = _data()
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    model = _clipped_linear()
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), criterion=nn.BCEWithLogitsLoss(),
+        data_loader=DataLoader(TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=B),
+        noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False,
+    )  # fmt: skip
+    gc.collect()
+    xb, yb = next(iter(loader))
+    nn.BCEWithLogitsLoss()(model(xb).squeeze(-1), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match=r"no longer exists .* Keep it in a variable"):
+        optimizer.step()
+
+
+@needs_opacus
 @pytest.mark.parametrize("labels", ["out-of-range", "probabilities"])
 def test_opacus_softmax_targets_checked(request, labels):
     """Class indices outside [0, k) (e.g. ignore_index, which rescales a mean) are refused; class

@@ -613,6 +613,13 @@ class Watch:
                 f"{'no clip' if clip is None else clip.feature_norm_bound}. The run's epsilon is void."
             )
         loss = self._loss() if self._loss is not None else None
+        if loss is None and self._loss is not None:  # given, then garbage-collected: only a weak reference is kept
+            self.fail(
+                f"model='glm' must see the loss computed with the module of loss={self.decl.loss!r} given to "
+                "make_private(criterion=...), but that module no longer exists (it was created in the call and "
+                "nothing else kept it). Keep it in a variable (criterion = nn.BCEWithLogitsLoss()), pass it, and "
+                "compute the loss with it. The run's epsilon is void."
+            )
         if loss is None:
             self.fail(
                 f"model='glm' must see the loss computed with the module of loss={self.decl.loss!r} "
