@@ -444,7 +444,9 @@ def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
         lines.append(f"{name(row):{width}} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
     lines += ["", "References:"]
     for reference, number in numbers.items():
-        lines += textwrap.wrap(f"[{number}] {reference}", _WIDTH, initial_indent="  ", subsequent_indent="      ")
+        lines += textwrap.wrap(
+            f"[{number}] {reference}", _WIDTH, initial_indent="  ", subsequent_indent="      ", break_on_hyphens=False
+        )
     footer = (
         "Epsilons protect the final model only (composition: every iterate); never mix relations. "
         f"Unproven bounds have numbers only with --unproven ID. See {docs}."

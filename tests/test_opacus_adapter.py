@@ -164,7 +164,10 @@ def test_register_refuses_taking_over_opacus_names():
         ({"sampling": "sometimes"}, "sampling must be one of"),
         ({"sampling": "random_batch"}, "does not observe fixed-size random batches"),
         ({"bound": "liang-bounded", "sampling": "cyclic"}, "sampling must be one of poisson"),
-        ({"bound": "liang-unbounded", "sampling": "poisson"}, "relation must be add_or_remove_one"),
+        (
+            {"bound": "liang-unbounded", "sampling": "poisson", "relation": "replace_one"},
+            "relation must be add_or_remove_one",
+        ),
         ({"sampling": "cyclic", "learning_rate": -1.0}, "learning_rate must be"),
         ({"sampling": "cyclic", "strong_convexity": 1.0}, "strong_convexity must be <= smoothness"),
     ],
