@@ -135,14 +135,16 @@ def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldPr
     return PoissonPldProfile(cfg.sampling_probability, cfg.noise_multiplier, cfg.steps, cfg.relation)
 
 
-def poisson_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float) -> float:
-    """A proven lower bound on the PLD row's epsilon at ``delta`` (one bit per step; section 18 part 5)."""
+def poisson_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float, beat: float = math.inf) -> float:
+    """A proven lower bound on the PLD row's epsilon at ``delta`` (one bit per step; section 18 part 5); it stops
+    once it is above ``beat``."""
     return sampled_gaussian_pld.binarised_lower_epsilon(
         delta,
         sampling_probability=cfg.sampling_probability,
         noise_multiplier=cfg.noise_multiplier,
         steps=cfg.steps,
         add_or_remove=cfg.relation is Relation.ADD_OR_REMOVE_ONE,
+        beat=beat,
     )
 
 
@@ -151,7 +153,9 @@ def random_batch_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomB
     return RandomBatchPldProfile(cfg.sampling_probability, cfg.noise_multiplier, cfg.steps, Relation.REPLACE_ONE)
 
 
-def random_batch_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float) -> float:
+def random_batch_pld_lower_epsilon(
+    cfg: TrainingConfig, a: LossAssumptions, delta: float, beat: float = math.inf
+) -> float:
     """A proven lower bound on the random-batch PLD row's epsilon at ``delta``: the bits of the remove and
     add pairs at noise ``z/2`` (section 18 part 5), both dominated by the row's pair (section 18 part 4)."""
     return sampled_gaussian_pld.binarised_lower_epsilon(
@@ -160,4 +164,5 @@ def random_batch_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delt
         noise_multiplier=cfg.noise_multiplier / 2.0,
         steps=cfg.steps,
         add_or_remove=True,
+        beat=beat,
     )

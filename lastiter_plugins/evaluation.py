@@ -347,7 +347,7 @@ def evaluate_bound(
     orders = validate_orders(None) if default_orders else orders
     lower = None
     if beat is not None and spec.lower_estimate is not None:
-        lower = spec.lower_estimate(config, assumptions, delta)
+        lower = spec.lower_estimate(config, assumptions, delta, beat)
     elif beat is not None and _has_grid_estimate(spec, default_orders):
         lower = epsilon_lower_estimate(
             lambda new: registry.estimate_curve(spec, config, assumptions, new), orders, delta, beat

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -45,7 +46,9 @@ Condition = Callable[[TrainingConfig, LossAssumptions], "tuple[str, str] | tuple
 RdpFunction = Callable[[TrainingConfig, LossAssumptions, np.ndarray], np.ndarray]
 ProfileFunction = Callable[[TrainingConfig, LossAssumptions], "PrivacyProfile"]
 # A proven lower bound on a bound's epsilon at delta, much cheaper than the bound itself.
-LowerEstimate = Callable[[TrainingConfig, LossAssumptions, float], float]
+#: (config, assumptions, delta, beat) -> a proven lower bound on the row's epsilon at delta; it may stop as soon as
+#: it is above ``beat`` (best skips the row then).
+LowerEstimate = Callable[[TrainingConfig, LossAssumptions, float, float], float]
 
 
 class PrivacyProfile(Protocol):
@@ -580,7 +583,7 @@ def _liang_expansion(cfg, a) -> float:
     return liang.step_expansion(cfg.learning_rate, a.smoothness, cfg.dataset_size + 1, cfg.batch_size)
 
 
-def _liang_bounded_lower(cfg, a, delta: float) -> float:
+def _liang_bounded_lower(cfg, a, delta: float, beat: float = math.inf) -> float:
     return liang.bounded_lower_epsilon(delta, expansion=_liang_expansion(cfg, a), **_domain_inputs(cfg, a))
 
 

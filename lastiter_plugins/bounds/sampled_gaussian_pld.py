@@ -446,6 +446,7 @@ def binarised_lower_epsilon(
     steps: int,
     add_or_remove: bool,
     thresholds: tuple[float, ...] = (0.5, 1.5, 2.5),
+    beat: float = math.inf,
 ) -> float:
     r"""A proven lower bound on the exact epsilon at ``delta`` of the T-fold composition.
 
@@ -459,6 +460,10 @@ def binarised_lower_epsilon(
     exceeds ``delta`` the exact epsilon, and every upper bound on it, is larger. Returns the
     largest epsilon found with profile above ``delta`` (bisection, relative margin 1e-9);
     0 when none. docs/decisions.md, section 18 part 5.
+
+    ``beat``: only whether the bound exceeds ``beat`` is wanted (``best`` skips a row whose bound
+    does): as soon as one threshold's profile exceeds ``delta`` just above ``beat``, that point,
+    a valid lower bound above ``beat``, is returned without searching further.
     """
     q, s, steps = float(sampling_probability), 1.0 / float(noise_multiplier), int(steps)
     log_keep = math.log1p(-q) if q < 1.0 else -math.inf
@@ -474,18 +479,25 @@ def binarised_lower_epsilon(
     for t in thresholds:
         one = log_tails(t, s)
         other = (float(special.log_ndtr(-t)), float(special.log_ndtr(t))) if add_or_remove else log_tails(t, -s)
-        best = max(best, _binomial_lower_epsilon(delta, steps, one, other))
+        best = max(best, _binomial_lower_epsilon(delta, steps, one, other, beat))
+        if best > beat:
+            return best
     return best
 
 
-def _binomial_lower_epsilon(delta: float, steps: int, one: tuple[float, float], other: tuple[float, float]) -> float:
+def _binomial_lower_epsilon(
+    delta: float, steps: int, one: tuple[float, float], other: tuple[float, float], beat: float = math.inf
+) -> float:
     """Largest eps (bisection) where the profile of Bin(T, p) vs Bin(T, p') exceeds delta, either direction;
-    ``one``/``other``: (log p, log(1 - p)) of each."""
+    ``one``/``other``: (log p, log(1 - p)) of each. With a finite ``beat``: a point above ``beat`` where the
+    profile exceeds delta, if the one just above ``beat`` does (any such point is a valid lower bound)."""
     if one == other:
         return 0.0
     p, p_other = math.exp(one[0]), math.exp(other[0])
-    lo_k = max(0, int(steps * min(p, p_other) - 45.0 * math.sqrt(steps * max(p, p_other)) - 50.0))
-    hi_k = min(steps, int(steps * max(p, p_other) + 45.0 * math.sqrt(steps * max(p, p_other)) + 50.0))
+    # counts within 15 standard deviations (plus 50) of the means: dropping the others only lowers the profile,
+    # so the bound stays a lower bound
+    lo_k = max(0, int(steps * min(p, p_other) - 15.0 * math.sqrt(steps * max(p, p_other)) - 50.0))
+    hi_k = min(steps, int(steps * max(p, p_other) + 15.0 * math.sqrt(steps * max(p, p_other)) + 50.0))
     k = np.arange(lo_k, hi_k + 1, dtype=float)
     log_choose = special.gammaln(steps + 1.0) - special.gammaln(k + 1.0) - special.gammaln(steps - k + 1.0)
     with np.errstate(invalid="ignore"):  # 0 * log 0 = 0 (a law that is 0 or 1)
@@ -506,6 +518,9 @@ def _binomial_lower_epsilon(delta: float, steps: int, one: tuple[float, float], 
 
     if not profile(0.0) > delta:
         return 0.0
+    above_beat = beat * (1.0 + 1e-6) + 1e-12
+    if math.isfinite(beat) and profile(above_beat) > delta:
+        return above_beat
     lo, hi = 0.0, 1.0
     while profile(hi) > delta:
         lo, hi = hi, 2.0 * hi
