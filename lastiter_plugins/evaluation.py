@@ -642,10 +642,8 @@ def epsilon_result(
     if bound == BEST:
         result = best_result(config, assumptions, delta, orders, published_only)
     else:
+        require_applicable(bound, config, assumptions, published_only)
         spec = registry.get_spec(bound)
-        registry.require(spec, config, assumptions)
-        if published_only:
-            _require_published(spec, config, assumptions)
         evaluation = evaluate_bound(spec, config, assumptions, delta, orders, compute_unproven=True)
         assert evaluation.result is not None  # it applies and was asked for by name
         result = evaluation.result

@@ -12,18 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-failed=()
-first_status=0
-step() {
-  echo "+ $*"
-  "$@"
-  local status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "test.sh: FAILED (exit $status): $*" >&2
-    failed+=("$* (exit $status)")
-    [ "$first_status" -ne 0 ] || first_status=$status
-  fi
-}
+source scripts/_steps.sh
 
 step .venv/bin/ruff check .
 step .venv/bin/ruff format --check .

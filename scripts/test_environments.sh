@@ -12,19 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-failed=()
-first_status=0
-step() {
-  echo "+ $*"
-  "$@"
-  local status=$?
-  if [ "$status" -ne 0 ]; then
-    echo "test_environments.sh: FAILED (exit $status): $*" >&2
-    failed+=("$* (exit $status)")
-    # a fixed selection that collects nothing (pytest's 5) is a defect here: fail
-    [ "$first_status" -ne 0 ] || { [ "$status" -eq 5 ] && first_status=1 || first_status=$status; }
-  fi
-}
+source scripts/_steps.sh
 
 step .venv/bin/python -m pytest -q -m packaging tests/test_packaging.py
 step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
