@@ -277,8 +277,9 @@ def _has_grid_estimate(spec: BoundSpec, default_orders: bool) -> bool:
 
 
 def _result(
-    spec: BoundSpec, cfg: TrainingConfig, a: LossAssumptions, eps: float, delta: float, order: float | None
+    spec: BoundSpec, cfg: TrainingConfig, base: BoundEvaluation, eps: float, delta: float, order: float | None
 ) -> EpsilonResult:
+    """The row's result, with the provenance its evaluation ``base`` already worked out for the pipeline."""
     return EpsilonResult(
         bound=spec.id,
         epsilon=eps,
@@ -292,8 +293,8 @@ def _result(
         proof=spec.proof,
         protects=spec.protects,
         kind=spec.kind,
-        published=spec.provenance.why_derived(cfg, a) is None,
-        provenance=spec.provenance.describe(cfg, a),
+        published=base.published,
+        provenance=base.provenance,
     )
 
 
@@ -366,7 +367,7 @@ def evaluate_bound(
             base,
             orders=tuple(orders.tolist()) if spec.kind is Kind.GDP else None,
             profile=profile,
-            result=_result(spec, config, assumptions, profile.epsilon(delta), delta, None),
+            result=_result(spec, config, base, profile.epsilon(delta), delta, None),
         )
     curve = registry.rdp_curve(spec, config, assumptions, orders)
     eps, order = _epsilon_of(spec, config, assumptions, delta, orders, curve, default_orders)
@@ -374,7 +375,7 @@ def evaluate_bound(
         base,
         orders=tuple(orders.tolist()),
         rdp_values=tuple(curve.tolist()),
-        result=_result(spec, config, assumptions, eps, delta, order),
+        result=_result(spec, config, base, eps, delta, order),
     )
 
 

@@ -719,6 +719,13 @@ def _clipping_may_be_active(cfg: TrainingConfig, a: LossAssumptions) -> str | No
 _FIXED_BATCH_OUTSIDE = (_short_last_batch, _partial_epoch, _projected, _l2_outside, _glm_route)
 _FUZZ = "benchmarks/fuzz_1000.json"
 _FUZZ_MEMBERSHIP = "benchmarks/fuzz_1000_membership.json"
+#: both Poisson rows (add-or-remove and replace-one) rest on the same derivation
+_POISSON_PROVENANCE = Provenance(
+    derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes conditioned; the "
+    "patterns mixed against the run without the record); checks: exact instances "
+    "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
+    f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
+)
 
 # ---------------------------------------------------------------- the table
 
@@ -1081,12 +1088,7 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-poisson",
-        provenance=Provenance(
-            derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes "
-            "conditioned; the patterns mixed against the run without the record); checks: exact instances "
-            "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
-            f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
-        ),
+        provenance=_POISSON_PROVENANCE,
         title="f-DP, Poisson sampling, add-or-remove (Opacus' default): schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): every "
         "membership pattern against the run without the record, the patterns' tradeoff functions averaged "
@@ -1102,12 +1104,7 @@ _TABLE: tuple[BoundSpec, ...] = (
     ),
     BoundSpec(
         id="shifted-interpolation-poisson-replace-one",
-        provenance=Provenance(
-            derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes "
-            "conditioned; the patterns mixed against the run without the record); checks: exact instances "
-            "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
-            f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
-        ),
+        provenance=_POISSON_PROVENANCE,
         title="f-DP, Poisson sampling, replace-one: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): both "
         "worlds compared through the run without the record (a one-dimensional Gaussian mixture against its "
