@@ -4,7 +4,7 @@ Shared by the host adapters; it imports no host library. A host's monitor observ
 step, the logical batch the step used (the dataset indices its sampler drew, see
 :class:`DrawnBatch`) and the number of per-example clipped gradients the step summed, and hands them
 to :meth:`Derivation.check_step`. The derivation refuses a step (returns the reason) when what ran is
-not what is accounted (docs/decisions.md, section 26):
+not what is accounted (docs/derivations/opacus-adapter.md#run-monitor):
 
 * exactly one drawn logical batch per noisy step, and one clipped gradient per example in it
   (duplicated rows, concatenated batches and merged skipped steps sum more gradients than that);

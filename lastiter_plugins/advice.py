@@ -34,7 +34,7 @@ RELATION_NOTE = (
 )
 
 #: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
-#: logistic regression on features clipped to norm 1 (|a|^2 / 4; docs/decisions.md, section 15).
+#: logistic regression on features clipped to norm 1 (|a|^2 / 4; docs/derivations/glm.md#glm-route).
 GLM_SMOOTHNESS = 0.25
 
 

@@ -187,7 +187,7 @@ def epsilon(
     With ``lower_bound=True`` it also carries ``lower_bound``: the exact epsilon of an
     instance meeting every declaration (or None, and ``lower_bound_note`` says why), so that
     the worst case over the models meeting the declarations lies in ``[lower_bound, epsilon]``
-    (docs/decisions.md, section 20; up to about a second more). Its ``provenance`` says whether the
+    (docs/derivations/lower-end.md#lower-end; up to about a second more). Its ``provenance`` says whether the
     winner's proof is a published theorem or this library's derivation; ``published_only=True``
     restricts ``best`` to published theorems (a named bound must be one). Raises like :func:`rdp`.
     """

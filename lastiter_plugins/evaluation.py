@@ -22,7 +22,7 @@ Rules kept here:
   points) validates them once (:mod:`lastiter_plugins.validation`).
 * A bound with a proven lower estimate (a PLD row) is computed for ``best`` only
   when that estimate is not above the best so far: a bound whose epsilon is
-  provably larger cannot be the minimum (docs/decisions.md section 18 part 5).
+  provably larger cannot be the minimum (docs/derivations/baselines.md#skip-pld-rows).
 """
 
 from __future__ import annotations
@@ -240,9 +240,11 @@ def _epsilon_of(
 ) -> tuple[float, float | None]:
     """(epsilon, order) of one applicable bound whose curve on ``orders`` is ``curve``.
 
-    Lossless (docs/decisions.md): an RDP curve linear in the order converts at the continuous optimum over all
+    Lossless (docs/derivations/conversion.md#lossless-conversion): an RDP curve linear in the order converts at the
+    continuous optimum over all
     orders when the default grid is used; any other curve, raised to its running maximum over the orders
-    (section 22: valid, and free on a non-decreasing curve), is refined between the grid orders by
+    (docs/derivations/lower-estimates.md#few-orders: valid, and free on a non-decreasing curve), is refined between the
+    grid orders by
     evaluating the bound itself at new orders (every candidate is a valid epsilon; the search can only
     return one of them).
     """
@@ -272,7 +274,8 @@ def _converts_in_closed_form(spec: BoundSpec, default_orders: bool) -> bool:
 
 
 def _has_grid_estimate(spec: BoundSpec, default_orders: bool) -> bool:
-    """A Renyi row whose epsilon is refined from its curve: section 22's estimate bounds it from below."""
+    """A Renyi row whose epsilon is refined from its curve: docs/derivations/lower-estimates.md#few-orders's estimate
+    bounds it from below."""
     return spec.lower_estimate is None and spec.profile is None and not _converts_in_closed_form(spec, default_orders)
 
 
@@ -510,7 +513,8 @@ def evaluate_for_best(
     far (it says so in its notes otherwise). The minimum and the winner are the same.
 
     Order: the rows without an estimate (privacy profiles, curves linear in the order) first, then
-    the Renyi rows refined from their curve (section 22's estimate from a few orders), then the rows
+    the Renyi rows refined from their curve (docs/derivations/lower-estimates.md#few-orders's estimate from a few
+    orders), then the rows
     with their own estimate (the PLD rows, liang-bounded), each against the best so far.
     """
     default_orders = orders is None
@@ -570,7 +574,7 @@ def require_applicable(
 
 
 def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions) -> EpsilonResult:
-    """``result`` with its ``lower_bound`` (docs/decisions.md, section 20).
+    """``result`` with its ``lower_bound`` (docs/derivations/lower-end.md#lower-end).
 
     A lower end that cannot be computed (no instance fits, too large, an overflow) is None, and
     ``lower_bound_note`` says why: it never becomes ``inf`` and never turns the result into an error.
@@ -619,7 +623,7 @@ def published_note(
 
 
 def _derived_where(provenance: str) -> str:
-    """``docs/decisions.md section N ...`` of a ``derived here: ...`` line, without its checks."""
+    """``docs/derivations/<page>#<anchor> ...`` of a ``derived here: ...`` line, without its checks."""
     where = provenance.split(": ", 1)[-1]
     return where.split("; checks:")[0]
 

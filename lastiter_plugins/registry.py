@@ -8,7 +8,7 @@ and what kind of guarantee it computes (:class:`Kind`). This is the single
 place where DP-SGD hyperparameters are mapped to the papers' symbols; step-size
 limits and contraction factors are functions of the math modules. Decisions
 that deviate from, or sharpen, the papers are marked "Decision" and derived in
-docs/decisions.md.
+docs/derivations/ (the decision log, docs/decisions.md, lists them).
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ class Protects(ValueEnum):
 class Kind(ValueEnum):
     """What a bound computes: a Renyi-DP curve, a Gaussian privacy profile (mu-GDP), or a
     privacy loss distribution composed by dp-accounting (a profile without a Renyi curve;
-    its figures depend on dp-accounting's version and discretisation, docs/decisions.md
-    section 18)."""
+    its figures depend on dp-accounting's version and discretisation, docs/derivations/baselines.md#baselines)."""
 
     RDP = "rdp"
     GDP = "gdp"
@@ -92,7 +91,7 @@ class Proof:
     """How a bound is justified.
 
     ``proven``: the theorem as stated, or our derivation written out in
-    docs/decisions.md and pinned by ground-truth tests. Otherwise ``reason``
+    docs/derivations/ and pinned by ground-truth tests. Otherwise ``reason``
     says what is missing. Only proven bounds enter ``best``; an unproven one is
     computed only when asked for by name, and always shown as ``unproven: reason``.
     """
@@ -180,7 +179,7 @@ class BoundSpec:
       lower_estimate: a proven lower bound on the bound's epsilon at delta, cheap; ``best``
         computes an expensive bound only when this is not above the best so far.
       estimate_curve: a cheaper curve at or below ``compute`` at every order, which the lower
-        estimate from a few orders may use instead (docs/decisions.md, section 22, part 5).
+        estimate from a few orders may use instead (docs/derivations/lower-estimates.md#cheaper-curve).
       provenance: whether the proof is a published theorem or this library's derivation.
     """
 
@@ -546,7 +545,8 @@ def _poisson_inputs(cfg: TrainingConfig, a: LossAssumptions) -> dict:
 
 def _si_poisson(cfg, a) -> dominating_mixture.DominatingMixtureProfile:
     # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
-    # the patterns mixed against that one law (add-or-remove), or through it (replace-one): section 25
+    # the patterns mixed against that one law (add-or-remove), or through it (replace-one):
+    # docs/derivations/poisson-amplification.md#amplification
     return dominating_mixture.poisson_profile(
         step_mu=shifted_interpolation.replace_one_step_mu(cfg.noise_multiplier) / 2.0,
         sampling_probability=cfg.sampling_probability,
@@ -567,7 +567,7 @@ def _poisson_sizes_contract(cfg: TrainingConfig, a: LossAssumptions):
         f"learning_rate={cfg.learning_rate:g} expands at batch size b + 1 = {cfg.batch_size + 1}",
         "the Poisson bounds condition on the batch sizes staying in a range (its complement's probability, "
         "at most 1e-12 unless the step size forces a narrower range, is added to delta) and need every step "
-        "there to be a contraction; see docs/decisions.md",
+        "there to be a contraction; see docs/derivations/random-batch.md#rb-poisson-batch-sizes",
     )
 
 
@@ -639,7 +639,8 @@ def _ye_shokri_random(cfg, a, orders, **end):
     )
 
 
-# the recursion's lower end at a loose tolerance: below the curve at every order (decisions.md 22, part 5)
+# the recursion's lower end at a loose tolerance: below the curve at every order
+# (docs/derivations/lower-estimates.md#cheaper-curve)
 _ye_shokri_random_lower = functools.partial(_ye_shokri_random, tolerance=1e-2, lower_end=True)
 
 
@@ -692,28 +693,37 @@ def _pld_steps(cfg: TrainingConfig, a: LossAssumptions):
 
 
 def _glm_route(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
-    return "the linear-model route, docs/decisions.md section 15" if a.clipped_loss_convex_smooth else None
+    return "the linear-model route, docs/derivations/glm.md#glm-route" if a.clipped_loss_convex_smooth else None
 
 
 def _l2_outside(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
-    return "an l2 term outside the clip, section 15 part 4" if a.l2_outside_clip else None
+    return "an l2 term outside the clip, docs/derivations/glm.md#glm-l2-contraction" if a.l2_outside_clip else None
 
 
 def _projected(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
-    return "a projection the theorem does not have, sections 7 and 14" if a.diameter is not None else None
+    if a.diameter is None:
+        return None
+    return (
+        "a projection the theorem does not have, docs/derivations/assumptions.md#checked-and-kept and "
+        "docs/derivations/shifted-interpolation.md#shifted-interpolation"
+    )
 
 
 def _short_last_batch(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
     short = cfg.dataset_size % cfg.batch_size
-    return f"a short last batch of {short}, section 11" if short else None
+    return f"a short last batch of {short}, docs/derivations/ye-shokri.md#short-last-batch" if short else None
 
 
 def _partial_epoch(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
-    return "a partial last epoch, section 7" if cfg.steps % cfg.steps_per_epoch else None
+    if cfg.steps % cfg.steps_per_epoch == 0:
+        return None
+    return "a partial last epoch, docs/derivations/assumptions.md#checked-and-kept"
 
 
 def _clipping_may_be_active(cfg: TrainingConfig, a: LossAssumptions) -> str | None:
-    return None if a.update_is_gradient_step else "clipping may be active: the constant sqrt(2) L_eta, section 3"
+    if a.update_is_gradient_step:
+        return None
+    return "clipping may be active: the constant sqrt(2) L_eta, docs/derivations/assumptions.md#unclipped-gradients"
 
 
 _FIXED_BATCH_OUTSIDE = (_short_last_batch, _partial_epoch, _projected, _l2_outside, _glm_route)
@@ -721,10 +731,12 @@ _FUZZ = "benchmarks/fuzz_1000.json"
 _FUZZ_MEMBERSHIP = "benchmarks/fuzz_1000_membership.json"
 #: both Poisson rows (add-or-remove and replace-one) rest on the same derivation
 _POISSON_PROVENANCE = Provenance(
-    derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes conditioned; the "
+    derived="docs/derivations/random-batch.md#random-batch-poisson and "
+    "docs/derivations/poisson-amplification.md#amplification (per-pattern shifted interpolation, batch sizes "
+    "conditioned; the "
     "patterns mixed against the run without the record); checks: exact instances "
     "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
-    f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
+    f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of docs/derivations/random-batch.md#random-batch-poisson"
 )
 
 # ---------------------------------------------------------------- the table
@@ -761,7 +773,8 @@ _AT_UNPROVEN = Proof(
     "the proof of Theorem 3.1 (step 3b) conditions on the differing example's noise, which changes the law of "
     "the batch indicators for the other dataset; the published form is below the exact divergence on the "
     "paper's own projected 1-D walk (D = 0.01, z = 0.5, q = 0.1, T = 1..5). This sampled-Gaussian form has "
-    "never been observed below the truth, but nothing proves it (docs/decisions.md). Use bounded-domain-random.",
+    "never been observed below the truth, but nothing proves it (docs/derivations/provenance.md#proof-status). Use "
+    "bounded-domain-random.",
 )
 
 _CONVEX_UNCLIPPED = (
@@ -795,7 +808,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="kong-ribero-cyclic",
         provenance=Provenance(
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.3",
-            derived="docs/decisions.md section 15 (the linear-model route: the clipped update is a gradient step); "
+            derived="docs/derivations/glm.md#glm-route (the linear-model route: the clipped update is a gradient "
+            "step); "
             f"checks: exact instances G1-G3 (tests/test_ground_truth.py), fuzzing ({_FUZZ})",
             outside_published=(_glm_route,),
         ),
@@ -811,7 +825,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="kong-ribero-bounded",
         provenance=Provenance(
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.2, with clipping never active",
-            derived="docs/decisions.md sections 1, 3 and 5 (the Lipschitz constant of the clipped update, Prop. "
+            derived="docs/derivations/assumptions.md#poisson-batch-sizes, #unclipped-gradients and "
+            "#clipping-never-active (the Lipschitz constant of the clipped update, Prop. "
             "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 (tests/test_ground_truth.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_clipping_may_be_active, _glm_route),
@@ -859,14 +874,15 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="bounded-domain-random",
         provenance=Provenance(
-            derived="docs/decisions.md section 10 (Feldman, Mironov, Talwar & Thakurta 2018, Lemmas 20-21, per batch "
+            derived="docs/derivations/bounded-domain.md#bounded-domain-random (Feldman, Mironov, Talwar & Thakurta "
+            "2018, Lemmas 20-21, per batch "
             "sequence, averaged over the batches); checks: exact instances G3 (tests/test_bounded_domain.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})"
         ),
         title="bounded domain, convex smooth losses, random or Poisson batches",
         reference="Feldman, Mironov, Talwar & Thakurta 2018, arXiv 1808.06651, Lemmas 20-21, per fixed batch "
         f"sequence ({ALTSCHULER_TALWAR}, Prop. 3.2 and 5.6), mixed over batch sequences by joint convexity "
-        f"({YE_SHOKRI}, Lemma 4.1); derivation in docs/decisions.md",
+        f"({YE_SHOKRI}, Lemma 4.1); derivation in docs/derivations/bounded-domain.md#bounded-domain-random",
         covers=_covers((Sampling.RANDOM_BATCH, Sampling.POISSON)),
         assumptions="per-example losses convex and M-smooth; eta <= 2/M (poisson: 2b/(nM)); projection onto a "
         f"convex set of diameter D after every step; {_WITHIN_CLIP}; batches drawn independently of the data",
@@ -876,7 +892,9 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="liang-bounded",
         provenance=Provenance(
-            derived="docs/decisions.md sections 1, 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.4, "
+            derived="docs/derivations/assumptions.md#poisson-batch-sizes and "
+            "docs/derivations/liang.md#closed-forms-not-used and #add-or-remove-sensitivity (Liang et al. "
+            "2025, arXiv 2502.17772, Theorem 3.4, "
             "corrected: the exact sampled-Gaussian term with sensitivity C, the expansion of Poisson batches); "
             f"checks: exact instances G1 and G3 (tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
         ),
@@ -892,7 +910,8 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="liang-unbounded",
         provenance=Provenance(
-            derived="docs/decisions.md sections 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.3, "
+            derived="docs/derivations/liang.md#closed-forms-not-used and #add-or-remove-sensitivity (Liang et al. "
+            "2025, arXiv 2502.17772, Theorem 3.3, "
             "corrected: the exact sampled-Gaussian term with sensitivity C); checks: exact instances G1 "
             f"(tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
         ),
@@ -907,7 +926,9 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="ye-shokri-cyclic",
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 3.3",
-            derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            derived="docs/derivations/assumptions.md#unclipped-gradients and #checked-and-kept, "
+            "docs/derivations/ye-shokri.md#short-last-batch and docs/derivations/glm.md#glm-route (a short "
+            "last batch, a partial last epoch, a "
             "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
@@ -916,7 +937,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         reference=f"{YE_SHOKRI}, Theorem 3.3",
         covers=_covers(FIXED_BATCH_SCHEMES),
         assumptions=f"per-example losses lam-strongly convex and M-smooth; eta < 2/(lam+M); {_WITHIN_CLIP}; "
-        "a short last batch of r examples contracts only by 1 - eta*lam*r/b (docs/decisions.md)",
+        "a short last batch of r examples contracts only by 1 - eta*lam*r/b "
+        "(docs/derivations/ye-shokri.md#short-last-batch)",
         conditions=(*_CONTRACTING, _ye_shokri_step),
         compute=_ye_shokri_cyclic,
         linear_in_order=True,
@@ -925,7 +947,9 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="ye-shokri-shuffle",
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.2",
-            derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            derived="docs/derivations/assumptions.md#unclipped-gradients and #checked-and-kept, "
+            "docs/derivations/ye-shokri.md#short-last-batch and docs/derivations/glm.md#glm-route (a short "
+            "last batch, a partial last epoch, a "
             "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
@@ -941,7 +965,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="ye-shokri-random",
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.3",
-            derived="docs/decisions.md sections 7 and 15 (a projection, the linear-model route); checks: exact "
+            derived="docs/derivations/assumptions.md#checked-and-kept and docs/derivations/glm.md#glm-route (a "
+            "projection, the linear-model route); checks: exact "
             f"instances G2 (tests/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_projected, _l2_outside, _glm_route),
         ),
@@ -957,7 +982,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="ye-shokri-convex",
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem D.4",
-            derived="docs/decisions.md sections 7, 11 and 15 (a short last batch, a partial last epoch, a "
+            derived="docs/derivations/assumptions.md#checked-and-kept, docs/derivations/ye-shokri.md#short-last-batch "
+            "and docs/derivations/glm.md#glm-route (a short last batch, a partial last epoch, a "
             f"projection, the linear-model route); checks: exact instances G1 and G2, fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
         ),
@@ -979,7 +1005,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="ye-shokri-full-batch",
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem D.6",
-            derived="docs/decisions.md sections 7 and 15 (a projection, the linear-model route); checks: exact "
+            derived="docs/derivations/assumptions.md#checked-and-kept and docs/derivations/glm.md#glm-route (a "
+            "projection, the linear-model route); checks: exact "
             f"instances G2, fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_projected, _l2_outside, _glm_route),
         ),
@@ -1003,13 +1030,15 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="shifted-interpolation-full-batch",
         provenance=Provenance(
             published="Bok, Su & Altschuler, ICML 2024 (arXiv 2403.00278), section 4 (NoisyGD)",
-            derived="docs/decisions.md section 14, parts 1-2 (re-derived from f-DP composition; projected restarts; "
+            derived="docs/derivations/shifted-interpolation.md#si-lemmas and #si-full-batch (re-derived from f-DP "
+            "composition; projected restarts; "
             "the linear-model route); checks: exact on the quadratic G2, fuzzing "
             f"({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_projected, _l2_outside, _glm_route),
         ),
         title="f-DP, full-batch noisy gradient descent (exact for strongly convex losses)",
-        reference=f"{BOK_SU_ALTSCHULER}, section 4 (shifted interpolation, mu-GDP); derivation in docs/decisions.md",
+        reference=f"{BOK_SU_ALTSCHULER}, section 4 (shifted interpolation, mu-GDP); derivation in "
+        f"docs/derivations/shifted-interpolation.md#si-full-batch",
         covers=_covers(ALL_SCHEMES),
         assumptions="b = n; " + _SI_ASSUMES,
         conditions=(_full_batch, *_CONVEX_UNCLIPPED),
@@ -1021,13 +1050,15 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="shifted-interpolation-cyclic",
         provenance=Provenance(
             published="Bok, Su & Altschuler, ICML 2024 (arXiv 2403.00278), section 4 (NoisyCGD)",
-            derived="docs/decisions.md section 14, parts 1 and 3 (re-derived from f-DP composition; a short last "
+            derived="docs/derivations/shifted-interpolation.md#si-lemmas and #si-cyclic (re-derived from f-DP "
+            "composition; a short last "
             "batch, a partial last pass, projected restarts, the linear-model route); checks: exact instances G2 "
             f"(tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
         ),
         title="f-DP, fixed-order batches, worst position of the differing example",
-        reference=f"{BOK_SU_ALTSCHULER}, section 4 (noisy cyclic GD, mu-GDP); derivation in docs/decisions.md",
+        reference=f"{BOK_SU_ALTSCHULER}, section 4 (noisy cyclic GD, mu-GDP); derivation in "
+        f"docs/derivations/shifted-interpolation.md#si-cyclic",
         covers=_covers(FIXED_BATCH_SCHEMES),
         assumptions=_SI_ASSUMES,
         conditions=_CONVEX_UNCLIPPED,
@@ -1038,12 +1069,14 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-shuffle",
         provenance=Provenance(
-            derived="docs/decisions.md section 14, part 4 (per-position mu-GDP averaged by joint convexity); checks: "
+            derived="docs/derivations/shifted-interpolation.md#si-shuffle-once (per-position mu-GDP averaged by joint "
+            "convexity); checks: "
             f"exact instances G2 (tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
         ),
         title="f-DP, one secret random permutation: privacy profiles averaged over positions",
         reference=f"our extension of {BOK_SU_ALTSCHULER}, section 4: per-position mu-GDP averaged by joint "
-        "convexity of the hockey-stick divergence; derivation in docs/decisions.md",
+        "convexity of the hockey-stick divergence; derivation in "
+        "docs/derivations/shifted-interpolation.md#si-shuffle-once",
         covers=_covers((Sampling.SHUFFLE_ONCE,)),
         assumptions=_SI_ASSUMES + "; the permutation is drawn once, uniformly at random, and kept secret",
         conditions=_CONVEX_UNCLIPPED,
@@ -1054,13 +1087,14 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-reshuffle",
         provenance=Provenance(
-            derived="docs/decisions.md section 17 (a schedule mixture); checks: exact instances "
+            derived="docs/derivations/schedule-mixtures.md#schedule-mixtures (a schedule mixture); checks: exact "
+            "instances "
             "(tests/test_schedule_mixtures.py), an independent re-derivation"
         ),
         title="f-DP, a fresh secret permutation every epoch: schedule mixture over the last epoch's position",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): earlier "
         "epochs at their worst position, the last epoch's position averaged by joint convexity of the "
-        "hockey-stick divergence; derivation in docs/decisions.md",
+        "hockey-stick divergence; derivation in docs/derivations/schedule-mixtures.md#sm-reshuffle",
         covers=_covers((Sampling.RESHUFFLE,)),
         assumptions=_SI_ASSUMES + "; a new permutation every epoch, drawn uniformly at random and kept secret",
         conditions=_CONVEX_UNCLIPPED,
@@ -1071,18 +1105,20 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-random-batch",
         provenance=Provenance(
-            derived="docs/decisions.md section 19 (a schedule mixture over the memberships); checks: exact instances "
+            derived="docs/derivations/random-batch.md#random-batch-poisson (a schedule mixture over the memberships); "
+            "checks: exact instances "
             f"(tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
         ),
         title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
         "allocation whose cost is a sum of independent block terms, its exact law on a lattice (rounded up), "
-        "averaged by joint convexity of the hockey-stick divergence; derivation in docs/decisions.md",
+        "averaged by joint convexity of the hockey-stick divergence; derivation in "
+        "docs/derivations/random-batch.md#random-batch-poisson",
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions=_SI_ASSUMES + "; every step draws b of the n examples without replacement, independently, "
         "from a secret seed",
         conditions=_CONVEX_UNCLIPPED,
-        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
+        compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=_si_random_batch,
         kind=Kind.GDP,
     ),
@@ -1094,11 +1130,11 @@ _TABLE: tuple[BoundSpec, ...] = (
         "membership pattern against the run without the record, the patterns' tradeoff functions averaged "
         "(a one-dimensional Gaussian mixture against N(0, 1): amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
-        "docs/decisions.md",
+        "docs/derivations/poisson-amplification.md#pa-add-or-remove",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=_POISSON_CONVEX_UNCLIPPED,
-        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
+        compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=_si_poisson,
         kind=Kind.GDP,
     ),
@@ -1110,11 +1146,11 @@ _TABLE: tuple[BoundSpec, ...] = (
         "worlds compared through the run without the record (a one-dimensional Gaussian mixture against its "
         "reflection: amplification by subsampling kept), with the "
         "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
-        "docs/decisions.md",
+        "docs/derivations/poisson-amplification.md#pa-replace-one-pivot",
         covers=_covers((Sampling.POISSON,)),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=_POISSON_CONVEX_UNCLIPPED,
-        compute=None,  # its truncated tails: no Renyi curve (docs/decisions.md, section 19, part 3)
+        compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=_si_poisson,
         kind=Kind.GDP,
     ),
@@ -1146,7 +1182,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         ),
         title="one Gaussian mechanism per epoch, composed exactly in mu-GDP (certifies every iterate)",
         reference="exact composition of ceil(T/l) Gaussian mechanisms of shift 2/z: mu = 2 sqrt(ceil(T/l))/z "
-        "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; docs/decisions.md section 18",
+        "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; "
+        "docs/derivations/baselines.md#baselines",
         covers=_covers(EPOCH_SCHEMES),
         assumptions="every example in at most one batch per epoch; clipping only",
         conditions=(),
@@ -1164,7 +1201,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         title="Poisson-sampled Gaussian composed by dp-accounting's privacy loss distribution (every iterate)",
         reference="dp-accounting's PLDAccountant on PoissonSampledDpEvent(q, GaussianDpEvent(z)) x T (Zhu, Dong & "
         "Wang 2022, arXiv 2106.08567; Doroshenko et al. 2022, arXiv 2207.04380): interval 1e-4, pessimistic; "
-        "figures per dp-accounting version; docs/decisions.md section 18",
+        "figures per dp-accounting version; docs/derivations/baselines.md#baselines",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions="clipping only; every example joins every step independently with probability q = b/n",
         conditions=(_pld_steps,),
@@ -1177,14 +1214,16 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="composition-pld-poisson-replace-one",
         provenance=Provenance(
-            derived="docs/decisions.md section 18, part 3 (our dominating pair, proven for every epsilon); checks: "
+            derived="docs/derivations/baselines.md#poisson-replace-one-pair (our dominating pair, proven for every "
+            "epsilon); checks: "
             f"the theorem on random configurations and exact at T = 1 (tests/test_baselines.py), fuzzing "
             f"({_FUZZ_MEMBERSHIP})"
         ),
         title="Poisson-sampled Gaussian under replace-one: a dominating pair composed as a privacy loss "
         "distribution (every iterate)",
         reference="our dominating pair ((1-q)N(0,1) + qN(1/z,1), (1-q)N(0,1) + qN(-1/z,1)), proven for every "
-        "epsilon at once (docs/decisions.md section 18), composed by dominating-pair composition (Zhu, Dong & "
+        "epsilon at once (docs/derivations/baselines.md#baselines), composed by dominating-pair composition (Zhu, Dong "
+        "& "
         "Wang 2022, arXiv 2106.08567, Thm 10) in dp-accounting's PLD: interval 1e-4, pessimistic; figures per "
         "dp-accounting version",
         covers=_covers((Sampling.POISSON,)),
@@ -1202,7 +1241,8 @@ _TABLE: tuple[BoundSpec, ...] = (
             published="Dong, Roth & Su 2019 (arXiv 1905.02383), Thm 4.2 (sampling without replacement: "
             "C_p(f)) and Thm 3.2 (adaptive composition), composed as a dominating pair (Zhu, Dong & Wang 2022, "
             "arXiv 2106.08567, Thm 10)",
-            derived="docs/decisions.md section 18, part 4 (re-derived: the coupling, both orders as one pair); "
+            derived="docs/derivations/baselines.md#random-batch-pair (re-derived: the coupling, both orders as one "
+            "pair); "
             "checks: every batch enumerated on linear instances, attained at T = 1 "
             "(tests/test_random_batch_pld.py), fuzzing (300 checks)",
         ),
@@ -1212,7 +1252,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "of the remove and add profiles of the Poisson-sampled Gaussian at rate b/n and noise multiplier z/2 "
         "(tradeoff conv(min(f, f^-1)), Dong, Roth & Su 2019, arXiv 1905.02383, Thm 4.2), composed by "
         "dominating-pair composition (Zhu, Dong & Wang 2022, arXiv 2106.08567, Thm 10) in dp-accounting's PLD: "
-        "interval 1e-4, pessimistic; derivation in docs/decisions.md section 18",
+        "interval 1e-4, pessimistic; derivation in docs/derivations/baselines.md#baselines",
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions="clipping only; every step a uniformly random batch of exactly b of the n examples, drawn "
         "without replacement, independently across steps",

@@ -146,7 +146,8 @@ def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
         "shifted-interpolation-cyclic",
         "shifted-interpolation-shuffle",
         "composition",
-        "composition-gdp-epochs",  # one Gaussian mechanism per epoch, composed exactly (decisions section 18)
+        "composition-gdp-epochs",  # one Gaussian mechanism per epoch, composed exactly
+        # (docs/derivations/baselines.md#baselines)
         "best",
     }
     assert table["liang-bounded"].relation is lp.Relation.ADD_OR_REMOVE_ONE

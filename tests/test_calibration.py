@@ -86,7 +86,8 @@ def test_calibration_hits_the_target_and_one_percent_less_noise_misses_it(bound,
     assert _eps(bound, params, z) <= target  # the default conversion, as lp.epsilon computes it
     assert _eps(bound, params, 0.99 * z) > target
     # the winner of best is a last-iterate bound the cases are about (on the random-batch run, the schedule
-    # mixture of section 19 now beats bounded-domain-random), not a composition baseline
+    # mixture of docs/derivations/random-batch.md#random-batch-poisson now beats bounded-domain-random), not a
+    # composition baseline
     if bound == "best":
         winner = lp.epsilon("best", DELTA, noise_multiplier=z, **params).winner
         assert winner in {b for b, _, _ in CASES if b != "best"} | {"shifted-interpolation-random-batch"}

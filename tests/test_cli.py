@@ -573,7 +573,7 @@ def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_giv
                   epochs=100, sampling="shuffle_once", smoothness=0.26, strong_convexity=0.01, diameter=10.0,
                   gradient_norms_within_clip=True)  # fmt: skip
     published = lp.epsilon("best", 1e-5, published_only=True, **params)
-    assert "Proof: derived here: docs/decisions.md section 14" in out
+    assert "Proof: derived here: docs/derivations/shifted-interpolation.md#si-shuffle-once" in out
     assert f"over published theorems only (published_only=True): {published.epsilon:.4g} via {published.winner}" in out
     code, out, _ = run(capsys, "epsilon", "--published-only", *BUILTIN_FLAGS)
     assert code == 0 and f"({published.epsilon:.4g}, 1e-05)" in out and "Proof: published: Kong & Ribero" in out

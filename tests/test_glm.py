@@ -1,6 +1,6 @@
 """Certified linear models (lastiter_plugins.glm) and feature clipping (lastiter_plugins.feature_clip).
 
-Each test pins one claim of docs/decisions.md, section 15 ("Section N" in a docstring is 15.N):
+Each test pins one claim of docs/derivations/glm.md#glm-route ("Section N" in a docstring is part N there):
 bounds are checked over random and adversarial points, and their tightness is
 checked too, so a wrong constant in either direction fails.
 """

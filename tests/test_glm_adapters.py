@@ -50,7 +50,8 @@ def _data(classes: int = 0, scale: float = 3.0, n: int = N):
 
 
 def _hand_constants(loss: str, clip_norm: float, *, bias: bool = True, w: float = 0.0) -> lp.LossAssumptions:
-    """The constants derived by hand (docs/decisions.md, sections 15.1-15.2, 15.4, 15.6), not by the code under test."""
+    """The constants derived by hand (docs/derivations/glm.md#glm-binary, #glm-softmax, #glm-l2-contraction and
+    #glm-never-active), not by the code under test."""
     a2 = A**2 + (1.0 if bias else 0.0)
     if loss == "logistic":
         m, g, scalar = a2 / 4.0, math.sqrt(a2), True
@@ -649,7 +650,8 @@ def test_opacus_examples_run_with_their_defaults(name, capsys):
 
 
 # Opacus' default sampling (make_private(poisson_sampling=True)) under add-or-remove-one: the
-# shifted-interpolation Poisson row (docs/decisions.md, section 19) on a certified logistic regression
+# shifted-interpolation Poisson row (docs/derivations/random-batch.md#random-batch-poisson) on a certified logistic
+# regression
 # whose weight decay is the l2 term added after the noisy clipped mean (l2_outside_clip).
 POISSON_W, POISSON_Z, POISSON_EPOCHS, POISSON_BATCHES = 0.05, 2.0, 40, 10
 
@@ -696,7 +698,7 @@ def _poisson_params(n: int, lr: float, steps: int) -> dict:
 @needs_sklearn
 def test_opacus_poisson_weight_decay_gets_the_shifted_interpolation_poisson_row(request):
     w = POISSON_W
-    m = A**2 / 4.0 + w  # logistic, no bias (docs/decisions.md, section 15)
+    m = A**2 / 4.0 + w  # logistic, no bias (docs/derivations/glm.md#glm-route)
     lr = 1.0 / (m + w)
     name = lo.register(
         "glm-" + request.node.name, force=True, sampling="poisson", relation="add_or_remove_one",

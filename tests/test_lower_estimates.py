@@ -1,4 +1,4 @@
-"""Lower estimates from a few orders (docs/decisions.md, section 22): the envelope of a Renyi curve,
+"""Lower estimates from a few orders (docs/derivations/lower-estimates.md#few-orders): the envelope of a Renyi curve,
 the estimate of the epsilon refined from it, and `best` skipping the rows the estimate rules out."""
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _random_pipeline(rng: np.random.Generator, i: int) -> dict:
 
 
 def _estimated_rows(config, assumptions):
-    """The proven rows that apply and whose epsilon section 22's estimate bounds (default grid)."""
+    """The proven rows that apply and whose epsilon docs/derivations/lower-estimates.md#few-orders's estimate bounds
+    (default grid)."""
     for bid, spec in registry.BOUNDS.items():
         proven_with_estimate = spec.proof.proven and evaluation._has_grid_estimate(spec, True)
         if proven_with_estimate and registry.applicability(spec, config, assumptions).applies:
@@ -127,7 +128,8 @@ def test_every_estimated_row_computes_its_curve_order_by_order():
 
 
 def test_every_estimate_curve_is_at_or_below_the_curve():
-    """A row's cheaper curve for its estimate (section 22, part 5) lies at or below its curve at every order;
+    """A row's cheaper curve for its estimate (docs/derivations/lower-estimates.md#cheaper-curve) lies at or below its
+    curve at every order;
     ye-shokri-random has one, and it is not the curve itself (else the check tests nothing)."""
     checked, below = 0, 0
     for _params, config, assumptions, _delta in _draws(120, seed=7):

@@ -208,7 +208,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
       gradient_norms_within_clip: True asserts every per-example gradient norm <= C on the whole domain.
       clipped_loss_convex_smooth: True asserts the scalar-GLM route: every per-example loss is
         phi(<a, x>) with phi convex and M-smooth, so its clipped gradient is the gradient of a convex,
-        M-smooth loss (docs/decisions.md, section 15); clipping may be active.
+        M-smooth loss (docs/derivations/glm.md#glm-route); clipping may be active.
       l2_outside_clip: True says the strong convexity is an l2 term added after clipping and averaging
         (torch's ``weight_decay`` under Opacus), not part of each clipped per-example loss.
 

@@ -24,7 +24,7 @@ norm <= C on the domain (clipping never active); projection onto a closed
 convex set of diameter D after every step; step size :math:`\eta |B|/b \le 2/M`
 for every batch (random batches: :math:`\eta \le 2/M`; Poisson:
 :math:`\eta \le 2b/(nM)`); batches drawn independently of the data;
-replace-one neighbours. The derivation is in docs/decisions.md.
+replace-one neighbours. The derivation is in docs/derivations/bounded-domain.md#bounded-domain-random.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def bounded_lower_epsilon(
     expansion: float,
 ) -> float:
     r"""A proven lower bound on the epsilon that liang-bounded reports at ``delta``, without its
-    sampled-Gaussian term (docs/decisions.md, section 21): every candidate of :func:`bounded_rdp`
+    sampled-Gaussian term (docs/derivations/lower-estimates.md#liang-bounded-estimate): every candidate of
+    :func:`bounded_rdp`
     is at least its shift term, :math:`\rho\alpha` with :math:`\rho = (c D b/(\eta z C))^2/2`, and
     dp-accounting's conversion of :math:`\rho\alpha` at any order exceeds
     :math:`\rho + 2\sqrt{\rho(\log(1/\delta) - 1)} - 1`."""

@@ -1,11 +1,13 @@
 r"""Schedule mixtures for independent memberships: random batches and Poisson sampling.
 
-docs/decisions.md, section 19. The differing record joins step t with probability q,
+docs/derivations/random-batch.md#random-batch-poisson. The differing record joins step t with probability q,
 independently across steps and of the data, in both neighbouring worlds (fixed-size
 random batches: q = b/n; Poisson sampling: q the sampling rate). Given the memberships
 ``u`` the run is noisy gradient descent with a fixed schedule, so by Theorem A
-(section 14) the last iterates are :math:`\mu(u)`-GDP for every feasible shift
-allocation, and by joint convexity of the hockey-stick divergence (section 17, part 1)
+(docs/derivations/shifted-interpolation.md#shifted-interpolation) the last iterates are :math:`\mu(u)`-GDP for every
+feasible shift
+allocation, and by joint convexity of the hockey-stick divergence
+(docs/derivations/schedule-mixtures.md#sm-general-statement)
 
 .. math:: \delta(\varepsilon) \le \mathbb E_u\,\delta_{\mu(u)}(\varepsilon).
 
@@ -203,7 +205,8 @@ def _fft_error(size: int) -> float:
     (1+\beta)^{3k} - 1` with :math:`\epsilon = 2^{-53}` and twiddle factors within
     :math:`\beta = 2\epsilon`, times _FFT_MARGIN for an FFT that is not exactly the radix-2 one analysed
     (numpy's pocketfft; tests/test_membership_mixtures.py checks the bound against direct sums).
-    Subtracting it from every entry leaves each entry below the exact one (docs/decisions.md, 19)."""
+    Subtracting it from every entry leaves each entry below the exact one
+    (docs/derivations/random-batch.md#random-batch-poisson)."""
     k = size.bit_length() - 1
     eps = 2.0**-53
     beta = 2.0 * eps
@@ -312,8 +315,8 @@ def _prefix_shift_law_horizon(
     r"""Law of (an upper bound on) :math:`z_P = s \sum_{j<P} u_j c^j` (j: the age of a use) on a
     lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift), the ages older than the horizon H
     at their worst case (every step used), :math:`c^H s / (1 - c)`, added up front. Two ways to put the
-    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice (docs/decisions.md,
-    section 19, part 3), the one with the smaller expected excess is used:
+    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice
+    (docs/derivations/random-batch.md#rb-exact-law), the one with the smaller expected excess is used:
 
     * rounded up: each age contributes :math:`\lceil t_j \rceil` (pathwise at most one cell more per
       use);
@@ -701,7 +704,8 @@ def membership_profile(
       use_probability: q, the probability that the differing record joins a step.
       steps: T.
       extra_mass: the probability of an event of the schedule, independent of the memberships,
-        outside which ``contraction`` may fail (section 19, part 4); it gets mu = inf.
+        outside which ``contraction`` may fail (docs/derivations/random-batch.md#rb-poisson-batch-sizes); it gets mu =
+        inf.
 
     Returns:
       A mixture profile: the best of :func:`candidate_layouts` at :data:`REFERENCE_DELTA`
@@ -756,8 +760,9 @@ def membership_profile(
 
 def every_step_claimed_mu(contraction: float, steps: int) -> float:
     r"""The s-free mu of the allocation that claims a use at every step (an over-claim, valid for
-    every membership pattern: docs/decisions.md, section 19, part 2): the full-batch optimum of
-    section 14, part 2, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt T` at c = 1).
+    every membership pattern: docs/derivations/random-batch.md#rb-additive-allocation): the full-batch optimum of
+    docs/derivations/shifted-interpolation.md#si-full-batch, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt
+    T` at c = 1).
     Exact for q = 1, where every step uses the record."""
     c = contraction
     if c >= 1.0:
@@ -781,7 +786,8 @@ def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -
 _TINY_SHIFT = 1e-100
 _HUGE_SHIFT = 1e100
 
-#: Probability budget of the batch-size event of Poisson sampling (section 19, part 4) when it is set
+#: Probability budget of the batch-size event of Poisson sampling
+#: (docs/derivations/random-batch.md#rb-poisson-batch-sizes) when it is set
 #: by the tails alone: each tail gets half.
 SIZE_EVENT_BUDGET = 1e-12
 
@@ -836,7 +842,8 @@ def poisson_size_events(
     smoothness: float,
     l2_outside_clip: bool,
 ) -> list[tuple[float, float]]:
-    r"""Candidate (contraction, event probability) pairs for Poisson sampling (section 19, part 4).
+    r"""Candidate (contraction, event probability) pairs for Poisson sampling
+    (docs/derivations/random-batch.md#rb-poisson-batch-sizes).
 
     The event ``G``: at every step the number O_t of OTHER records in the batch lies in
     [r_lo, r_hi]. Then every batch either world runs has between r_lo and r_hi + 1 examples, and

@@ -12,15 +12,16 @@ used throughout, so that every number can be compared with its ``PLDAccountant``
   accountant composes both and keeps the larger epsilon (Zhu, Dong & Wang 2022, Prop. 30).
 * ``replace`` (replace-one): :math:`\mu_{up} = (1-q)\mathcal N(0,z^2) + q\mathcal N(-1,z^2)`,
   :math:`\mu_{low} = (1-q)\mathcal N(0,z^2) + q\mathcal N(1,z^2)`. That this pair dominates
-  the step for every epsilon at once, hence composes, is proven in docs/decisions.md,
-  section 18 part 3 (dp-accounting 0.4.3 refuses this relation; 0.5 and later use the
+  the step for every epsilon at once, hence composes, is proven in
+  docs/derivations/baselines.md#poisson-replace-one-pair (dp-accounting 0.4.3 refuses this relation; 0.5 and later use
+  the
   same pair).
 * ``substitute`` (fixed-size random batches, replace-one, called with noise multiplier
   :math:`z/2`): one pair whose hockey-stick divergence is, at every :math:`e^\varepsilon`, the
   larger of the ``remove`` and ``add`` pairs' (the tradeoff function
   :math:`\mathrm{conv}(\min(f, f^{-1}))`, Dong, Roth & Su 2019, arXiv 1905.02383, Thm 4.2).
   That it dominates one step of sampling without replacement, and why composing ``remove``
-  and ``add`` separately would not be enough, is in docs/decisions.md, section 18 part 4.
+  and ``add`` separately would not be enough, is in docs/derivations/baselines.md#random-batch-pair.
 
 The single-step distribution is dp-accounting's pessimistic connect-the-dots
 discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, arXiv 2207.04380) on
@@ -28,11 +29,11 @@ the host's own grid (noise truncated at :math:`\tfrac12 e^{-50}`, lower end shif
 sensitivity, interval ``1e-4``), built from the closed-form hockey-stick divergence
 :math:`\delta(\varepsilon) = \mu_{up}(X \le x_\varepsilon) - e^\varepsilon \mu_{low}(X \le x_\varepsilon)`
 evaluated vectorised in log space; dp-accounting's ``pld_pmf`` builds the distribution
-and composes it (docs/decisions.md, section 18 part 2).
+and composes it (docs/derivations/baselines.md#poisson-add-or-remove).
 
 :func:`binarised_lower_epsilon` is a proven lower bound on the exact epsilon of the T-fold
 composition (data processing: each step's output thresholded to one bit), used to skip
-the composition when it cannot change a minimum (section 18 part 5).
+the composition when it cannot change a minimum (docs/derivations/baselines.md#skip-pld-rows).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def hockey_stick(eps, *, sampling_probability: float, noise_multiplier: float, a
 
 
 def _hockey_stick(eps: np.ndarray, q: float, z: float, adjacency: str) -> np.ndarray:
-    if adjacency == SUBSTITUTE:  # the larger of the two pairs' at each epsilon (section 18 part 4)
+    if adjacency == SUBSTITUTE:  # the larger of the two pairs' at each epsilon
+        # (docs/derivations/baselines.md#random-batch-pair)
         return np.maximum(_hockey_stick(eps, q, z, REMOVE), _hockey_stick(eps, q, z, ADD))
     delta = np.zeros(eps.shape)
     if adjacency == REMOVE:
@@ -219,7 +221,7 @@ def composed(sampling_probability: float, noise_multiplier: float, steps: int, a
 def composed_pairs(sampling_probability: float, noise_multiplier: float, steps: int, adjacencies: tuple[str, ...]):
     """The T-fold composition of the pairs ``adjacencies`` (one PMF each, the larger epsilon of them
     reported: dp-accounting's remove and add PMFs), cached on every input; the discretisation is pinned.
-    ``(SUBSTITUTE,)`` is the random-batch pair (docs/decisions.md, section 18 part 4)."""
+    ``(SUBSTITUTE,)`` is the random-batch pair (docs/derivations/baselines.md#random-batch-pair)."""
     q, z = float(sampling_probability), min(float(noise_multiplier), MAX_NOISE)
     h = _discretization(q, z, adjacencies)
     if h is None:
@@ -459,7 +461,7 @@ def binarised_lower_epsilon(
     lowers it. It is below the profile of the full release (data processing), so where it
     exceeds ``delta`` the exact epsilon, and every upper bound on it, is larger. Returns the
     largest epsilon found with profile above ``delta`` (bisection, relative margin 1e-9);
-    0 when none. docs/decisions.md, section 18 part 5.
+    0 when none. docs/derivations/baselines.md#skip-pld-rows.
 
     ``beat``: only whether the bound exceeds ``beat`` is wanted (``best`` skips a row whose bound
     does): as soon as one threshold's profile exceeds ``delta`` just above ``beat``, that point,

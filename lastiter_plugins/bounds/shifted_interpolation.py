@@ -4,7 +4,7 @@ noisy (cyclic) gradient descent.
 
 Everything here is in units of the per-step noise std
 :math:`\sigma_p = \eta z C / b`. Our mapping (derivation in
-docs/decisions.md, section 14, part 0):
+docs/derivations/shifted-interpolation.md#si-notation):
 
 * ``step_mu`` :math:`s = 2/z`: replace-one changes the clipped-gradient sum by
   at most 2C, so one use of the differing example moves the update by at most
@@ -210,7 +210,8 @@ def _schedule_mus(
     step_mu: float, c: float, steps_per_epoch: int, uses: np.ndarray, gaps, after: np.ndarray, d: float | None
 ) -> np.ndarray:
     """mu of schedules of ``uses`` uses: all but the last spaced by l, the last ``gaps`` steps later and
-    ``after`` steps before the end (the engine of docs/decisions.md, section 17); 0 where unused."""
+    ``after`` steps before the end (the engine of docs/derivations/schedule-mixtures.md#schedule-mixtures); 0 where
+    unused."""
     mus = np.zeros(np.shape(uses))
     used = uses > 0
     if not used.any() or step_mu == 0.0:
@@ -246,14 +247,15 @@ def cyclic_position_mus(
     Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyCGD
     (strongly convex c < 1, convex c = 1), refined per position: the exact optimum of
     the shift allocation for the position's N_j uses, the last r_j steps before the end
-    (docs/decisions.md, section 17, part 3). It is never above the closed form
+    (docs/derivations/schedule-mixtures.md#sm-spaced-uses). It is never above the closed form
 
     .. math:: \mu_j^2 \le s^2\Big[\theta_c(r_j+1) + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
        \cdot\frac{1-c^{l(N_j-1)}}{1+c^{l(N_j-1)}}\Big],
 
     :math:`\theta_c(m) = c^{2(m-1)}/\sum_{u<m}c^{2u}` (one feasible allocation), and
     equal to it at the worst position. With a projection (``diameter_ratio``), the
-    minimum with the restart schedules (section 17, part 2). Unused positions (T < l) get 0.
+    minimum with the restart schedules (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum). Unused positions
+    (T < l) get 0.
 
     Assumptions: each f_i convex (lam-strongly convex for c < 1) and M-smooth,
     c the worst gradient-step Lipschitz constant over the batch sizes, c <= 1;
@@ -268,7 +270,8 @@ def cyclic_position_mus(
       positions: batch indices j (default: all 0..l-1).
 
     Returns:
-      mu_j for each requested position. O(l) time (with a projection, times the restarts tried: section 17, part 3).
+      mu_j for each requested position. O(l) time (with a projection, times the restarts tried:
+      docs/derivations/schedule-mixtures.md#sm-spaced-uses).
     """
     c = _check(step_mu, contraction, diameter_ratio)
     if steps_per_epoch < 1 or steps < 0:
@@ -365,7 +368,8 @@ def shuffle_once_profile(
     and :math:`r_j = k - 1 - j` (r over 0..k-1), the others :math:`N_j = E` and
     :math:`r_j = l + k - 1 - j` (r over k..l-1; the short last batch, j = l - 1, has
     r = k, the first of its group). Within a group :math:`\mu_j` depends on
-    :math:`r_j` only and is non-increasing in it (docs/decisions.md, section 17, Lemma 2:
+    :math:`r_j` only and is non-increasing in it (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma
+    2:
     a smaller r_j moves every use later). Blocks of
     consecutive r (:func:`_block_starts`) are therefore given their largest
     :math:`\mu`, the one at their smallest r, with the block's total weight. This
@@ -427,7 +431,7 @@ def reshuffle_profile(
     differing example's position p in the last pass started.
 
     Our extension of Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4
-    (docs/decisions.md, section 17, part 4): the positions of the differing example in
+    (docs/derivations/schedule-mixtures.md#sm-reshuffle): the positions of the differing example in
     the passes are independent of each other and of the data, and the same in both
     datasets (replace-one), so the released laws are mixtures over them with the same
     weights (joint convexity). Every pass but the last one started is relaxed to its

@@ -386,7 +386,7 @@ def random_batch_rdp(
 
     ``lower_end=True`` returns the lower end instead: never above the exact recursion, hence
     below the curve this function reports at any tolerance. Only for lower estimates
-    (docs/decisions.md, section 22, part 5), with a loose ``tolerance`` (fewer steps).
+    (docs/derivations/lower-estimates.md#cheaper-curve), with a loose ``tolerance`` (fewer steps).
     """
     orders = np.asarray(orders, dtype=float).reshape(-1)
     q = sampling_probability

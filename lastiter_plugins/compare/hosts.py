@@ -1,6 +1,6 @@
 r"""What the host libraries report for the pipeline, as a user would call them: display only.
 
-These rows are never counted in a best line (docs/decisions.md, section 18 part 6):
+These rows are never counted in a best line (docs/derivations/baselines.md#host-accountants):
 
 * Opacus' ``RDPAccountant`` (the Poisson RDP of ``composition`` on Opacus' coarser
   default orders: never below it), ``PRVAccountant`` (valid under add-or-remove, but

@@ -199,7 +199,7 @@ def compare(
     Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
     unproven bounds whose numbers are shown (marked, never counted). ``lower_bound``: each
     best line carries the exact epsilon of an instance meeting the declarations (up to about
-    a second per relation; docs/decisions.md, section 20).
+    a second per relation; docs/derivations/lower-end.md#lower-end).
     """
     config, assumptions = api.build(**params)
     delta = validate_delta(delta)

@@ -1,6 +1,6 @@
 r"""Exact Renyi divergences (and privacy profiles) of the last iterate on instances
 with computable laws: the ground truths G1, G2, G3 of docs/verification.md, and the
-instances of the lower end (docs/decisions.md, section 20).
+instances of the lower end (docs/derivations/lower-end.md#lower-end).
 
 Every bound of the library claims ``rdp(alpha) >= D_alpha(X_T || X'_T)`` for
 ALL instances meeting its assumptions. The three families below have laws we can
@@ -415,7 +415,7 @@ def g2_position_shifts(params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
 
 
 def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12) -> GaussianLaws:
-    r"""Poisson sampling, both relations (docs/decisions.md, section 19, part 5): linear losses with
+    r"""Poisson sampling, both relations (docs/derivations/random-batch.md#rb-ground-truth): linear losses with
     gradient ``+-C`` for the differing record and 0 for the others, plus an l2 term ``lam x`` outside
     the clip (``l2_outside_clip=True``; the step contracts by ``rho = 1 - eta lam`` whatever the batch
     size). Given the memberships u the last iterate is Gaussian with mean

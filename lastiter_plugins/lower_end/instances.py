@@ -6,7 +6,7 @@ position of the differing record) that satisfy every declaration for the same ru
 and returns the largest LOWER end of their exact epsilons at the same delta. The worst case
 over all models meeting the declarations is therefore at least that number, and every valid
 upper bound (``best``) at least as large: the truth lies in ``[lower, upper]``.
-docs/decisions.md, section 20 has the derivation.
+docs/derivations/lower-end.md#lower-end has the derivation.
 
 Instances (the same update, ``x <- Pi(x - eta (mean of clipped gradients + noise))``), all
 one-dimensional, the differing record's loss ``gamma x`` (its neighbour's ``-gamma x``, or absent):
@@ -132,7 +132,7 @@ def _params(config: TrainingConfig, props: InstanceProperties) -> dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class LinearInstance:
-    r"""A one-dimensional linear-loss instance (docs/decisions.md, section 20, part 2).
+    r"""A one-dimensional linear-loss instance (docs/derivations/lower-end.md#exact-linear-instances).
 
     Every record's loss is ``lam_in/2 x^2``, the differing record's adds ``gamma x`` (replace-one:
     ``-gamma x`` in the other dataset; add-or-remove: absent), the update adds ``lam_out x`` after the
@@ -438,7 +438,8 @@ def _g3_props(config: TrainingConfig, a: LossAssumptions) -> InstanceProperties:
 
 
 def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: float) -> LowerBound:
-    r"""The exact epsilon at ``delta`` of an instance meeting every declaration (docs/decisions.md, section 20).
+    r"""The exact epsilon at ``delta`` of an instance meeting every declaration
+    (docs/derivations/lower-end.md#lower-end).
 
     Returns a :class:`LowerBound`: ``epsilon`` is the lower end of the certified interval of the
     instance's exact epsilon (so a lower bound on the truth of that instance, hence on the worst

@@ -1,5 +1,5 @@
 r"""The exact epsilon, rounded downward, of a one-dimensional Gaussian location mixture against its
-reflection or against the centred Gaussian (docs/decisions.md, section 20, part 2).
+reflection or against the centred Gaussian (docs/derivations/lower-end.md#exact-linear-instances).
 
 Every linear-loss instance of :mod:`lastiter_plugins.lower_end.instances` has, along the gradient's
 direction, the last iterate ``X = a S + N(0, s^2)`` in one dataset, with ``S >= 0`` the (contracted)
