@@ -41,6 +41,10 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from lastiter_plugins import profiles
+from lastiter_plugins.bounds._common import step_contraction
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 #: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice (:func:`_ranking_mixture`), the
 #: best is computed on the fine one (ending where the coarse law ends).
@@ -786,7 +790,7 @@ _HUGE_SHIFT = 1e100
 SIZE_EVENT_BUDGET = 1e-12
 
 
-def step_contraction(
+def batch_step_contraction(
     r: float,
     *,
     learning_rate: float,
@@ -806,7 +810,7 @@ def step_contraction(
         lo, hi = lam, lam + ratio * (m - lam)
     else:
         lo, hi = lam * min(ratio, 1.0), m * max(ratio, 1.0)
-    return max(abs(1.0 - eta * lo), abs(1.0 - eta * hi))
+    return step_contraction(eta * lo, eta * hi)
 
 
 def _bisect(predicate, lo: int, hi: int, *, last_true: bool) -> int:
@@ -861,7 +865,7 @@ def poisson_size_events(
     r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
     r_q = _bisect(lambda r: special.bdtrc(r, n, q) <= half, 0, n, last_true=False)
     step = functools.partial(
-        step_contraction,
+        batch_step_contraction,
         learning_rate=learning_rate,
         strong_convexity=strong_convexity,
         smoothness=smoothness,
@@ -884,3 +888,65 @@ def poisson_size_events(
         mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, q))) * (1.0 + 1e-6))
         out.append((c, mass))
     return out
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) -> profiles.GaussianMixtureProfile:
+    c = batch_step_contraction(
+        cfg.batch_size,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        batch_size=cfg.batch_size,
+        l2_outside_clip=a.l2_outside_clip,
+    )
+    return membership_profile(
+        step_mu=replace_one_step_mu(cfg.noise_multiplier),
+        contraction=c,
+        use_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+    )
+
+
+def poisson_events(cfg: TrainingConfig, a: LossAssumptions) -> tuple[tuple[float, float], ...]:
+    """:func:`poisson_size_events` for this pipeline (empty: no batch-size range keeps the step non-expansive)."""
+    return _poisson_events(
+        dataset_size=cfg.dataset_size,
+        batch_size=cfg.batch_size,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        l2_outside_clip=a.l2_outside_clip,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _poisson_events(
+    *,
+    dataset_size: int,
+    batch_size: int,
+    sampling_probability: float,
+    steps: int,
+    learning_rate: float,
+    strong_convexity: float,
+    smoothness: float,
+    l2_outside_clip: bool,
+) -> tuple[tuple[float, float], ...]:
+    # keyed on every input of poisson_size_events; its binomial-tail bisections cost ~35 ms, asked by the
+    # applicability of both Poisson rows at every evaluation (a calibration evaluates dozens)
+    return tuple(
+        poisson_size_events(
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            sampling_probability=sampling_probability,
+            steps=steps,
+            learning_rate=learning_rate,
+            strong_convexity=strong_convexity,
+            smoothness=smoothness,
+            l2_outside_clip=l2_outside_clip,
+        )
+    )
