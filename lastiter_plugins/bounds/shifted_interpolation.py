@@ -382,7 +382,7 @@ def shuffle_once_profile(
       (weights, mus): for l <= EXACT_POSITIONS one component per batch position j
       (in order); otherwise one per block, O(EXACT_POSITIONS + log l) of them.
     """
-    per_epoch = batch_sizes(dataset_size, batch_size)[0]
+    per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
     if per_epoch <= EXACT_POSITIONS:
         weights = batch_position_weights(dataset_size, batch_size)
         mus = cyclic_position_mus(
@@ -397,7 +397,6 @@ def shuffle_once_profile(
     if steps < 0:
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     full, rest = divmod(steps, per_epoch)
-    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
     groups = [(full + 1, 0, rest - 1)] if rest > 0 else []
     groups.append((full, rest, per_epoch - 1))
     weights, uses, after = [], [], []
