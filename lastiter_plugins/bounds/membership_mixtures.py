@@ -144,7 +144,7 @@ def _drain_factor(c: float, m: int) -> float:
     return c ** (2 * m) / _capacity(c, m)
 
 
-def _ceil_index(values: np.ndarray, unit: float) -> np.ndarray:
+def _ceil_index(values: np.ndarray | float, unit: float) -> np.ndarray:
     """Lattice index of each value, rounded up (a relative 1e-12 upward guard against rounding)."""
     return np.ceil(np.asarray(values, dtype=float) * (1.0 + 1e-12) / unit).astype(np.int64)
 
@@ -181,7 +181,7 @@ def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, flo
             width = min(other.size, out.size - j)
             out[j : j + width] += law[j] * other[:width]
 
-    light = []
+    light: list[np.ndarray] = []
     for law, other, atoms in ((b, a, atoms_b), (a, None, atoms_a)):
         heavy = atoms if atoms.size <= _SPARSE_ATOMS else atoms[law[atoms] > _HEAVY]
         if other is None:  # a's heavy atoms against b's light part
@@ -520,7 +520,7 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
     beyond the lattice), the mass left out (by the parts or beyond the lattice) as mu = inf."""
     parts = _parts(layout, c, q)
     unit2 = reach2 / cells
-    total = None  # the law of the empty sum: all mass at 0
+    total: np.ndarray | None = None  # the law of the empty sum: all mass at 0
     beyond = 0.0  # (about) the mass the mu^2 lattice cut: decides a wider one
     for values, probs, count in parts:
         law = _onto_lattice(values, probs, unit2, cells)
@@ -532,6 +532,8 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
         else:
             total, cut = _convolve(total, law, cells)
             beyond += cut
+    if total is None:  # a defect of ours: every layout has a part
+        raise RuntimeError("internal error: a layout without parts")
     total = np.maximum(total, 0.0)
     finite = float(total.sum())
     keep = total > 0
@@ -618,7 +620,9 @@ def _reach_guess(parts, cells: int) -> float:
     cuts off more than _LEFT_OUT."""
     mean = sum(count * float(values @ probs) for values, probs, count in parts)
     scale = max(mean, max(float(values.max()) for values, _, _ in parts), 1e-300)
-    values, logs, counts = [], [], []
+    value_parts: list[np.ndarray] = []
+    log_parts: list[np.ndarray] = []
+    count_parts: list[float] = []
     for v, p, count in parts:
         keep = p > 0
         v, p = v[keep], p[keep]
@@ -628,12 +632,13 @@ def _reach_guess(parts, cells: int) -> float:
             p = np.bincount(bins.astype(np.int64), weights=p, minlength=257)
             v = np.arange(257) * (top / 256.0)
             v, p = v[p > 0], p[p > 0]
-        values.append(v)
-        logs.append(np.log(p))
-        counts.append(count)
-    sizes = [v.size for v in values]
+        value_parts.append(v)
+        log_parts.append(np.log(p))
+        count_parts.append(count)
+    sizes = [v.size for v in value_parts]
     starts = np.cumsum([0, *sizes[:-1]])
-    values, logs, counts = np.concatenate(values), np.concatenate(logs), np.asarray(counts, dtype=float)
+    values, logs = np.concatenate(value_parts), np.concatenate(log_parts)
+    counts = np.asarray(count_parts, dtype=float)
 
     def bound(thetas):  # (log E e^(theta X) - log(_LEFT_OUT / 4)) / theta, each part's log-sum-exp by reduceat
         terms = thetas[:, None] * values[None, :] + logs[None, :]
@@ -677,13 +682,13 @@ def candidate_layouts(
             out.append(Layout.of(0, (), steps))
             continue
         for m in sorted(sizes):
-            tail, length = [], f
+            shrinking, length = [], f
             while length < m:
-                tail.append(length)
+                shrinking.append(length)
                 length = math.ceil(length / _SHRINK)
-            while tail and sum(tail) > steps - f:  # a short run: drop the largest tail blocks
-                tail.pop()
-            tail = tuple(tail[::-1])
+            while shrinking and sum(shrinking) > steps - f:  # a short run: drop the largest tail blocks
+                shrinking.pop()
+            tail = tuple(shrinking[::-1])
             room = steps - f - sum(tail)
             full, first = divmod(room, m)
             if flat and full <= _MAX_REPEAT:

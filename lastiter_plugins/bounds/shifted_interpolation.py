@@ -105,7 +105,7 @@ def _geometric_ratio(log_c: float, steps: np.ndarray | float) -> np.ndarray:
     return np.expm1(steps * log_c) / math.expm1(log_c)
 
 
-def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray | float) -> np.ndarray:
     r"""Minimal :math:`\sum a_t^2` to remove ``removed`` (measured at the window's
     end) over ``steps`` noise steps: :math:`R^2 (1-c^2)/(1-c^{2m})` (c = 1: R^2/m)."""
     steps = np.asarray(steps, dtype=float)
@@ -399,17 +399,19 @@ def shuffle_once_profile(
     full, rest = divmod(steps, per_epoch)
     groups = [(full + 1, 0, rest - 1)] if rest > 0 else []
     groups.append((full, rest, per_epoch - 1))
-    weights, uses, after = [], [], []
-    for n_uses, first, last in groups:
+    weight_parts: list[np.ndarray] = []
+    use_parts: list[np.ndarray] = []
+    after_parts: list[np.ndarray] = []
+    for group_uses, first, last in groups:
         starts = _block_starts(first, last)
         counts = np.diff(np.append(starts, last + 1)).astype(float)
         examples = counts * batch_size
-        if n_uses == full:
+        if group_uses == full:
             examples[0] -= batch_size - short  # the short last batch is at r = rest, the first of this group
-        weights.append(examples / dataset_size)
-        uses.append(np.full(starts.size, n_uses, dtype=np.int64))
-        after.append(starts)
-    w, n_uses, r = np.concatenate(weights), np.concatenate(uses), np.concatenate(after)
+        weight_parts.append(examples / dataset_size)
+        use_parts.append(np.full(starts.size, group_uses, dtype=np.int64))
+        after_parts.append(starts)
+    w, n_uses, r = np.concatenate(weight_parts), np.concatenate(use_parts), np.concatenate(after_parts)
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, per_epoch, r, diameter_ratio)
 
 
