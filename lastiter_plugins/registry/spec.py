@@ -171,7 +171,7 @@ class BoundSpec:
       compute: the RDP curve at the given orders (nats); for a GDP bound, the RDP its
         profile implies (mu-GDP implies RDP alpha mu^2/2; mixtures by joint convexity);
         None for a PLD bound, and for a GDP bound whose profile truncates rare events (no
-        Renyi curve).
+        Renyi curve). A :class:`BySampling` where the glue differs between the covered schemes.
       profile: for a GDP or PLD bound, its privacy profile (converted to epsilon exactly).
       proof: how the bound is justified.
       protects: what the number covers.
