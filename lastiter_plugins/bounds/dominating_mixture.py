@@ -34,6 +34,8 @@ from scipy import optimize, special
 
 from lastiter_plugins import profiles
 from lastiter_plugins.bounds import membership_mixtures
+from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 __all__ = ["DominatingMixtureProfile", "poisson_profile"]
 
@@ -294,3 +296,29 @@ def poisson_profile(
     if len(candidates) == 1:
         return candidates[0]
     return min(candidates, key=lambda p: p.epsilon(membership_mixtures.REFERENCE_DELTA))
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def _poisson(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> DominatingMixtureProfile:
+    # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
+    # the patterns mixed against that one law (add-or-remove), or through it (replace-one):
+    # docs/derivations/poisson-amplification.md#amplification
+    return poisson_profile(
+        step_mu=replace_one_step_mu(cfg.noise_multiplier) / 2.0,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        events=list(membership_mixtures.poisson_events(cfg, a)),
+        reflected=reflected,
+    )
+
+
+def shifted_interpolation_poisson(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
+    """Add-or-remove: the patterns mixed against the run without the record."""
+    return _poisson(cfg, a, reflected=False)
+
+
+def shifted_interpolation_poisson_replace_one(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
+    """Replace-one: both worlds compared through the run without the record."""
+    return _poisson(cfg, a, reflected=True)

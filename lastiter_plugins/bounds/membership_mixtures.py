@@ -43,6 +43,10 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from lastiter_plugins import profiles
+from lastiter_plugins.bounds._common import step_contraction
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 #: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice (:func:`_ranking_mixture`), the
 #: best is computed on the fine one (ending where the coarse law ends).
@@ -142,7 +146,7 @@ def _drain_factor(c: float, m: int) -> float:
     return c ** (2 * m) / _capacity(c, m)
 
 
-def _ceil_index(values: np.ndarray, unit: float) -> np.ndarray:
+def _ceil_index(values: np.ndarray | float, unit: float) -> np.ndarray:
     """Lattice index of each value, rounded up (a relative 1e-12 upward guard against rounding)."""
     return np.ceil(np.asarray(values, dtype=float) * (1.0 + 1e-12) / unit).astype(np.int64)
 
@@ -179,7 +183,7 @@ def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, flo
             width = min(other.size, out.size - j)
             out[j : j + width] += law[j] * other[:width]
 
-    light = []
+    light: list[np.ndarray] = []
     for law, other, atoms in ((b, a, atoms_b), (a, None, atoms_a)):
         heavy = atoms if atoms.size <= _SPARSE_ATOMS else atoms[law[atoms] > _HEAVY]
         if other is None:  # a's heavy atoms against b's light part
@@ -519,7 +523,7 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
     beyond the lattice), the mass left out (by the parts or beyond the lattice) as mu = inf."""
     parts = _parts(layout, c, q)
     unit2 = reach2 / cells
-    total = None  # the law of the empty sum: all mass at 0
+    total: np.ndarray | None = None  # the law of the empty sum: all mass at 0
     beyond = 0.0  # (about) the mass the mu^2 lattice cut: decides a wider one
     for values, probs, count in parts:
         law = _onto_lattice(values, probs, unit2, cells)
@@ -531,6 +535,8 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
         else:
             total, cut = _convolve(total, law, cells)
             beyond += cut
+    if total is None:  # a defect of ours: every layout has a part
+        raise RuntimeError("internal error: a layout without parts")
     total = np.maximum(total, 0.0)
     finite = float(total.sum())
     keep = total > 0
@@ -617,7 +623,9 @@ def _reach_guess(parts, cells: int) -> float:
     cuts off more than _LEFT_OUT."""
     mean = sum(count * float(values @ probs) for values, probs, count in parts)
     scale = max(mean, max(float(values.max()) for values, _, _ in parts), 1e-300)
-    values, logs, counts = [], [], []
+    value_parts: list[np.ndarray] = []
+    log_parts: list[np.ndarray] = []
+    count_parts: list[float] = []
     for v, p, count in parts:
         keep = p > 0
         v, p = v[keep], p[keep]
@@ -627,12 +635,13 @@ def _reach_guess(parts, cells: int) -> float:
             p = np.bincount(bins.astype(np.int64), weights=p, minlength=257)
             v = np.arange(257) * (top / 256.0)
             v, p = v[p > 0], p[p > 0]
-        values.append(v)
-        logs.append(np.log(p))
-        counts.append(count)
-    sizes = [v.size for v in values]
+        value_parts.append(v)
+        log_parts.append(np.log(p))
+        count_parts.append(count)
+    sizes = [v.size for v in value_parts]
     starts = np.cumsum([0, *sizes[:-1]])
-    values, logs, counts = np.concatenate(values), np.concatenate(logs), np.asarray(counts, dtype=float)
+    values, logs = np.concatenate(value_parts), np.concatenate(log_parts)
+    counts = np.asarray(count_parts, dtype=float)
 
     def bound(thetas):  # (log E e^(theta X) - log(_LEFT_OUT / 4)) / theta, each part's log-sum-exp by reduceat
         terms = thetas[:, None] * values[None, :] + logs[None, :]
@@ -676,13 +685,13 @@ def candidate_layouts(
             out.append(Layout.of(0, (), steps))
             continue
         for m in sorted(sizes):
-            tail, length = [], f
+            shrinking, length = [], f
             while length < m:
-                tail.append(length)
+                shrinking.append(length)
                 length = math.ceil(length / _SHRINK)
-            while tail and sum(tail) > steps - f:  # a short run: drop the largest tail blocks
-                tail.pop()
-            tail = tuple(tail[::-1])
+            while shrinking and sum(shrinking) > steps - f:  # a short run: drop the largest tail blocks
+                shrinking.pop()
+            tail = tuple(shrinking[::-1])
             room = steps - f - sum(tail)
             full, first = divmod(room, m)
             if flat and full <= _MAX_REPEAT:
@@ -792,7 +801,7 @@ _HUGE_SHIFT = 1e100
 SIZE_EVENT_BUDGET = 1e-12
 
 
-def step_contraction(
+def batch_step_contraction(
     r: float,
     *,
     learning_rate: float,
@@ -812,7 +821,7 @@ def step_contraction(
         lo, hi = lam, lam + ratio * (m - lam)
     else:
         lo, hi = lam * min(ratio, 1.0), m * max(ratio, 1.0)
-    return max(abs(1.0 - eta * lo), abs(1.0 - eta * hi))
+    return step_contraction(eta * lo, eta * hi)
 
 
 def _bisect(predicate, lo: int, hi: int, *, last_true: bool) -> int:
@@ -868,7 +877,7 @@ def poisson_size_events(
     r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
     r_q = _bisect(lambda r: special.bdtrc(r, n, q) <= half, 0, n, last_true=False)
     step = functools.partial(
-        step_contraction,
+        batch_step_contraction,
         learning_rate=learning_rate,
         strong_convexity=strong_convexity,
         smoothness=smoothness,
@@ -891,3 +900,65 @@ def poisson_size_events(
         mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, q))) * (1.0 + 1e-6))
         out.append((c, mass))
     return out
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) -> profiles.GaussianMixtureProfile:
+    c = batch_step_contraction(
+        cfg.batch_size,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        batch_size=cfg.batch_size,
+        l2_outside_clip=a.l2_outside_clip,
+    )
+    return membership_profile(
+        step_mu=replace_one_step_mu(cfg.noise_multiplier),
+        contraction=c,
+        use_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+    )
+
+
+def poisson_events(cfg: TrainingConfig, a: LossAssumptions) -> tuple[tuple[float, float], ...]:
+    """:func:`poisson_size_events` for this pipeline (empty: no batch-size range keeps the step non-expansive)."""
+    return _poisson_events(
+        dataset_size=cfg.dataset_size,
+        batch_size=cfg.batch_size,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        l2_outside_clip=a.l2_outside_clip,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _poisson_events(
+    *,
+    dataset_size: int,
+    batch_size: int,
+    sampling_probability: float,
+    steps: int,
+    learning_rate: float,
+    strong_convexity: float,
+    smoothness: float,
+    l2_outside_clip: bool,
+) -> tuple[tuple[float, float], ...]:
+    # keyed on every input of poisson_size_events; its binomial-tail bisections cost ~35 ms, asked by the
+    # applicability of both Poisson rows at every evaluation (a calibration evaluates dozens)
+    return tuple(
+        poisson_size_events(
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            sampling_probability=sampling_probability,
+            steps=steps,
+            learning_rate=learning_rate,
+            strong_convexity=strong_convexity,
+            smoothness=smoothness,
+            l2_outside_clip=l2_outside_clip,
+        )
+    )

@@ -162,9 +162,15 @@ def _loss_range(q: float, z: float, adjacency: str) -> tuple[float, float]:
         (lo_r, hi_r), (lo_a, hi_a) = _loss_range(q, z, REMOVE), _loss_range(q, z, ADD)
         return min(lo_r, lo_a), max(hi_r, hi_a)
     lower_x, upper_x = _truncation(z, adjacency)
-    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return float(privacy_loss(np.array([upper_x]), **kw)[0]), float(privacy_loss(np.array([lower_x]), **kw)[0])
+        return (
+            float(
+                privacy_loss(np.array([upper_x]), sampling_probability=q, noise_multiplier=z, adjacency=adjacency)[0]
+            ),
+            float(
+                privacy_loss(np.array([lower_x]), sampling_probability=q, noise_multiplier=z, adjacency=adjacency)[0]
+            ),
+        )
 
 
 def _limit_pmf(q: float, adjacency: str, discretization: float) -> pld_pmf.PLDPmf:
@@ -196,11 +202,12 @@ def single_step_pmf(
 ) -> pld_pmf.PLDPmf:
     """dp-accounting's pessimistic connect-the-dots distribution of one step on the host's grid."""
     q, z = float(sampling_probability), float(noise_multiplier)
-    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
     eps_lower, eps_upper = _loss_range(q, z, adjacency)
     lo, hi = math.floor(eps_lower / discretization), math.ceil(eps_upper / discretization)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        deltas = hockey_stick(np.arange(lo, hi + 1) * discretization, **kw)
+        deltas = hockey_stick(
+            np.arange(lo, hi + 1) * discretization, sampling_probability=q, noise_multiplier=z, adjacency=adjacency
+        )
     # rounding can break monotonicity by an ulp: repair upwards (only more pessimistic)
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, lo, hi, deltas)
@@ -242,7 +249,7 @@ def composed_pairs(sampling_probability: float, noise_multiplier: float, steps: 
 # (``np.cumsum`` adds sequentially, as the loop does), so every value is the host's to the last bit.
 
 
-def _host_pmfs(pld) -> tuple:
+def _host_pmfs(pld) -> tuple | None:
     """The remove and add PMFs of a dp-accounting ``PrivacyLossDistribution`` (one when symmetric).
 
     Host internals (``_pmf_remove``, ``_pmf_add``, ``_symmetric``: dp-accounting 0.4.3 to 0.6); None when
@@ -378,8 +385,11 @@ def _pmf_epsilon(pmf: _HostPmf, delta: float) -> float:
 
 def _host_tables(pld) -> list[_HostPmf] | None:
     pmfs = _host_pmfs(pld)
-    tables = None if pmfs is None else [_host_pmf(pmf) for pmf in pmfs]
-    return None if tables is None or any(t is None for t in tables) else tables
+    if pmfs is None:
+        return None
+    tables = [_host_pmf(pmf) for pmf in pmfs]
+    readable = [t for t in tables if t is not None]
+    return readable if len(readable) == len(tables) else None
 
 
 def negative_mass(pld) -> float:

@@ -69,24 +69,24 @@ def _majorant_cost(log_c: float, corners: list[_Corner]) -> np.ndarray:
     r"""Cost of the least concave majorant of ``corners`` (sorted outwards, the first the
     origin, the last the endpoint): the cheapest path through a subset of them that passes
     on or above every corner left out (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma 1)."""
-    pairs = {}
+    pairs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for i, j in itertools.combinations(range(len(corners)), 2):
-        u, v = corners[i], corners[j]
-        rise, run = _log_rise(u, v), _log_run(log_c, u, v)
+        start, end = corners[i], corners[j]
+        rise, run = _log_rise(start, end), _log_run(log_c, start, end)
         with np.errstate(over="ignore", invalid="ignore"):
             cost = np.where(rise == -np.inf, 0.0, np.exp(2.0 * rise - run))  # nothing to remove costs nothing
             slope = np.where(rise == -np.inf, -np.inf, rise - run)
         pairs[i, j] = cost, slope
     last = len(corners) - 1
-    best = None
+    costs = []
     for keep in itertools.product((True, False), repeat=last - 1):
         path = [0] + [i + 1 for i, k in enumerate(keep) if k] + [last]
-        cost = sum(pairs[u, v][0] for u, v in itertools.pairwise(path))
+        cost = np.asarray(sum(pairs[u, v][0] for u, v in itertools.pairwise(path)))
         for u, v in itertools.pairwise(path):
             for p in range(u + 1, v):  # a corner left out must lie on or below the segment u -> v
                 cost = np.where(pairs[u, p][1] <= pairs[u, v][1], cost, np.inf)
-        best = cost if best is None else np.minimum(best, cost)
-    return best
+        costs.append(cost)
+    return functools.reduce(np.minimum, costs)
 
 
 def _restart_grid(max_count: int, diameter_ratio: float, step_mu: float) -> np.ndarray:

@@ -29,10 +29,15 @@ subset of candidates is valid (never below the true minimum's validity).
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from lastiter_plugins.bounds import shift_schedules
+from lastiter_plugins.bounds._common import batch_sizes, step_contraction
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
+from lastiter_plugins.profiles import GaussianMixtureProfile
 
 _MIN_CONTRACTION = 1e-12  # c is raised to this: a c-Lipschitz map is c'-Lipschitz for c' >= c (sound)
 
@@ -64,12 +69,9 @@ def worst_batch_contraction(
     arXiv 1509.01240, Lemma 3.7, for the batch objective, (r lam/b)-strongly convex
     and (r M/b)-smooth). A c_r-Lipschitz map is c-Lipschitz for c >= c_r, so using
     the weakest factor at every step is sound. Unclipped gradients only."""
-    sizes = {batch_size, dataset_size - (-(-dataset_size // batch_size) - 1) * batch_size}
+    sizes = {batch_size, batch_sizes(dataset_size, batch_size)[1]}
     return max(
-        max(
-            abs(1.0 - learning_rate * strong_convexity * r / batch_size),
-            abs(1.0 - learning_rate * smoothness * r / batch_size),
-        )
+        step_contraction(learning_rate * strong_convexity * r / batch_size, learning_rate * smoothness * r / batch_size)
         for r in sizes
     )
 
@@ -103,7 +105,7 @@ def _geometric_ratio(log_c: float, steps: np.ndarray | float) -> np.ndarray:
     return np.expm1(steps * log_c) / math.expm1(log_c)
 
 
-def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray | float) -> np.ndarray:
     r"""Minimal :math:`\sum a_t^2` to remove ``removed`` (measured at the window's
     end) over ``steps`` noise steps: :math:`R^2 (1-c^2)/(1-c^{2m})` (c = 1: R^2/m)."""
     steps = np.asarray(steps, dtype=float)
@@ -317,9 +319,9 @@ def batch_position_weights(dataset_size: int, batch_size: int) -> np.ndarray:
     in batch j (the last batch may be short)."""
     if dataset_size < 1 or batch_size < 1:
         raise ValueError(f"dataset_size and batch_size must be >= 1. Found {dataset_size}, {batch_size}.")
-    batches = -(-dataset_size // batch_size)
+    batches, last = batch_sizes(dataset_size, batch_size)
     sizes = np.full(batches, float(batch_size))
-    sizes[-1] = dataset_size - (batches - 1) * batch_size
+    sizes[-1] = last
     return sizes / dataset_size
 
 
@@ -384,7 +386,7 @@ def shuffle_once_profile(
       (weights, mus): for l <= EXACT_POSITIONS one component per batch position j
       (in order); otherwise one per block, O(EXACT_POSITIONS + log l) of them.
     """
-    per_epoch = -(-dataset_size // batch_size)
+    per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
     if per_epoch <= EXACT_POSITIONS:
         weights = batch_position_weights(dataset_size, batch_size)
         mus = cyclic_position_mus(
@@ -399,20 +401,21 @@ def shuffle_once_profile(
     if steps < 0:
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     full, rest = divmod(steps, per_epoch)
-    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
     groups = [(full + 1, 0, rest - 1)] if rest > 0 else []
     groups.append((full, rest, per_epoch - 1))
-    weights, uses, after = [], [], []
-    for n_uses, first, last in groups:
+    weight_parts: list[np.ndarray] = []
+    use_parts: list[np.ndarray] = []
+    after_parts: list[np.ndarray] = []
+    for group_uses, first, last in groups:
         starts = _block_starts(first, last)
         counts = np.diff(np.append(starts, last + 1)).astype(float)
         examples = counts * batch_size
-        if n_uses == full:
+        if group_uses == full:
             examples[0] -= batch_size - short  # the short last batch is at r = rest, the first of this group
-        weights.append(examples / dataset_size)
-        uses.append(np.full(starts.size, n_uses, dtype=np.int64))
-        after.append(starts)
-    w, n_uses, r = np.concatenate(weights), np.concatenate(uses), np.concatenate(after)
+        weight_parts.append(examples / dataset_size)
+        use_parts.append(np.full(starts.size, group_uses, dtype=np.int64))
+        after_parts.append(starts)
+    w, n_uses, r = np.concatenate(weight_parts), np.concatenate(use_parts), np.concatenate(after_parts)
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, per_epoch, r, diameter_ratio)
 
 
@@ -448,12 +451,11 @@ def reshuffle_profile(
       positions, given the block's largest mu, when there are more than
       EXACT_POSITIONS), plus one for the positions a partial last pass does not reach.
     """
-    per_epoch = -(-dataset_size // batch_size)
+    per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
     c = _check(step_mu, contraction, diameter_ratio)
     if steps < 0:
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     full, rest = divmod(steps, per_epoch)
-    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
     window = rest if rest > 0 else per_epoch  # positions used in the last pass started
     # blocks of consecutive r = window - 1 - p, each given its smallest r (the largest mu)
     starts = _block_starts(0, window - 1) if window > EXACT_POSITIONS else np.arange(window)
@@ -471,3 +473,58 @@ def reshuffle_profile(
         after.append(np.array([rest]))
     w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, g, r, diameter_ratio)
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+class _Inputs(TypedDict):
+    step_mu: float
+    contraction: float
+    diameter_ratio: float | None
+
+
+def _inputs(cfg: TrainingConfig, a: LossAssumptions) -> _Inputs:
+    """Our parameters in the units of Bok, Su & Altschuler: per-step mu s = 2/z, the
+    weakest contraction over the batch sizes of a pass, the diameter over sigma_p."""
+    learning_rate = given(cfg.learning_rate, "learning_rate")
+    return {
+        "step_mu": replace_one_step_mu(cfg.noise_multiplier),
+        "contraction": worst_batch_contraction(
+            learning_rate=learning_rate,
+            strong_convexity=a.strong_convexity,
+            smoothness=given(a.smoothness, "smoothness"),
+            dataset_size=cfg.dataset_size,
+            batch_size=cfg.batch_size,
+        ),
+        "diameter_ratio": diameter_in_noise_units(
+            a.diameter,
+            batch_size=cfg.batch_size,
+            learning_rate=learning_rate,
+            noise_multiplier=cfg.noise_multiplier,
+            clip_norm=cfg.clip_norm,
+        ),
+    }
+
+
+def shifted_interpolation_full_batch(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    return GaussianMixtureProfile.gaussian(full_batch_mu(steps=cfg.steps, **_inputs(cfg, a)))
+
+
+def shifted_interpolation_cyclic(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    mu = cyclic_mu(steps_per_epoch=cfg.steps_per_epoch, steps=cfg.steps, **_inputs(cfg, a))
+    return GaussianMixtureProfile.gaussian(mu)
+
+
+def shifted_interpolation_shuffle(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    weights, mus = shuffle_once_profile(
+        dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_inputs(cfg, a)
+    )
+    return GaussianMixtureProfile.mixture(weights, mus)
+
+
+def shifted_interpolation_reshuffle(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    weights, mus = reshuffle_profile(
+        dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_inputs(cfg, a)
+    )
+    return GaussianMixtureProfile.mixture(weights, mus)

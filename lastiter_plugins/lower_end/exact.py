@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
+from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 
 _UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
@@ -334,8 +335,9 @@ def _params(params: Mapping[str, Any]) -> tuple[TrainingConfig, LossAssumptions]
 
 def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
     """Sizes of the l batches of a pass (the last one may be short)."""
-    sizes = np.full(cfg.steps_per_epoch, cfg.batch_size, dtype=float)
-    sizes[-1] = cfg.dataset_size - (cfg.steps_per_epoch - 1) * cfg.batch_size
+    per_epoch, last = batch_sizes(cfg.dataset_size, cfg.batch_size)
+    sizes = np.full(per_epoch, cfg.batch_size, dtype=float)
+    sizes[-1] = last
     return sizes
 
 

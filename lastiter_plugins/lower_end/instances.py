@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.lower_end import exact, mixture
 
@@ -212,10 +213,11 @@ def _no_instance(config: TrainingConfig, a: LossAssumptions) -> str | None:
 
 def _rhos(config: TrainingConfig, lam_in: float, lam_out: float) -> np.ndarray:
     """rho_t = 1 - eta (lam_in |B_t| / b + lam_out), t = 0..T-1 (fixed batch sizes: Poisson has lam_in = 0)."""
-    steps, per_epoch, b = config.steps, config.steps_per_epoch, config.batch_size
+    steps, b = config.steps, config.batch_size
+    per_epoch, last = batch_sizes(config.dataset_size, b)
     if config.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         sizes = np.full(per_epoch, float(b))
-        sizes[-1] = config.dataset_size - (per_epoch - 1) * b
+        sizes[-1] = last
         sizes = sizes[np.arange(steps) % per_epoch]
     else:
         sizes = np.full(steps, float(b))
@@ -230,8 +232,9 @@ def _contractions(rhos: np.ndarray) -> np.ndarray:
 
 
 def _batch_weights(config: TrainingConfig) -> np.ndarray:
-    sizes = np.full(config.steps_per_epoch, float(config.batch_size))
-    sizes[-1] = config.dataset_size - (config.steps_per_epoch - 1) * config.batch_size
+    per_epoch, last = batch_sizes(config.dataset_size, config.batch_size)
+    sizes = np.full(per_epoch, float(config.batch_size))
+    sizes[-1] = last
     return sizes / config.dataset_size
 
 
@@ -296,7 +299,7 @@ def _spacing(config: TrainingConfig, c: np.ndarray) -> float:
 
 def _rho_max(config: TrainingConfig, lam_in: float, lam_out: float) -> float:
     """The largest rho_t (the smallest batch contracts least)."""
-    smallest = config.dataset_size - (config.steps_per_epoch - 1) * config.batch_size
+    smallest = batch_sizes(config.dataset_size, config.batch_size)[1]
     if config.sampling not in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         smallest = config.batch_size
     lr = config.learning_rate if config.learning_rate is not None else 0.0
