@@ -28,9 +28,10 @@ Opacus' example).
 
     python benchmarks/bench_opacus_overhead.py [--rounds 12] [--steps 40] [--quick] [--profile]
 
-``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, cProfile over
-``--steps`` steps of B and of A, printing the functions of this library and the per-step time of
-each (where B's cost goes). Needs the ``opacus`` extra. About 1 minute (default settings, 2 cores).
+``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, B's step hook
+(the per-step checks) timed alone, then cProfile over ``--steps`` steps of B and of A, printing the
+functions of this library and the per-step time of each (where B's cost goes). Needs the ``opacus``
+extra; about 2 minutes on 2 cores (default settings), 4 under load.
 Writes the ``opacus_overhead`` section of benchmarks/results.json and re-renders benchmarks/results.md.
 """
 
@@ -117,6 +118,7 @@ def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], floa
             step()
         return time.process_time() - start
 
+    steps.optimizer = optimizer  # type: ignore[attr-defined]  # (for --profile)
     return steps
 
 
@@ -168,10 +170,29 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
 
 
 def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
-    """cProfile over ``steps`` steps of B then of A: this library's functions, per step (us)."""
+    """B's step hook (the accountant's per-step checks, which Opacus calls before the update), timed by
+    ``time.process_time`` around Opacus' ``optimizer.step_hook`` over ``steps`` steps (median per step);
+    then cProfile over ``steps`` steps of B and of A: this library's functions, per step (us; cProfile
+    inflates small calls)."""
     import cProfile
     import pstats
 
+    optimizer = arms["B"].optimizer  # type: ignore[attr-defined]
+    hook, spent = optimizer.step_hook, []
+
+    def timed(optim: Any) -> None:
+        start = time.process_time()
+        hook(optim)
+        spent.append(time.process_time() - start)
+
+    optimizer.step_hook = timed
+    total = arms["B"](steps)
+    optimizer.step_hook = hook
+    print(
+        f"  B's step hook: {statistics.median(spent) * 1e6:.0f} us per step (median), "
+        f"{sum(spent) / total:.2%} of B's CPU time",
+        file=sys.stderr,
+    )
     for arm in ("B", "A"):
         profiler = cProfile.Profile(time.process_time)
         profiler.runcall(arms[arm], steps)
