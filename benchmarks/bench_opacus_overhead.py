@@ -26,12 +26,12 @@ A's from a plain list of the same permutation, as a plain Opacus user would: tha
 cost) and Poisson sampling (Opacus' ``DPDataLoader``, the default of ``make_private`` and of
 Opacus' example).
 
-    python benchmarks/bench_opacus_overhead.py [--rounds 12] [--steps 40] [--quick] [--profile]
+    python benchmarks/bench_opacus_overhead.py [--rounds 14] [--steps 150] [--quick] [--profile]
 
 ``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, B's step hook
 (the per-step checks) timed alone, then cProfile over ``--steps`` steps of B and of A, printing the
 functions of this library and the per-step time of each (where B's cost goes). Needs the ``opacus``
-extra; about 2 minutes on 2 cores (default settings), 4 under load.
+extra; with the defaults about 2 minutes on 2 quiet cores, 4 to 5 under load.
 Writes the ``opacus_overhead`` section of benchmarks/results.json and re-renders benchmarks/results.md.
 """
 
@@ -210,8 +210,8 @@ def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=12, help="rounds of three blocks (at least 7)")
-    parser.add_argument("--steps", type=int, default=40, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=14, help="rounds of three blocks (at least 7)")
+    parser.add_argument("--steps", type=int, default=150, help="steps per block")
     parser.add_argument("--sampling", choices=SAMPLINGS, action="append", help="default: both")
     parser.add_argument("--quick", action="store_true", help="7 rounds of 10 steps, nothing written")
     parser.add_argument("--profile", action="store_true", help="cProfile B and A after the rounds")
