@@ -190,7 +190,17 @@ def _overhead(section: dict, results: dict) -> list[str]:
             f"Each of {rows[0]['rounds']} rounds runs one block of {rows[0]['steps_per_block']} steps of each "
             "pipeline, the order rotated through the six permutations; ratio and control are the medians over the "
             "rounds of B / A and A' / A, in brackets their range. Target (issue 29, item 7): the ratio within the "
-            "A/A spread + 2%.",
+            "A/A spread + 2%. Where the cost goes, resolved: after the rounds, one more block of B times its "
+            "step hook alone (the accountant's per-step checks, which Opacus calls before the update; "
+            "`time.process_time` around `optimizer.step_hook`): "
+            + "; ".join(
+                f"{r['sampling']}: {r['step_hook_us']:.0f} us per step (median), {r['step_hook_share']:.2%} of B's "
+                "CPU time"
+                for r in rows
+            )
+            + ". Not in that figure: the accountant's forward pre-hook (counts the examples), its step post-hook "
+            "(records the parameters' versions) and the sampler's report of each batch, about 20 to 30 us "
+            "together in an ad hoc measurement (`--profile` lists every function of the library per step).",
         ]
     return [*out, *_errors(section), ""]
 

@@ -18,7 +18,11 @@ all six permutations (A B A', then B A A', ...), and records each block's CPU ti
 (``time.process_time``: other processes' load on a shared machine does not inflate it; one torch
 thread). Per round, ``ratio`` = B / A and ``control`` = A' / A. Reported: their medians over the
 rounds (at least 7) with their range [min, max]. The target is met when the median ratio is at most
-the control's upper end + 0.02.
+the control's upper end + 0.02. After the rounds, one more block of B times its step hook alone (the
+accountant's per-step checks, called by Opacus before the update; ``process_time`` around Opacus'
+``optimizer.step_hook``): its median per step and its share of the block's CPU time, a figure the
+ratio cannot resolve on a loaded machine. The accountant's other work per step (its forward
+pre-hook counting the examples, its step post-hook, the sampler's report of each batch) is not in it.
 
 Rows: a shuffle-once order (``poisson_sampling=False``; B's loader draws it from the library's
 ``ShuffleOnceSampler``, which reports every batch it starts to the accountants of its permutation;
@@ -28,9 +32,9 @@ Opacus' example).
 
     python benchmarks/bench_opacus_overhead.py [--rounds 14] [--steps 150] [--quick] [--profile]
 
-``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, B's step hook
-(the per-step checks) timed alone, then cProfile over ``--steps`` steps of B and of A, printing the
-functions of this library and the per-step time of each (where B's cost goes). Needs the ``opacus``
+``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, cProfile over
+``--steps`` steps of B and of A, printing the functions of this library and the per-step time of
+each (where B's cost goes). Needs the ``opacus``
 extra; with the defaults about 2 minutes on 2 quiet cores, 4 to 5 under load.
 Writes the ``opacus_overhead`` section of benchmarks/results.json and re-renders benchmarks/results.md.
 """
@@ -149,6 +153,7 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
         controls.append(times["A'"] / times["A"])
         print(f"  round {r + 1}: ratio {ratios[-1]:.4f}, A/A {controls[-1]:.4f}", file=sys.stderr, flush=True)
     ratio, control = statistics.median(ratios), statistics.median(controls)
+    hook_s, hook_share = _step_hook(arms["B"], steps)
     row = {
         "model": MODEL,
         "batch_size": BATCH,
@@ -161,6 +166,8 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
         "control_ratio": control,
         "control_spread": [min(controls), max(controls)],
         "added_us": (statistics.median(blocks["B"]) - statistics.median(blocks["A"])) * 1e6,
+        "step_hook_us": hook_s * 1e6,
+        "step_hook_share": hook_share,
         "goal": f"ratio <= control's upper end + {SLACK:g}",
         "met": ratio <= max(controls) + SLACK,
     }
@@ -169,15 +176,11 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
     return row
 
 
-def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
+def _step_hook(run: Callable[[int], float], steps: int) -> tuple[float, float]:
     """B's step hook (the accountant's per-step checks, which Opacus calls before the update), timed by
-    ``time.process_time`` around Opacus' ``optimizer.step_hook`` over ``steps`` steps (median per step);
-    then cProfile over ``steps`` steps of B and of A: this library's functions, per step (us; cProfile
-    inflates small calls)."""
-    import cProfile
-    import pstats
-
-    optimizer = arms["B"].optimizer  # type: ignore[attr-defined]
+    ``time.process_time`` around Opacus' ``optimizer.step_hook`` over ``steps`` steps: its median per
+    step (s) and its share of those steps' CPU time."""
+    optimizer = run.optimizer  # type: ignore[attr-defined]
     hook, spent = optimizer.step_hook, []
 
     def timed(optim: Any) -> None:
@@ -186,13 +189,17 @@ def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
         spent.append(time.process_time() - start)
 
     optimizer.step_hook = timed
-    total = arms["B"](steps)
+    total = run(steps)
     optimizer.step_hook = hook
-    print(
-        f"  B's step hook: {statistics.median(spent) * 1e6:.0f} us per step (median), "
-        f"{sum(spent) / total:.2%} of B's CPU time",
-        file=sys.stderr,
-    )
+    return statistics.median(spent), sum(spent) / total
+
+
+def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
+    """cProfile over ``steps`` steps of B and of A: this library's functions, per step (us; cProfile
+    inflates small calls)."""
+    import cProfile
+    import pstats
+
     for arm in ("B", "A"):
         profiler = cProfile.Profile(time.process_time)
         profiler.runcall(arms[arm], steps)
@@ -228,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(
             f"  ratio {row['ratio']:.4f} {row['ratio_spread']}, A/A {row['control_ratio']:.4f} "
-            f"{row['control_spread']}, step {row['step_ms']['A']:.2f} ms, added {row['added_us']:+.0f} us; "
+            f"{row['control_spread']}, step {row['step_ms']['A']:.2f} ms, added {row['added_us']:+.0f} us, B's step "
+            f"hook {row['step_hook_us']:.0f} us ({row['step_hook_share']:.2%}); "
             f"target {'met' if row['met'] else 'NOT met'}",
             flush=True,
         )
