@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.quick:
         command = f"python benchmarks/bench_opacus_overhead.py --rounds {rounds} --steps {steps}"
+        command += "".join(f" --sampling {s}" for s in args.sampling or ())
         update_results("opacus_overhead", rows, command=command, seconds=time.perf_counter() - start, threads=1)
     return 0
 
