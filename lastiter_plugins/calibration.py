@@ -3,11 +3,15 @@ r"""Noise calibration: the smallest noise multiplier whose epsilon meets a targe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
-from typing_extensions import Unpack
+import numpy as np
+from typing_extensions import Unpack, overload
 
 from lastiter_plugins import evaluation
-from lastiter_plugins.api import Parameters, build
+from lastiter_plugins.api import Parameters, pipeline
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 from lastiter_plugins.errors import CalibrationError
 from lastiter_plugins.validation import positive_number, validate_delta, validate_orders
 
@@ -15,16 +19,43 @@ from lastiter_plugins.validation import positive_number, validate_delta, validat
 MIN_NOISE_MULTIPLIER = 1e-6
 
 
+@overload
 def calibrate_noise(
     bound: str,
     target_epsilon: float,
     delta: float,
     *,
-    orders=None,
+    orders: Sequence[float] | np.ndarray | None = None,
     max_noise_multiplier: float = 1e4,
     rtol: float = 1e-4,
     published_only: bool = False,
     **params: Unpack[Parameters],
+) -> float: ...
+@overload
+def calibrate_noise(
+    bound: str,
+    target_epsilon: float,
+    delta: float,
+    *,
+    orders: Sequence[float] | np.ndarray | None = None,
+    max_noise_multiplier: float = 1e4,
+    rtol: float = 1e-4,
+    published_only: bool = False,
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
+) -> float: ...
+def calibrate_noise(
+    bound: str,
+    target_epsilon: float,
+    delta: float,
+    *,
+    orders: Sequence[float] | np.ndarray | None = None,
+    max_noise_multiplier: float = 1e4,
+    rtol: float = 1e-4,
+    published_only: bool = False,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
 ) -> float:
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
     ``bound`` gives epsilon <= ``target_epsilon`` at ``delta``.
@@ -61,6 +92,8 @@ def calibrate_noise(
       max_noise_multiplier: the largest noise multiplier tried (> 0).
       rtol: relative precision of the bisection (> 0).
       published_only: ``best`` over the rows whose proof is a published theorem (a named bound must be one).
+      config, assumptions: the pipeline as objects (its noise multiplier is ignored), or give ``params``
+        (:func:`~lastiter_plugins.api.pipeline`).
       **params: the pipeline (:class:`~lastiter_plugins.api.Parameters`), without ``noise_multiplier``
         (ignored if given).
 
@@ -77,8 +110,10 @@ def calibrate_noise(
     cap = positive_number("max_noise_multiplier", max_noise_multiplier)
     rtol = positive_number("rtol", rtol)
     use_orders = None if orders is None else validate_orders(orders)  # None: the lossless default conversion
-    params.pop("noise_multiplier", None)
-    config, assumptions = build(noise_multiplier=1.0, **params)
+    if config is None:
+        params["noise_multiplier"] = 1.0  # ignored if given: the search sets it
+    config, assumptions = pipeline(config, assumptions, params)
+    config = config.replace(noise_multiplier=1.0)
     evaluation.require_applicable(bound, config, assumptions, published_only)  # refuses before any search
 
     def epsilon_at(z: float) -> float:

@@ -1,9 +1,9 @@
 r"""Validation of the numbers users pass at the public edge, in one place.
 
-The public functions (``lastiter_plugins.rdp`` / ``epsilon`` / ``compute_*`` / ``calibrate_noise`` /
-``evaluate_all``, the CLI, the adapters' entry points) check their inputs here once; the layers below
-them (evaluation, conversion, the bounds) trust what they are given. A pipeline is validated by
-constructing its :class:`~lastiter_plugins.config.TrainingConfig` and
+The public functions (``lastiter_plugins.rdp`` / ``epsilon`` / ``applicable_bounds`` /
+``calibrate_noise`` / ``advise``, ``evaluation.evaluate_all``, the CLI, the adapters' entry points) check
+their inputs here once; the layers below them (evaluation, conversion, the bounds) trust what they are
+given. A pipeline is validated by constructing its :class:`~lastiter_plugins.config.TrainingConfig` and
 :class:`~lastiter_plugins.config.LossAssumptions`.
 
 Every error is a ``ValueError`` naming the parameter, the constraint and the value found.

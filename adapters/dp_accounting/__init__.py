@@ -10,13 +10,13 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
   configured with the bound it accounts last-iterate runs with
   (``bound="best"`` by default; any id of ``lastiter_plugins.BOUND_IDS``). A
   last-iterate event contributes ``count`` times its RDP curve
-  (:func:`lastiter_plugins.compute_rdp` for that bound and the accountant's
+  (:func:`lastiter_plugins.rdp` for that bound and the accountant's
   neighbouring relation); every other event (Gaussian, Laplace, Poisson /
   without-replacement sampled, RepeatAndSelect, ZCDp on 0.6, ...) is delegated
   to dp-accounting's ``rdp.RdpAccountant`` with the same orders and relation.
   So one accountant covers a pipeline mixing last-iterate runs with standard
   mechanisms. A ledger holding one run and nothing else is answered exactly as
-  :func:`lastiter_plugins.compute_epsilon` answers for it (lossless, f-DP
+  :func:`lastiter_plugins.epsilon` answers for it (lossless, f-DP
   bounds included); any composition is converted from the summed RDP on the
   order grid.
 * ``LastIteratePldAccountant`` (in ``_pld``) composes runs certified
@@ -569,7 +569,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     run (not its intermediate iterates).
 
     A ledger holding exactly one last-iterate run and nothing else is answered
-    exactly as ``lastiter_plugins.compute_epsilon`` answers for that run
+    exactly as ``lastiter_plugins.epsilon`` answers for that run
     (lossless; an f-DP bound's privacy profile converted exactly), also when the
     rows that apply have no Renyi-DP curve (a privacy loss distribution, or a
     profile with truncated tails): such a run is accepted alone and refused in
@@ -782,7 +782,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         """(epsilon, optimal order) at ``target_delta`` in [0, 1].
 
         One last-iterate run and nothing else: exactly
-        ``lastiter_plugins.compute_epsilon`` for that run and the accountant's
+        ``lastiter_plugins.epsilon`` for that run and the accountant's
         bound, orders and relation (lossless: a privacy profile is converted
         exactly, with order None; a curve linear in the order at its continuous
         optimum; any other curve refined between the orders). Anything else
