@@ -277,13 +277,11 @@ def applicable_bounds(
         reasons=() if usable else ("no proven bound applies to this pipeline with the declared relation.",),
         relation=config.relation,
         proof=registry.PROVEN,
-        protects=Protects.FINAL_MODEL if winner is None or winner.result is None else winner.result.protects,
+        protects=Protects.FINAL_MODEL if winner is None else winner.protects,
         kind=Kind.RDP,
         reference="minimum over " + (", ".join(usable) or "nothing") + f" ({registry.DOCS})",
         assumptions="those of the bound that wins",
         covers=(config.sampling,),
-        result=None
-        if winner is None or winner.result is None
-        else dataclasses.replace(winner.result, bound=registry.BEST),
+        result=None if winner is None else dataclasses.replace(winner, bound=registry.BEST),
     )
     return out

@@ -181,8 +181,9 @@ def _growth(z0: float, z1: float, eps0: float | None, eps1: float | None, target
     """How much to raise the noise multiplier after two misses at z0 < z1: 5% beyond where the line
     through their (log z, log epsilon) reaches the target, within [1.25, 64]; 2 when their epsilons
     are not known or do not fall."""
-    known = eps0 is not None and eps1 is not None and math.isfinite(eps0) and math.isfinite(eps1)
-    if not (known and eps0 > eps1 > target > 0.0):
+    if eps0 is None or eps1 is None or not (math.isfinite(eps0) and math.isfinite(eps1)):
+        return 2.0
+    if not eps0 > eps1 > target > 0.0:
         return 2.0
     slope = math.log(eps1 / eps0) / math.log(z1 / z0)  # < 0
     return min(max(1.05 * (target / eps1) ** (1.0 / slope), 1.25), 64.0)
@@ -196,8 +197,10 @@ def _next_point(
     the bracket so that an accurate guess closes it on the next try; the geometric middle when an end's
     epsilon is not known or not usable, or when ``bisect`` (the bracket did not halve in two tries)."""
     middle = math.sqrt(lo * hi)
-    usable = eps_lo is not None and eps_hi is not None and eps_lo > target and 0.0 < eps_hi <= target
-    if bisect or not usable or not (math.isfinite(eps_lo) and math.isfinite(eps_hi)):
+    if bisect or eps_lo is None or eps_hi is None:
+        return middle
+    usable = eps_lo > target and 0.0 < eps_hi <= target
+    if not usable or not (math.isfinite(eps_lo) and math.isfinite(eps_hi)):
         return middle
     f_lo, f_hi = math.log(eps_lo / target), math.log(eps_hi / target)
     if not f_lo > f_hi:
@@ -236,8 +239,8 @@ class _BestSearch:
             )
             winner = evaluation.best_of([row], config.relation)
             if winner is not None:
-                smallest = winner.result.epsilon if smallest is None else min(smallest, winner.result.epsilon)
-            if winner is not None and winner.result.epsilon <= self._target:
+                smallest = winner.epsilon if smallest is None else min(smallest, winner.epsilon)
+            if winner is not None and winner.epsilon <= self._target:
                 met = True
             else:
                 self._missed_at[bid] = z

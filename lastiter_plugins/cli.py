@@ -303,8 +303,9 @@ def _cmd_rdp(args) -> str:
     relation, protects, proof = config.relation, registry.Protects.FINAL_MODEL, registry.PROVEN
     if args.bound != registry.BEST:
         spec = registry.BOUNDS[args.bound]
-        relation = spec.relation_for(config.sampling)
-        protects, proof = spec.protects, spec.proof
+        native = spec.relation_for(config.sampling)
+        assert native is not None  # rdp returned: the bound applies, so it covers this sampling
+        relation, protects, proof = native, spec.protects, spec.proof
     if args.json:
         return dump_json(
             {

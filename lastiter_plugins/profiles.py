@@ -252,7 +252,9 @@ def _unique_sum(w: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, np.bincount(inverse, weights=w, minlength=values.size)
 
 
-def _merge_components(w: np.ndarray, m: np.ndarray, max_components: int = _MAX_COMPONENTS):
+def _merge_components(
+    w: np.ndarray, m: np.ndarray, max_components: int = _MAX_COMPONENTS
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Merge equal mus; if more than ``max_components`` remain, round each mu UP
     to a geometric grid (delta_mu increases with mu, so the profile only grows)."""
     values, w = _unique_sum(w, m)

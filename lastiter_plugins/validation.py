@@ -42,10 +42,9 @@ def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
     """A validated copy of ``orders`` (or the default grid). Orders must be finite and > 1."""
     if orders is None:
         return DEFAULT_ORDERS.copy()
-    if isinstance(orders, numbers.Real):
-        orders = [orders]
+    given: object = [orders] if isinstance(orders, numbers.Real) else orders  # one order
     try:
-        arr = np.array(orders, dtype=float).reshape(-1)
+        arr = np.array(given, dtype=float).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"orders must be a sequence of numbers > 1. Found {orders!r}.") from None
     if arr.size == 0:
