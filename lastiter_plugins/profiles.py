@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import optimize, special
@@ -153,7 +154,7 @@ def _upper_bracket(log_delta, log_target: float, start: float) -> float:
     return math.inf
 
 
-def _remembered(log_delta):
+def _remembered(log_delta: Callable[[float], float]) -> Callable[[float], float]:
     """``log_delta`` computed once per argument (a mixture's costs about a millisecond)."""
     seen: dict[float, float] = {}
 
