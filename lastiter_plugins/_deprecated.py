@@ -1,7 +1,8 @@
 r"""The names of version 0.2 that overlapped another public name, kept until 1.0.
 
 Each is reached through ``lastiter_plugins.NAME``; every access warns with a ``DeprecationWarning`` naming
-its replacement (:func:`warned`).
+its replacement (:func:`warned`, with the message of its ``@deprecated`` mark; ``category=None``: the mark is
+for type checkers, the warning is given once, on access).
 docs/api.md lists them with their replacements; CHANGELOG.md says when they go (1.0).
 """
 
@@ -20,16 +21,10 @@ from lastiter_plugins.config import LossAssumptions, TrainingConfig
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
 from lastiter_plugins.validation import validate_orders
 
-#: deprecated name -> its replacement
-DEPRECATED: dict[str, str] = {
-    "compute_epsilon": "epsilon(bound, delta, config=..., assumptions=...)",
-    "compute_rdp": "rdp(bound, orders, config=..., assumptions=...)",
-    "evaluate_all": "applicable_bounds(delta=..., config=..., assumptions=...)",
-    "advise_config": "advise(delta, config=..., assumptions=...)",
-}
 
-
-@deprecated(f"removed in 1.0; use lastiter_plugins.{DEPRECATED['compute_epsilon']}", category=None)  # warned on access
+@deprecated(
+    "will be removed in 1.0; use lastiter_plugins.epsilon(bound, delta, config=..., assumptions=...)", category=None
+)
 def compute_epsilon(
     bound: str,
     config: TrainingConfig,
@@ -52,7 +47,9 @@ def compute_epsilon(
     )
 
 
-@deprecated(f"removed in 1.0; use lastiter_plugins.{DEPRECATED['compute_rdp']}", category=None)  # warned on access
+@deprecated(
+    "will be removed in 1.0; use lastiter_plugins.rdp(bound, orders, config=..., assumptions=...)", category=None
+)
 def compute_rdp(
     bound: str,
     config: TrainingConfig,
@@ -66,7 +63,10 @@ def compute_rdp(
     return api.rdp(bound, grid, published_only=published_only, config=config, assumptions=assumptions)
 
 
-@deprecated(f"removed in 1.0; use lastiter_plugins.{DEPRECATED['evaluate_all']}", category=None)  # warned on access
+@deprecated(
+    "will be removed in 1.0; use lastiter_plugins.applicable_bounds(delta=..., config=..., assumptions=...)",
+    category=None,
+)
 def evaluate_all(
     config: TrainingConfig,
     assumptions: LossAssumptions,
@@ -82,7 +82,7 @@ def evaluate_all(
     return table
 
 
-@deprecated(f"removed in 1.0; use lastiter_plugins.{DEPRECATED['advise_config']}", category=None)  # warned on access
+@deprecated("will be removed in 1.0; use lastiter_plugins.advise(delta, config=..., assumptions=...)", category=None)
 def advise_config(
     delta: float, config: TrainingConfig, assumptions: LossAssumptions, *, top: int | None = None
 ) -> tuple[Suggestion, ...]:
@@ -92,9 +92,8 @@ def advise_config(
 
 def warned(name: str) -> Any:
     """The deprecated ``name``, with its warning (to the code that reached it: ``lastiter_plugins.NAME``)."""
+    function = globals()[name]
     warnings.warn(
-        f"lastiter_plugins.{name} is deprecated and will be removed in 1.0; use lastiter_plugins.{DEPRECATED[name]}",
-        DeprecationWarning,
-        stacklevel=3,
+        f"lastiter_plugins.{name} is deprecated and {function.__deprecated__}", DeprecationWarning, stacklevel=3
     )
-    return globals()[name]
+    return function
