@@ -154,6 +154,7 @@ class Derivation:
 
     def _compare(self, batch: DrawnBatch, step: int) -> str | None:
         current, key = self._current, hash(batch.indices)
+        assert current is not None  # _enter started or continued a pass
         position = len(current.hashes)
         if current.seen is not None and batch.indices:
             rows = np.fromiter(batch.indices, dtype=np.int64, count=len(batch.indices))
@@ -192,6 +193,7 @@ class Derivation:
             return bits >= EVIDENCE_BITS
         if len(current.hashes) >= self.batches_per_pass:
             return True
+        assert self.sample_rate is not None  # Poisson (the only other scheme checked for repeats) has its rate
         q = float(self.sample_rate)
         same = q * q + (1.0 - q) * (1.0 - q)  # one example, one step: the two draws agree
         bits = -len(current.hashes) * self.n * math.log2(same) if same < 1.0 else 0.0

@@ -220,7 +220,9 @@ def _scalar_bounds(loss: LossFamily, a_eff: float, params: dict[str, float | Non
     if loss is LossFamily.HUBER:
         return params["huber_delta"], 1.0
     if loss is LossFamily.SMOOTHED_HINGE:
-        return 1.0, 1.0 / params["hinge_smoothing"]
+        smoothing = params["hinge_smoothing"]
+        assert smoothing is not None  # _check_family_arguments refused the smoothed hinge without it
+        return 1.0, 1.0 / smoothing
     # squared (u - y)^2: |phi'| = 2|u - y| <= 2 (A~ B + Y) on |x| <= B, |y| <= Y
     bound, labels = params["parameter_norm_bound"], params["label_bound"]
     if bound is None or labels is None:

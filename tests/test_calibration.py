@@ -199,7 +199,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
 
         def probe(self, z):
             config = self.config.replace(noise_multiplier=z)
-            eps = lp.compute_epsilon("best", config, self.assumptions, self.delta).epsilon
+            eps = lp.epsilon("best", self.delta, config=config, assumptions=self.assumptions).epsilon
             return eps <= self.target, eps
 
     monkeypatch.setattr(calibration, "_BestSearch", WholeBest)

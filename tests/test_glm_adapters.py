@@ -212,7 +212,7 @@ def test_opacus_epsilon_equals_core_for_hand_derived_constants(request, loss, ou
         learning_rate=LR,
         clip_norm=clip,
     )
-    expected = lp.compute_epsilon("best", config, expected_assumptions, DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=expected_assumptions)
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
     assert engine.accountant.epsilon_result(DELTA).winner == expected.winner
 
@@ -577,7 +577,7 @@ def test_opacus_custom_engine_binds_the_model_and_derives_at_the_first_step(requ
         dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=N // B, sampling="cyclic", learning_rate=LR,
         clip_norm=0.5,
     )  # fmt: skip
-    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 0.5), DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants("logistic", 0.5))
     assert accountant.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
 
 
@@ -615,7 +615,7 @@ def test_opacus_weight_decay_is_folded_into_the_constants(request):
     config = lp.TrainingConfig(
         dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=2 * N // B, sampling="cyclic", learning_rate=LR
     )
-    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 1.0, w=w), DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants("logistic", 1.0, w=w))
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
     # a bias without weight decay: the l2 term no longer covers every parameter, lam = 0
     engine, *_ = _private(
@@ -835,7 +835,7 @@ def test_keras_epsilon_equals_core_for_hand_derived_constants(loss, units, clip)
         learning_rate=LR,
         clip_norm=clip,
     )
-    expected = lp.compute_epsilon("best", config, hand, DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=hand)
     assert callback.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
 
 
@@ -1009,7 +1009,7 @@ def _epsilon_for(clip: float, loss: str = "logistic", steps: int = 2 * TF_N // T
         learning_rate=LR,
         clip_norm=clip,
     )
-    return lp.compute_epsilon("best", config, _hand_constants(loss, clip), DELTA).epsilon
+    return lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants(loss, clip)).epsilon
 
 
 @needs_tf

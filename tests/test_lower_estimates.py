@@ -187,7 +187,7 @@ def test_best_with_skipping_is_the_minimum_over_every_row():
         a, b = evaluation.best_of(fast.values(), config.relation), evaluation.best_of(full.values(), config.relation)
         assert (a is None) == (b is None)
         if a is not None:
-            assert (a.bound, a.result.epsilon) == (b.bound, b.result.epsilon), (config, delta)
+            assert (a.winner, a.epsilon) == (b.winner, b.epsilon), (config, delta)
         skipped += sum(1 for e in fast.values() if e.notes and e.notes[0].startswith("not computed"))
     assert skipped >= 10, skipped
 
@@ -200,7 +200,7 @@ def test_best_skips_the_losing_renyi_rows_of_a_random_batch_pipeline():
                   sampling="random_batch")  # fmt: skip
     config, assumptions = lp.build(**params)
     rows = evaluation.evaluate_for_best(config, assumptions, 1e-5)
-    assert evaluation.best_of(rows.values(), config.relation).bound == "shifted-interpolation-random-batch"
+    assert evaluation.best_of(rows.values(), config.relation).winner == "shifted-interpolation-random-batch"
     for bid in ("bounded-domain-random", "ye-shokri-random", "composition"):
         assert rows[bid].result is None and "not computed" in rows[bid].notes[0], bid
 

@@ -221,7 +221,8 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
     if not acc.guarantee:
         why_not.append(acc.caveat)
         first_unmet = first_unmet or acc.caveat
-    eps = order = None
+    eps: float | None = None
+    order: float | None = None
     notes: tuple[str, ...] = ()
     if acc.max_steps is not None and cfg.steps > acc.max_steps:
         notes = (

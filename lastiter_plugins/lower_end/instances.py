@@ -354,7 +354,7 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
         lam_out = lam if a.l2_outside_clip else 0.0
         out = [LinearInstance(clip, 0.0, lam_out, half)]
         if lam == 0 and half is not None and not a.l2_outside_clip and config.sampling is not Sampling.POISSON:
-            out += _contracting_candidates(config, a)
+            out += _contracting_candidates(config, a, half)
         return out
     if half is not None:  # per-example l2 on a segment: gradients <= C on the whole domain
         gamma = clip - lam * half
@@ -364,11 +364,13 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
     return [LinearInstance(gamma, lam, 0.0, radius)] if gamma > 0 else []
 
 
-def _contracting_candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstance]:
-    """Convex declarations on a segment: a per-example l2 term lam' (allowed: strong convexity >= 0, and
-    lam' <= M) just strong enough that the walk stays inside the segment but with probability 1e-30."""
-    half, clip = a.diameter / 2.0, config.clip_norm
-    top = min(1.0 / config.learning_rate, clip / (2.0 * half))  # keeps gamma >= C/2
+def _contracting_candidates(config: TrainingConfig, a: LossAssumptions, half: float) -> list[LinearInstance]:
+    """Convex declarations on a segment of half-length ``half``: a per-example l2 term lam' (allowed: strong
+    convexity >= 0, and lam' <= M) just strong enough that the walk stays inside the segment but with
+    probability 1e-30."""
+    lr, clip = config.learning_rate, config.clip_norm
+    assert lr is not None  # _no_instance refuses a projection without the learning rate
+    top = min(1.0 / lr, clip / (2.0 * half))  # keeps gamma >= C/2
     if a.smoothness is not None:
         top = min(top, a.smoothness)
     if top <= 0:
@@ -433,6 +435,7 @@ def _g3_epsilon(config: TrainingConfig, a: LossAssumptions, delta: float) -> flo
         )
     except ValueError:
         return None
+    assert ex.hockey_stick is not None  # asked for (hockey_stick=True)
     return float(ex.hockey_stick.epsilon(delta)[0])
 
 

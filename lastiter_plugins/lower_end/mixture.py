@@ -33,7 +33,7 @@ import math
 import numpy as np
 from scipy import special, stats
 
-_UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
+_UNIT_ROUNDOFF = float(np.finfo(float).eps) / 2.0
 #: Total mass dropped from the tails of a mixing law (counted, never ignored).
 TRIM = 1e-40
 #: Allowance for the relative error of one binomial pmf value from scipy (typically 1e-15).
