@@ -186,14 +186,13 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         """Optimizer steps counted and checked so far: the steps recorded since the last check are checked
         up to the first that differs from the plan (which the next check, or reading the epsilon, raises)."""
         if self._failure is None and self._probe is not None:
-            self._problem()
+            self._problem(self._probe)
         return self._steps
 
     @property
     def config(self) -> TrainingConfig:
         """The TrainingConfig of the steps counted so far."""
-        self._check_usable()
-        return self._plan.config.replace(steps=self._steps)
+        return self._check_usable().config.replace(steps=self._steps)
 
     @property
     def result(self) -> lp.EpsilonResult:
@@ -215,17 +214,23 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         """Epsilon at ``delta`` for the final model after the steps counted so far."""
         return self.result.epsilon
 
-    def _check_usable(self) -> None:
+    def _check_usable(self) -> derive.Plan:
+        """The plan, once steps were counted and nothing voids their epsilon."""
         self._verify()
-        if self._plan is None or self._steps == 0:
+        plan = self._plan
+        if plan is None or self._steps == 0:
             raise AccountingError("no optimizer step has been counted yet: train with model.fit first.")
-        problem = derive.usable_problem(self._plan, getattr(self.model, "optimizer", None), self._steps)
+        problem = derive.usable_problem(plan, getattr(self.model, "optimizer", None), self._steps)
         if problem is not None:
             raise PipelineChangedError(problem)
-        departure = self._probe.departure() if self._ended else None
-        problem = derive.final_problem(self._plan, departure)
+        departure = None
+        if self._ended:
+            assert self._probe is not None  # made with the plan; removed from the step at the end, still readable
+            departure = self._probe.departure()
+        problem = derive.final_problem(plan, departure)
         if problem is not None:
             self._fail(problem)
+        return plan
 
     def _verify(self) -> None:
         """Check the steps recorded since the last check (one read of the step table) and the host's facts;
@@ -233,27 +238,29 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         if self._failure is not None:
             raise PipelineChangedError(self._failure)
         if self._probe is not None:
-            problem = self._problem()
+            problem = self._problem(self._probe)
             if problem is not None:
                 self._fail(problem)
 
-    def _problem(self) -> str | None:
+    def _problem(self, probe: observe.StepProbe) -> str | None:
         """The first problem of the steps recorded since the last check (None when none); advances the count
         of checked steps over every step found correct. Once training ended every step was checked: later
         training is what ``_check_usable`` refuses."""
         if self._ended:
             return None
-        record = self._probe.read()
+        assert self._plan is not None  # the probe is made with the plan
+        record = probe.read()
         more = None
-        if self._glm_probe is not None:
-            glm = self._glm_probe.read()
+        glm_probe = self._glm_probe
+        if glm_probe is not None:
+            glm = glm_probe.read()
             if glm.steps != record.steps:
                 return f"the GLM checks recorded {glm.steps} steps and the step checks {record.steps}" + derive.VOID
 
             def more(k: int) -> str | None:
-                return self._glm_probe.problem(k, glm.row(k))
+                return glm_probe.problem(k, glm.row(k))
 
-        host = observe.host_facts(self.model, self._probe)
+        host = observe.host_facts(self.model, probe)
         self._steps, problem = derive.steps_problem(self._plan, record, self._steps, host, more)
         return problem
 

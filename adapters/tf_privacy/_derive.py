@@ -265,6 +265,7 @@ def read_fit(model: Any) -> FitSettings:
             f"eta*z*C/b. Choose a batch_size that divides {n} ({_divisors_near(n, b)}), or train on the "
             f"first {(n // b) * b} examples. Found batch_size={b}."
         )
+    assert facts.order is not None  # in memory: _in_memory read the order
     return FitSettings(
         dataset_size=n,
         batch_size=b,
@@ -716,6 +717,7 @@ def step_problem(plan: Plan, k: int, step: observe.StepFacts) -> str | None:
             "changed them). Only ProjectionCallback may move the weights between steps" + VOID
         )
     if plan.projection is not None:
+        assert plan.assumptions.diameter is not None  # check_projection refused a projection without it
         radius = plan.assumptions.diameter / 2
         if step.start_distance > radius:
             return (
@@ -823,6 +825,7 @@ def final_problem(plan: Plan, departure: tuple[float, bool] | None) -> str | Non
     distance from the last step's end, projected, and whether a non-trainable one changed), still hold the
     weights of the last counted step."""
     if plan.projection is not None:
+        assert plan.assumptions.diameter is not None  # check_projection refused a projection without it
         radius = plan.assumptions.diameter / 2
         distance = plan.projection.distance_from_center()
         if distance > radius:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
 from lastiter_plugins.errors import UnsupportedHostError
@@ -135,7 +136,9 @@ def optimizer_facts(optimizer: Any) -> OptimizerFacts:
         query = type(q).__name__ if type(q) is _GaussianSumQuery else None
         state = optimizer._global_state  # what the compiled step reads (GaussianSumQuery's global state)
         clip = state.l2_norm_clip if query else None
-        noise = value_of(state.stddev) / value_of(clip) if query and value_of(clip) else None
+        clip_value = value_of(clip)
+        stddev = value_of(state.stddev) if query and clip_value else None  # a GaussianSumQuery's state only
+        noise = stddev / clip_value if stddev is not None and clip_value else None
         accumulation = optimizer.gradient_accumulation_steps
     else:
         return OptimizerFacts(None, None, None, None, None, 1, 0.0, False, False, 0.0, {}, None, None)
@@ -307,7 +310,7 @@ class StepTable:
     knows when it did not (``StepRecord.lost``).
     """
 
-    def __init__(self, slots: int, capacity: int, name: str, initial: Sequence[float] | None = None) -> None:
+    def __init__(self, slots: int, capacity: int, name: str, initial: npt.ArrayLike | None = None) -> None:
         self.capacity = int(capacity)
         self.initial = np.zeros(slots) if initial is None else np.asarray(initial, np.float64)
         self.table = tf.Variable(tf.zeros([self.capacity + 1, slots], tf.float64), trainable=False, name=name)

@@ -58,6 +58,7 @@ class ProjectionCallback(tf.keras.callbacks.Callback):
         """The center, one tensor per trainable variable (set at the start of training)."""
         if self._center is None:
             self._set_center()
+        assert self._center is not None  # _set_center set it (or raised)
         return self._center
 
     def _set_center(self) -> None:

@@ -137,8 +137,8 @@ def compute_last_iterate_privacy_statement(
     glm = _glm.declare(model=model, feature_norm=feature_norm, declared=declared)
     if glm is None and loss is not None:
         raise ValueError(f"loss needs model='glm'. Found loss={loss!r} without it.")
-    # TF Privacy's names first (the core's checks name its own: dataset_size, clip_norm), then n, b, z, C, eta
-    # and the sampling with the library's checks before using them.
+    # TF Privacy's names first (the core's checks name its own: dataset_size, clip_norm), then the sampling,
+    # n, b, z, C and eta with the library's checks before using them.
     for name, value, what in (
         ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on"),
         ("l2_norm_clip", l2_norm_clip, "the per-example clipping norm"),
@@ -152,7 +152,7 @@ def compute_last_iterate_privacy_statement(
         batch_size=batch_size,
         noise_multiplier=noise_multiplier,
         steps=1,
-        sampling=sampling,
+        sampling=Sampling.parse(sampling),
         learning_rate=learning_rate,
         clip_norm=l2_norm_clip,
     )
