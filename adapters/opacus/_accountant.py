@@ -258,15 +258,7 @@ class LastIterateAccountant(IAccountant):
             module = caller.get("module")
             self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
-        if self._glm is not None:
-            glm = self._glm
-
-            def hook_fn(optim: Any) -> None:
-                glm.check_step(optim)
-                self._account_step(optim)
-
-            return hook_fn
-        return self._account_step  # called by the DP optimizer at every step (a bound method: one call less)
+        return self._account_step  # called by the DP optimizer at every step
 
     # -- one step
     def _account_step(self, optim: Any) -> None:
@@ -295,18 +287,24 @@ class LastIterateAccountant(IAccountant):
 
     def _verify(self, optim: Any) -> None:
         """The facts of docs/opacus.md, *Verified at every step*, in its order; then the step is recorded."""
-        reg, binding, steps = self.registration, self._binding, self.steps
+        binding, steps, glm = self._binding, self.steps, self._glm
         if binding is None:
+            reg = self.registration
             raise _Error(
                 f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
                 "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
                 "engine.accountant.bind_data_loader(data_loader, module=model) before training."
             )
+        if glm is not None:
+            glm.derive_at_step(optim)  # (bound by bind_data_loader: the constants are derived at the first step)
+        reg = self.registration
         if self._checks is None:
             module = binding.module() if binding.module is not None else None
             self._checks = StepChecks(optim, module, binding.buffers, reg)
         checks = self._checks
         checks.verify_optimizer(optim, steps + 1)  # the same DP optimizer, SGD and parameters; nothing after us
+        if glm is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
+            glm.watch.check_configuration(optim)
         observed = observe(optim, reg, binding.facts)  # noise, clipping, reduction, lr: plain SGD
         if self._prior is not None:  # the model was trained by an earlier engine: continue or refuse
             self._continue_prior(observed)
@@ -319,6 +317,8 @@ class LastIterateAccountant(IAccountant):
         problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
+        if glm is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
+            glm.watch.check_examples(optim)
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps)
             checks.rebase()

@@ -89,6 +89,8 @@ BY_HAND = (
 )
 #: Relative tolerance of the per-step structure checks (float32 arithmetic of Opacus' grad samplers).
 _TOLERANCE = 1e-4
+#: Training forwards whose features wait for the step's norm check (more are checked at once).
+_UNCHECKED_MAX = 8
 
 
 # ---------------------------------------------------------------- the feature clip
@@ -150,6 +152,22 @@ def feature_norms_ok(features: torch.Tensor, bound: float) -> tuple[bool, float]
     d = int(features.shape[-1])
     ok = math.isfinite(largest) and largest * (1.0 + (d + 4) * 2.0**-53) <= bound
     return ok, largest
+
+
+def _largest_square(features: list) -> torch.Tensor | None:
+    """The largest row sum of squares of the tensors in ``features``, in float64 (0-dim; NaN propagates),
+    None when they hold no row."""
+    squares = [torch.linalg.vecdot(w, w) for w in (f.to(torch.float64) for f in features if f.numel())]
+    if not squares:
+        return None
+    return (squares[0] if len(squares) == 1 else torch.cat([q.reshape(-1) for q in squares])).max()
+
+
+def _rows(tensor: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
+    """``tensor`` as a (rows, -1) matrix of ``dtype`` (itself when it already is one: no torch call)."""
+    if tensor.dtype is dtype and tensor.dim() == 2 and tensor.shape[0] == rows:
+        return tensor
+    return tensor.to(dtype).reshape(rows, -1)
 
 
 # ---------------------------------------------------------------- the declaration
@@ -476,6 +494,7 @@ class Watch:
         self._loss: Any = None  # weak reference to the loss module
         self._loss_handle: Any = None
         self.loss_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, target) on the record's output
+        self._unchecked: list[torch.Tensor] = []  # the Linear's inputs since the last step (norms not yet checked)
         me = weakref.ref(self)
         self._handles = [
             model.register_forward_pre_hook(_call(me, "_top_pre")),
@@ -543,14 +562,12 @@ class Watch:
                 f"{tuple(features.shape)}: a Linear applied per position sums several rank-one gradients, which is "
                 "not one GLM. The run's epsilon is void."
             )
-        ok, largest = feature_norms_ok(features, self.decl.feature_norm)
-        if not ok:
-            self.fail(
-                f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
-                f"{self.decl.feature_norm:g}. Found norm {largest:.17g} (non-finite features, or a clip with "
-                "another bound). The run's epsilon is void."
-            )
-        self._current = (features.detach(), output.detach())
+        features = features.detach()
+        if len(self._unchecked) >= _UNCHECKED_MAX:  # many training forwards without a step: check them now
+            self._check_norms(self._unchecked)
+            self._unchecked = []
+        self._unchecked.append(features)  # their norms are checked at the step, with the loss (one host read)
+        self._current = (features, output.detach())
 
     def _top_post(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self._recording(module):
@@ -578,33 +595,18 @@ class Watch:
             self.loss_calls.append((scores.detach(), target.detach() if torch.is_tensor(target) else target))
 
     # -- the step
-    def check_step(self, optim: Any) -> None:
+    def check_configuration(self, optim: Any) -> None:
+        """What the constants were derived for and the optimizer check does not see: the clip norm (the
+        accountant then checks that it stays the first step's), the FeatureNormClip's bound and the loss module.
+        (The weight decay per group is the optimizer check's, against the derived values; a parameter frozen
+        after make_private is the trained-parameters check's.)"""
         if self.failure is not None:
             raise _Changed(self.failure)
-        d, linear = self.derivation, self._linear()
+        d = self.derivation
         if optim.max_grad_norm != d.clip_norm:
             self.fail(
                 f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
                 f"Found {optim.max_grad_norm!r}. The run's epsilon is void."
-            )
-        frozen = [
-            name
-            for name, trained in (("weight", True), ("bias", d.bias))
-            if trained and not getattr(getattr(linear, name, None), "requires_grad", False)
-        ]
-        if frozen:
-            self.fail(
-                f"the final nn.Linear's {' and '.join(frozen)} must stay trained for the whole run: the constants "
-                f"were derived for a model whose trained parameters are {'weight and bias' if d.bias else 'weight'}. "
-                f"Found the {' and '.join(frozen)} frozen (requires_grad=False) after make_private. Decide what to "
-                "train before make_private. The run's epsilon is void."
-            )
-        groups = optim.original_optimizer.param_groups
-        decays = tuple(_number(g.get("weight_decay", 0.0)) for g in groups)
-        if decays != d.weight_decays:
-            self.fail(
-                f"weight_decay must stay {list(d.weight_decays)} (per parameter group), the values folded into the "
-                f"constants. Found {list(decays)}. The run's epsilon is void."
             )
         clip = self._clip()
         if clip is None or clip.feature_norm_bound > self.decl.feature_norm:
@@ -631,8 +633,15 @@ class Watch:
             check_loss_module(loss, self.decl, optim.loss_reduction)
         except _Error as exc:
             self.fail(f"{exc} The run's epsilon is void.")
+
+    def check_examples(self, optim: Any) -> None:
+        """The step's per-example gradients against the last training forward: the Linear's, rank one, and
+        per example the declared loss' gradient at its score and label; every feature row since the last
+        step of norm <= A."""
+        linear = self._linear()
         record, self.record = self.record, None
         calls, self.loss_calls = self.loss_calls, []
+        unchecked, self._unchecked = self._unchecked, []
         if record is None:
             self.fail(
                 "every step must follow a training forward of the registered model (the per-example gradients "
@@ -650,16 +659,17 @@ class Watch:
             )
         if len(calls) != 1:
             self.fail(
-                f"the loss of every step must be one call of the loss module ({type(loss).__name__}) on the model's "
-                "output (or a view of it: a squeeze, a reshape), whose per-example gradients are checked against "
-                f"the declared loss. Found {len(calls)} calls on the output of the last training forward (a loss "
-                "computed by another function or on a transformed output, or the loss module called several "
+                f"the loss of every step must be one call of the loss module ({type(self._loss()).__name__}) on the "
+                "model's output (or a view of it: a squeeze, a reshape), whose per-example gradients are checked "
+                f"against the declared loss. Found {len(calls)} calls on the output of the last training forward (a "
+                "loss computed by another function or on a transformed output, or the loss module called several "
                 "times). The run's epsilon is void."
             )
         if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
+            self._check_norms(unchecked)
             return
         self._check_rank_one()
-        self._check_loss(self._backprops(weight, features, linear), *calls[0], features)
+        self._check_loss(self._backprops(weight, features, linear), *calls[0], features, unchecked)
 
     def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
@@ -683,10 +693,13 @@ class Watch:
                 f"registered for nn.Linear (a custom grad sampler). {BY_HAND} The run's epsilon is void."
             )
 
-    def _check_loss(self, backprop: torch.Tensor, scores: torch.Tensor, target: Any, features: torch.Tensor) -> None:
+    def _check_loss(
+        self, backprop: torch.Tensor, scores: torch.Tensor, target: Any, features: torch.Tensor, unchecked: list
+    ) -> None:
         """Per example, dloss/du (Opacus' per-example gradient, undone of the mean) is the declared loss'
         gradient at the example's score and label: any other loss, scale or extra term shows here. Computed
-        in the gradients' dtype (float32 rounding is far below the tolerance), read back once."""
+        in the gradients' dtype (float32 rounding is far below the tolerance); read back once, with the
+        largest squared feature norm since the last step (:meth:`_check_norms`)."""
         rows = backprop.shape[0]
         if not torch.is_tensor(target) or target.shape[0] != rows:
             self.fail(
@@ -695,34 +708,43 @@ class Watch:
                 "void."
             )
         dtype = backprop.dtype if backprop.dtype.is_floating_point else torch.float64
-        u = scores.to(dtype).reshape(rows, -1)
+        u, gradient = _rows(scores, dtype, rows), _rows(backprop, dtype, rows)
         family = self.decl.family
+        read: list[torch.Tensor] = []  # scalars read back with the largest difference
         if family is LossFamily.SOFTMAX_CROSS_ENTROPY:
             k = u.shape[1]
             if target.dtype.is_floating_point:  # class probabilities
-                q = target.to(dtype).reshape(rows, k)
+                q = _rows(target, dtype, rows)
                 labels_bad = (q.min() < 0) | (torch.max(torch.abs(q.sum(1) - 1)) > _TOLERANCE)
                 needed = "class probabilities (non-negative, summing to 1)"
             else:
-                labels = target.reshape(rows)
-                labels_bad = ~((labels >= 0) & (labels < k)).all()
+                classes = target.reshape(rows)
+                labels_bad = ~((classes >= 0) & (classes < k)).all()
                 needed = f"class indices in [0, {k}) (none equal to ignore_index)"
-                q = torch.nn.functional.one_hot(labels.clamp(0, k - 1), k).to(dtype)
-            expected = torch.softmax(u, dim=1) - q
+                q = torch.nn.functional.one_hot(classes.clamp(0, k - 1), k).to(dtype)
+            read.append(labels_bad.to(dtype))
+            difference = torch.softmax(u, dim=1).sub_(q)
         else:
-            y = target.to(dtype).reshape(rows, -1)
+            y = _rows(target, dtype, rows)
             if family is LossFamily.BINARY_LOGISTIC:
-                labels_bad = (y.min() < 0) | (y.max() > 1)
+                read.extend(torch.aminmax(y))  # in [0, 1]
                 needed = "labels in [0, 1]"
-                expected = torch.sigmoid(u) - y
+                difference = torch.sigmoid(u).sub_(y)
             else:
-                labels_bad, needed = torch.zeros((), dtype=torch.bool), ""
-                expected = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
-        difference = torch.abs(backprop.reshape(rows, -1).to(dtype) - expected)
+                needed = ""
+                difference = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
+        difference = difference.sub_(gradient).abs_()
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
-            difference = difference * (torch.sum(features * features, dim=1, keepdim=True) > 0)
-        bad, worst = torch.stack([labels_bad.to(dtype), difference.max()]).tolist()
-        if bad:
+            difference = difference * (torch.linalg.vecdot(features, features)[:, None] > 0)
+        squares = _largest_square(unchecked)  # (float64: read on its own, after the sync of the first read)
+        worst, *labels = torch.stack([difference.max(), *read]).tolist()
+        if squares is not None:
+            self._judge_norm(squares.item(), unchecked)
+        if family is LossFamily.BINARY_LOGISTIC:
+            labels_ok = labels[0] >= 0 and labels[1] <= 1  # (NaN labels fail)
+        else:
+            labels_ok = family is not LossFamily.SOFTMAX_CROSS_ENTROPY or not labels[0]
+        if not labels_ok:
             self._wrong_labels(needed)
         scale = max(1.0, self.decl.huber_delta or 1.0)
         if not worst <= _TOLERANCE * scale:
@@ -732,6 +754,25 @@ class Watch:
                 f"make_private's loss_reduction says. Found a difference of up to {worst:.4g}: the loss was scaled, "
                 f"another term was added to it, or another loss was backpropagated. {BY_HAND} The run's epsilon is "
                 "void."
+            )
+
+    def _check_norms(self, features: list) -> None:
+        """Every row of ``features`` (the final Linear's inputs) has l2 norm <= A."""
+        squares = _largest_square(features)
+        if squares is not None:
+            self._judge_norm(float(squares), features)
+
+    def _judge_norm(self, largest_square: float, features: list) -> None:
+        """float32 -> float64 is exact and so are the squares; the float64 sum and root are within
+        (d + 4) 2^-53 relative of the exact norm, so a row is accepted only if its exact norm is <= A
+        (as :func:`feature_norms_ok`; the root of the largest square is the largest root)."""
+        largest = math.sqrt(largest_square) if largest_square >= 0 else math.nan
+        d = max(int(f.shape[-1]) for f in features)
+        if not (math.isfinite(largest) and largest * (1.0 + (d + 4) * 2.0**-53) <= self.decl.feature_norm):
+            self.fail(
+                f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
+                f"{self.decl.feature_norm:g}. Found norm {largest:.17g} (non-finite features, or a clip with "
+                "another bound). The run's epsilon is void."
             )
 
     def _wrong_labels(self, needed: str) -> None:
@@ -832,22 +873,22 @@ class GlmRoute:
             self.watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
         self._facts = facts
 
-    def check_step(self, optim: Any) -> None:
-        """Before the accountant's checks: derive (hook created outside make_private), then the watch's step check."""
-        if self.derivation is None:
-            module = self._module() if self._module is not None else None
-            if module is None or self._facts is None:
-                raise _Changed(
-                    "model='glm' derives the loss assumptions from the model: create the optimizer with "
-                    "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
-                    "module=model) before training. Found no model."
-                )
-            batch, normaliser = core_batch(self.declared, self._facts), optimizer_normaliser(optim)
-            try:
-                self._adopt(module, optim, optim.max_grad_norm, batch, normaliser)
-            except _Error as exc:
-                raise _Changed(str(exc)) from None
-        self.watch.check_step(optim)
+    def derive_at_step(self, optim: Any) -> None:
+        """Derive at the first step when the model was hooked by ``bind_data_loader`` (outside make_private)."""
+        if self.derivation is not None:
+            return
+        module = self._module() if self._module is not None else None
+        if module is None or self._facts is None:
+            raise _Changed(
+                "model='glm' derives the loss assumptions from the model: create the optimizer with "
+                "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
+                "module=model) before training. Found no model."
+            )
+        batch, normaliser = core_batch(self.declared, self._facts), optimizer_normaliser(optim)
+        try:
+            self._adopt(module, optim, optim.max_grad_norm, batch, normaliser)
+        except _Error as exc:
+            raise _Changed(str(exc)) from None
 
     def before_epsilon(self, name: str, steps: int) -> None:
         """A failure of the watch voids the run; Opacus' calibration derives from its call."""

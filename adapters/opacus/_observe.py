@@ -71,24 +71,29 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
             "the optimizer must be plain torch.optim.SGD (the bounds analyse x - lr * noisy gradient). "
             f"Found {type(optimizer).__name__}. Adaptive or momentum methods are not covered by any bound."
         )
-    decays = reg.weight_decays  # set only by the GLM route, which folds them into its derived constants
+    derived = reg.weight_decays  # set only by the GLM route, which folds them into its derived constants
+    everywhere = reg.weight_decay_everywhere  # l2_outside_clip declared by hand: the declared strong convexity
+    if derived is not None and everywhere is None and len(optimizer.param_groups) != len(derived):
+        raise LastIterateConfigurationError(
+            f"the optimizer must keep the {len(derived)} parameter group(s) whose weight_decay the GLM constants "
+            f"were derived for ({list(derived)}). Found {len(optimizer.param_groups)} groups. Decide the groups "
+            "before make_private."
+        )
     for i, group in enumerate(optimizer.param_groups):
-        decay = decays[i] if decays is not None and i < len(decays) else 0
-        if reg.weight_decay_everywhere is not None:  # l2_outside_clip declared by hand: the declared strong convexity
-            decay, decays = reg.weight_decay_everywhere, (reg.weight_decay_everywhere,)
+        decay = everywhere if everywhere is not None else derived[i] if derived is not None else 0
         for key, neutral in (("momentum", 0), ("weight_decay", decay), ("nesterov", False), ("maximize", False)):
             value = group.get(key, 0 if key == "weight_decay" else neutral)
             value = value.item() if torch.is_tensor(value) else value
             if value != neutral:
                 hint = (
                     " Fold weight decay into the loss as an l2 regulariser (and declare its strong convexity) instead."
-                    if key == "weight_decay" and decays is None
+                    if key == "weight_decay" and derived is None and everywhere is None
                     else ""
                 )
                 what = (
-                    ("the declared strong_convexity (l2_outside_clip)" if reg.weight_decay_everywhere is not None
+                    ("the declared strong_convexity (l2_outside_clip)" if everywhere is not None
                      else "the value the GLM constants were derived for")
-                    if key == "weight_decay" and decays
+                    if key == "weight_decay" and (everywhere is not None or derived)
                     else ""
                 )  # fmt: skip
                 raise LastIterateConfigurationError(

@@ -139,6 +139,12 @@ class StepChecks:
     def remove(self) -> None:
         self._handle.remove()
 
+    def _names(self, params: list) -> list[str]:
+        """The names of ``params`` in the user's model (a tensor of no module bound: its shape)."""
+        module = self._module() if self._module is not None else None
+        names = {} if module is None else {id(p): n.removeprefix("_module.") for n, p in module.named_parameters()}
+        return [names.get(id(p), f"a tensor of shape {tuple(p.shape)}") for p in params]
+
     def mark_pending(self) -> None:
         """The step being accounted: the post-hook records the versions it leaves."""
         self.record.pending = True
@@ -165,11 +171,14 @@ class StepChecks:
             )
         current = trainable(optim)
         if len(current) != len(self.params) or not all(map(operator.is_, current, self.params)):
+            frozen = self._names([p for p in self.params if not p.requires_grad])
             raise _Changed(
                 f"the parameters the DP optimizer trains must stay the same for the whole run (step {step}). "
-                f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} (a parameter was "
-                "added, removed, frozen or unfrozen). Decide what to train before make_private."
-            )
+                f"Found {len(current)} trainable parameter tensors instead of {len(self.params)} "
+                + (f"({', '.join(frozen)} frozen: requires_grad=False after make_private)" if frozen else
+                   "(a parameter was added, removed, frozen or unfrozen)")
+                + ". Decide what to train before make_private."
+            )  # fmt: skip
         pre_hooks = internals.step_pre_hooks(self.base)
         if pre_hooks:
             raise _Changed(
