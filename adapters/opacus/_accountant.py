@@ -17,7 +17,7 @@ from opacus.accountants import IAccountant
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
-from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, LoaderWatch, check_data_loader
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, check_data_loader
 from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
@@ -45,7 +45,6 @@ class _Binding:
     facts: LoaderFacts
     # set when make_private was called by make_private_with_epsilon: (target_epsilon, target_delta, epochs)
     plan: tuple[float, float, int] | None
-    watch: LoaderWatch
     module: Any  # weak reference to the private module, or None
     buffers: Buffers  # the module's buffers at binding, with their values
 
@@ -161,7 +160,7 @@ class LastIterateAccountant(IAccountant):
         self._monitor = RunMonitor(data_loader, facts, derivation)  # before the watch: it records at the sampler
         if self._saved_record is not None and not derivation:
             self._monitor.derivation.restore(self._saved_record)
-        self._binding = _Binding(facts, plan, LoaderWatch(data_loader, facts), reference, Buffers(module))
+        self._binding = _Binding(facts, plan, reference, Buffers(module))
         if self._checks is not None:
             self._checks.remove()
             self._checks = None
@@ -310,10 +309,10 @@ class LastIterateAccountant(IAccountant):
             self._continue_prior(observed)
             steps = self.steps
         self._verify_constant(observed, steps)  # ... the same as at the first step
-        change = binding.watch.changed()  # the loader bound at make_private; one shuffle-once permutation
+        change = self._monitor.watch.changed()  # the loader bound at make_private
         if change is not None:
             raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
-        gradients = checks.verify_examples(optim, binding.watch, self._counter)
+        gradients = checks.verify_examples(optim, self._monitor.watch, self._counter)
         problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")

@@ -359,6 +359,8 @@ def remember_plateau_schedulers() -> None:
 
 def plateau_schedulers(optimizers: Any) -> list[Any]:
     """The live ``ReduceLROnPlateau`` schedulers (and subclasses) that hold one of ``optimizers``."""
+    if not _PLATEAUS:  # (the common case: no such scheduler alive, nothing to walk)
+        return []
     return [s for s in list(_PLATEAUS) if any(getattr(s, "optimizer", None) is o for o in optimizers)]
 
 

@@ -29,7 +29,7 @@ from lastiter_plugins.adapters.opacus._internals import PASS_IDS, host_class
 from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
 
 Sampling = lp.Sampling
-_POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
+POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
 
 
 class ShuffleOnceSampler(Sampler[int]):
@@ -222,7 +222,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
         )
     n = len(loader.dataset)
     batch_sampler = loader.batch_sampler
-    if isinstance(batch_sampler, _POISSON_SAMPLERS):
+    if isinstance(batch_sampler, POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)
     if host_class(batch_sampler) is not BatchSampler:
         raise _refuse(
@@ -308,102 +308,3 @@ def check_data_loader(loader: Any, sampling: str | Sampling, dataset_size: int |
             f"dataset_size must equal len(data_loader.dataset) = {facts.dataset_size}. Found {dataset_size} registered."
         )
     return facts
-
-
-_FIELDS = (
-    "dataset",
-    "len(dataset)",
-    "batch_sampler",
-    "batch_size",
-    "drop_last",
-    "sampler",
-    "len(sampler)",
-    "sampler state",
-)
-
-
-def _sampler_state(sampler: Any) -> Any:
-    if type(sampler) is RandomSampler:
-        return sampler.replacement, sampler.num_samples, len(sampler.data_source)
-    if isinstance(sampler, ShuffleOnceSampler):
-        return sampler._permutation
-    return None
-
-
-def _signature(loader: DataLoader) -> tuple:
-    """What the facts of a loader depend on, in the order of ``_FIELDS``."""
-    dataset, bs = loader.dataset, loader.batch_sampler
-    if host_class(bs) is BatchSampler:
-        sampler = bs.sampler
-        return dataset, len(dataset), bs, bs.batch_size, bs.drop_last, sampler, len(sampler), _sampler_state(sampler)
-    if isinstance(bs, _POISSON_SAMPLERS):
-        size = bs.total_size if isinstance(bs, DistributedUniformWithReplacementSampler) else bs.num_samples
-        return dataset, len(dataset), bs, None, None, None, size, bs.sample_rate
-    return dataset, len(dataset), bs, None, None, None, None, None
-
-
-class LoaderWatch:
-    """The loader bound at ``make_private``, re-read at every step: the same dataset of the
-    same size, the same batch sampler and sampler with the same parameters; with a
-    ``ShuffleOnceSampler``, no other permutation of the dataset started since binding."""
-
-    __slots__ = ("_loader", "_serial", "_signature", "_types", "batch_sampler", "facts")
-
-    def __init__(self, loader: DataLoader, facts: LoaderFacts) -> None:
-        self.facts = facts
-        self._loader = weakref.ref(loader)
-        self._signature = _signature(loader)
-        self._types = (host_class(loader.batch_sampler), type(self._signature[5]))  # they choose _signature's branches
-        self._serial = PERMUTATIONS.serial
-        self.batch_sampler = weakref.ref(loader.batch_sampler)
-
-    def changed(self) -> str | None:
-        """None while the loader is unchanged, else what changed (for the error message)."""
-        loader = self._loader()
-        if loader is None:
-            return (
-                "the data loader bound at make_private no longer exists (the loop iterates another loader). "
-                "Iterate the loader make_private returned"
-            )
-        now = _signature(loader)
-        kinds = (host_class(loader.batch_sampler), type(now[5]))
-        if kinds != self._types:
-            return (
-                "the data loader's batch sampler or sampler changed class after make_private ("
-                f"{self._types[0].__name__}, {self._types[1].__name__} -> {kinds[0].__name__}, {kinds[1].__name__}): "
-                "its sampling scheme is no longer the one verified. Build a new loader, engine and accountant"
-            )
-        if now != self._signature:
-            diffs = [
-                f"{field}: {_show(a)} -> {_show(b)}"
-                for field, a, b in zip(_FIELDS, self._signature, now, strict=True)
-                if not (a is b or (_plain(a) and a == b))
-            ]
-            return (
-                f"the data loader changed after make_private ({'; '.join(diffs)}): the accountant's n, batch plan "
-                "and sampling scheme no longer describe the data a step uses. Build a new loader, engine and "
-                "accountant for new data"
-            )
-        digest = self.facts.permutation_digest
-        other = None if digest is None else PERMUTATIONS.other_since(self.facts.dataset_size, digest, self._serial)
-        if other is not None:
-            return (
-                f"sampling='shuffle_once' must use one permutation for the whole run (the shuffle-once bound of "
-                f"Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2, assumes it). Found a second ShuffleOnceSampler over "
-                f"the {self.facts.dataset_size} examples iterated since make_private, with another permutation "
-                f"(digest {other[:12]} vs {digest[:12]}): building a new sampler or loader every epoch reshuffles. "
-                "Build the ShuffleOnceSampler once and iterate the loader make_private returned, or declare "
-                "sampling='reshuffle' with DataLoader(shuffle=True) (its last-iterate bound is "
-                "shifted-interpolation-reshuffle)"
-            )
-        return None
-
-
-def _plain(value: Any) -> bool:
-    return isinstance(value, (int, float, bool, str, tuple, type(None)))
-
-
-def _show(value: Any) -> str:
-    if _plain(value) and not (isinstance(value, tuple) and len(value) > 4):
-        return repr(value)
-    return f"{type(value).__name__} object" if not isinstance(value, tuple) else f"a tuple of {len(value)}"

@@ -1,5 +1,7 @@
 """The run monitor of the Opacus adapter: what each noisy step used, observed where it happens.
 
+* the loader bound at ``make_private`` (:class:`LoaderWatch`: its dataset, batch sampler and sampler
+  unchanged);
 * the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
   matched to noisy steps: a queue per pass of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
 * the number of per-example clipped gradients the step summed (counted by the step checks);
@@ -19,10 +21,17 @@ from collections import deque
 from typing import Any
 
 import torch
+from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._loaders import PERMUTATIONS, LoaderFacts
+from lastiter_plugins.adapters.opacus._loaders import (
+    PERMUTATIONS,
+    POISSON_SAMPLERS,
+    LoaderFacts,
+    ShuffleOnceSampler,
+)
 
 #: user model (unwrapped) -> the accountant that accounts for its training (weakly keyed: a model
 #: garbage-collected takes its mark along; weights copied with load_state_dict carry none)
@@ -45,6 +54,8 @@ class BatchQueue:
         self._pending: dict[int, deque[DrawnBatch]] = {}
         self._ended: set[int] = set()
         self._last: int | None = None
+        self._facts = facts
+        self._serial = PERMUTATIONS.serial  # shuffle-once: another permutation started since is named
         if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
             self._permutation = loader.batch_sampler.sampler.permutation
             bounds = [0]
@@ -79,12 +90,30 @@ class BatchQueue:
         self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
         self._last = pass_id
 
+    def other_permutation(self) -> str | None:
+        """Shuffle-once: why no batch of the bound permutation was drawn when another permutation of the same
+        examples started since the last step (a new ShuffleOnceSampler every epoch), else None."""
+        digest, n = self._facts.permutation_digest, self._facts.dataset_size
+        other = None if digest is None else PERMUTATIONS.other_since(n, digest, self._serial)
+        if other is None:
+            return None
+        return (
+            f"sampling='shuffle_once' must use one permutation for the whole run (the shuffle-once bound of "
+            f"Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2, assumes it). Found a second ShuffleOnceSampler over "
+            f"the {n} examples iterated since the previous step, with another permutation (digest {other[:12]} vs "
+            f"{digest[:12]}), and no batch of the bound one: building a new sampler or loader every epoch "
+            "reshuffles. Build the ShuffleOnceSampler once and iterate the loader make_private returned, or "
+            "declare sampling='reshuffle' with DataLoader(shuffle=True) (its last-iterate bound is "
+            "shifted-interpolation-reshuffle)"
+        )
+
     def take(self) -> tuple[DrawnBatch | None, int]:
         """The batch of the step being taken (None: nothing drawn since the last step) and how many
         batches of its pass stay drawn ahead of it."""
         queue = self._pending.get(self._last) if self._last is not None else None
         if not queue:
             return None, 0
+        self._serial = PERMUTATIONS.serial
         if self.ahead:
             batch = queue.popleft()
         else:
@@ -100,6 +129,7 @@ class RunMonitor:
 
     def __init__(self, loader: Any, facts: LoaderFacts, derivation: Derivation | None) -> None:
         self.queue = BatchQueue(loader, facts)
+        self.watch = LoaderWatch(loader, facts)
         self.derivation = derivation or Derivation(
             facts.sampling, facts.dataset_size, facts.num_batches, facts.sample_rate
         )
@@ -116,6 +146,10 @@ class RunMonitor:
                 "register the constant learning rate you use)"
             )
         batch, ahead = self.queue.take()
+        if batch is None:
+            other = self.queue.other_permutation()
+            if other is not None:
+                return other
         if batch is not None and self.queue.ahead and ahead > self.queue.ahead:
             return (
                 "every noisy step must use one batch of the loader. Found "
@@ -123,3 +157,92 @@ class RunMonitor:
                 f"loader's workers fetch ahead ({self.queue.ahead}): the loop feeds several batches to one step"
             )
         return self.derivation.check_step(batch, gradients)
+
+
+# ---------------------------------------------------------------- the bound loader
+
+_FIELDS = (
+    "dataset",
+    "len(dataset)",
+    "batch_sampler",
+    "batch_size",
+    "drop_last",
+    "sampler",
+    "len(sampler)",
+    "sampler state",
+)
+
+
+def _sampler_state(sampler: Any) -> Any:
+    if type(sampler) is RandomSampler:
+        return sampler.replacement, sampler.num_samples, len(sampler.data_source)
+    if isinstance(sampler, ShuffleOnceSampler):
+        return sampler._permutation
+    return None
+
+
+def _signature(loader: DataLoader) -> tuple:
+    """What the facts of a loader depend on, in the order of ``_FIELDS``."""
+    dataset, bs = loader.dataset, loader.batch_sampler
+    if internals.host_class(bs) is BatchSampler:
+        sampler = bs.sampler
+        return dataset, len(dataset), bs, bs.batch_size, bs.drop_last, sampler, len(sampler), _sampler_state(sampler)
+    if isinstance(bs, POISSON_SAMPLERS):
+        size = bs.total_size if isinstance(bs, DistributedUniformWithReplacementSampler) else bs.num_samples
+        return dataset, len(dataset), bs, None, None, None, size, bs.sample_rate
+    return dataset, len(dataset), bs, None, None, None, None, None
+
+
+class LoaderWatch:
+    """The loader bound at ``make_private``, re-read at every step: the same dataset of the
+    same size, the same batch sampler and sampler with the same parameters (which permutation a
+    shuffle-once step used is the batch queue's: :class:`BatchQueue`)."""
+
+    __slots__ = ("_loader", "_signature", "_types", "batch_sampler", "facts")
+
+    def __init__(self, loader: DataLoader, facts: LoaderFacts) -> None:
+        self.facts = facts
+        self._loader = weakref.ref(loader)
+        self._signature = _signature(loader)
+        # (the classes choose _signature's branches)
+        self._types = (internals.host_class(loader.batch_sampler), type(self._signature[5]))
+        self.batch_sampler = weakref.ref(loader.batch_sampler)
+
+    def changed(self) -> str | None:
+        """None while the loader is unchanged, else what changed (for the error message)."""
+        loader = self._loader()
+        if loader is None:
+            return (
+                "the data loader bound at make_private no longer exists (the loop iterates another loader). "
+                "Iterate the loader make_private returned"
+            )
+        now = _signature(loader)
+        kinds = (internals.host_class(loader.batch_sampler), type(now[5]))
+        if kinds != self._types:
+            return (
+                "the data loader's batch sampler or sampler changed class after make_private ("
+                f"{self._types[0].__name__}, {self._types[1].__name__} -> {kinds[0].__name__}, {kinds[1].__name__}): "
+                "its sampling scheme is no longer the one verified. Build a new loader, engine and accountant"
+            )
+        if now != self._signature:
+            diffs = [
+                f"{field}: {_show(a)} -> {_show(b)}"
+                for field, a, b in zip(_FIELDS, self._signature, now, strict=True)
+                if not (a is b or (_plain(a) and a == b))
+            ]
+            return (
+                f"the data loader changed after make_private ({'; '.join(diffs)}): the accountant's n, batch plan "
+                "and sampling scheme no longer describe the data a step uses. Build a new loader, engine and "
+                "accountant for new data"
+            )
+        return None
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (int, float, bool, str, tuple, type(None)))
+
+
+def _show(value: Any) -> str:
+    if _plain(value) and not (isinstance(value, tuple) and len(value) > 4):
+        return repr(value)
+    return f"{type(value).__name__} object" if not isinstance(value, tuple) else f"a tuple of {len(value)}"

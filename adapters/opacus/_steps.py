@@ -17,7 +17,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._loaders import LoaderWatch
+from lastiter_plugins.adapters.opacus._monitor import LoaderWatch
 from lastiter_plugins.adapters.opacus._observe import ExampleCounter, trainable
 from lastiter_plugins.adapters.opacus._projection import PROJECTIONS, STAMPS
 from lastiter_plugins.adapters.opacus._registration import LastIteratePipelineChangedError, Registration
