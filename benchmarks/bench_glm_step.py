@@ -1,16 +1,18 @@
-"""CPU time per step of the GLM route against plain Opacus, on a 30-feature logistic regression.
+"""CPU time per step of the GLM route against plain Opacus, on two models users train.
 
 Issue "adapters v4", item 7: two pipelines trained in the same process, in alternating blocks of
 steps (A B, B A, ...), each block's CPU time (``time.process_time``, one torch thread) recorded:
 
-* A: ``FeatureNormClip(1) -> nn.Linear(30, 1)``, BCEWithLogitsLoss, SGD(weight_decay=0.01), a
-  shuffle-once loader of batch 32, Opacus' RDP accountant;
-* B: the same with ``register(..., model="glm", loss="logistic", feature_norm=1.0)``;
-* an A/A control beside it (A against a second A).
+* ``logistic-30``: ``FeatureNormClip(1) -> nn.Linear(30, 1)``, BCEWithLogitsLoss, SGD(weight_decay=0.01),
+  a shuffle-once loader of batch 32 over 640 examples (goal: B/A <= 1.10);
+* ``probe-512``: the linear probe users train on frozen embeddings, ``FeatureNormClip(1) ->
+  nn.Linear(512, 10)``, CrossEntropyLoss (softmax: the GLM route's multinomial logistic), SGD(weight_decay=0.01),
+  Poisson sampling of expected batch 256 over 20000 examples (goal: B/A <= 1.05);
 
-Prints the median over the blocks of B/A and of the control, with their spread.
+A is Opacus' RDP accountant, B the same with ``register(..., model="glm", ...)``; an A/A control beside
+each (A against a second A). Prints the median over the blocks of B/A and of the control, with their range.
 
-    python benchmarks/bench_glm_step.py [--blocks 9] [--steps 200]
+    python benchmarks/bench_glm_step.py [--model logistic-30|probe-512|all] [--blocks 9] [--steps 200]
 """
 
 from __future__ import annotations
@@ -23,32 +25,40 @@ import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-D, B, BATCHES, LR = 30, 32, 20, 0.1
+LR = 0.1
+#: model -> (features d, classes k (1: binary logistic), examples n, batch b, sampling, loss, clip norm)
+MODELS = {
+    "logistic-30": (30, 1, 640, 32, "shuffle_once", "logistic", 1.0),
+    "probe-512": (512, 10, 20000, 256, "poisson", "softmax", 2.01),  # softmax: clipping never active at C >= 2
+}
 
 
-def _pipeline(accountant: str, data):
+def _pipeline(accountant: str, data, spec):
     import torch
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader
 
     from lastiter_plugins.adapters import opacus as lo
 
+    d, k, n, b, sampling, loss_name, clip = spec
     torch.manual_seed(0)
-    model = torch.nn.Sequential(lo.FeatureNormClip(1.0), torch.nn.Linear(D, 1))
-    loss = torch.nn.BCEWithLogitsLoss()
-    loader = DataLoader(data, batch_size=B, sampler=lo.ShuffleOnceSampler(data, seed=0))
+    model = torch.nn.Sequential(lo.FeatureNormClip(1.0), torch.nn.Linear(d, k))
+    loss = torch.nn.BCEWithLogitsLoss() if loss_name == "logistic" else torch.nn.CrossEntropyLoss()
+    poisson = sampling == "poisson"
+    sampler = None if poisson else lo.ShuffleOnceSampler(data, seed=0)
+    loader = DataLoader(data, batch_size=b, sampler=sampler)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, optimizer, loader = PrivacyEngine(accountant=accountant).make_private(
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR, weight_decay=0.01),
-            data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False, criterion=loss,
+            data_loader=loader, noise_multiplier=1.0, max_grad_norm=clip, poisson_sampling=poisson, criterion=loss,
         )  # fmt: skip
     batches = iter(())
 
-    def steps(k: int) -> float:
+    def steps(count: int) -> float:
         nonlocal batches
         start = time.process_time()
-        for _ in range(k):
+        for _ in range(count):
             try:
                 xb, yb = next(batches)
             except StopIteration:
@@ -62,19 +72,29 @@ def _pipeline(accountant: str, data):
     return steps
 
 
-def ratios(first: str, second: str, blocks: int, steps: int) -> list[float]:
+def _data(spec):
     import torch
     from torch.utils.data import TensorDataset
 
-    torch.set_num_threads(1)
+    d, k, n, *_ = spec
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(B * BATCHES, D, generator=gen)
-    data = TensorDataset(x / x.norm(dim=1, keepdim=True), (torch.rand(B * BATCHES, 1, generator=gen) < 0.5).float())
-    a, b = _pipeline(first, data), _pipeline(second, data)
-    a(BATCHES), b(BATCHES)  # one epoch first: hooks registered, caches warm
+    x = torch.randn(n, d, generator=gen)
+    x = x / x.norm(dim=1, keepdim=True)
+    y = (torch.rand(n, 1, generator=gen) < 0.5).float() if k == 1 else torch.randint(0, k, (n,), generator=gen)
+    return TensorDataset(x, y)
+
+
+def ratios(first: str, second: str, spec, blocks: int, steps: int) -> list[float]:
+    import torch
+
+    torch.set_num_threads(1)
+    data = _data(spec)
+    a, b = _pipeline(first, data, spec), _pipeline(second, data, spec)
+    warm = -(-spec[2] // spec[3])
+    a(warm), b(warm)  # one epoch first: hooks registered, caches warm
     out = []
-    for k in range(blocks):
-        if k % 2:
+    for block in range(blocks):
+        if block % 2:
             tb, ta = b(steps), a(steps)
         else:
             ta, tb = a(steps), b(steps)
@@ -84,18 +104,22 @@ def ratios(first: str, second: str, blocks: int, steps: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=[*MODELS, "all"], default="all")
     parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     from lastiter_plugins.adapters import opacus as lo
 
-    name = lo.register("bench-glm-30", sampling="shuffle_once", dataset_size=B * BATCHES, learning_rate=LR,
-                       model="glm", loss="logistic", feature_norm=1.0, force=True)  # fmt: skip
-    for label, pair in (("GLM route / Opacus RDP", ("rdp", name)), ("A/A control", ("rdp", "rdp"))):
-        values = ratios(*pair, args.blocks, args.steps)
-        print(f"{label}: median {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}] "
-              f"over {args.blocks} blocks of {args.steps} steps")  # fmt: skip
+    for model in MODELS if args.model == "all" else [args.model]:
+        spec = MODELS[model]
+        d, k, n, b, sampling, loss, _ = spec
+        name = lo.register(f"bench-glm-{model}", sampling=sampling, dataset_size=n, learning_rate=LR,
+                           model="glm", loss=loss, feature_norm=1.0, force=True)  # fmt: skip
+        for label, pair in (("GLM route / Opacus RDP", ("rdp", name)), ("A/A control", ("rdp", "rdp"))):
+            values = ratios(*pair, spec, args.blocks, args.steps)
+            print(f"{model} {label}: median {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}] "
+                  f"over {args.blocks} blocks of {args.steps} steps")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -542,6 +542,29 @@ def test_opacus_step_check_fires_on_per_example_gradients_that_are_not_rank_one(
 
 
 @needs_opacus
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_opacus_feature_norm_filter_bounds_the_exact_square_from_above(dtype):
+    """The step's feature-norm check accepts from the square computed in the features' dtype only when its
+    bound is <= A^2: the bound must be >= the exact sum of squares (computed with fractions) for every row,
+    including rows of tiny entries; and the clip's own output (norm 1 clipped to A = 1) passes the filter."""
+    from fractions import Fraction
+
+    from lastiter_plugins.adapters.opacus import _glm
+
+    rng = np.random.default_rng(0)
+    for d in (1, 7, 30, 512):
+        for scale in (1.0, 1e-3, 1e-19, 1e-21):
+            rows = (rng.standard_normal((16, d)) * scale).astype(dtype)
+            t = torch.from_numpy(rows)
+            computed = float(_glm._largest_square([t]))
+            exact = max(sum(Fraction(float(v)) ** 2 for v in row) for row in rows)
+            assert Fraction(_glm._square_bound(computed, [t])) >= exact
+    x = torch.from_numpy(rng.standard_normal((256, 512)).astype(dtype))
+    clipped = lo.FeatureNormClip(1.0)(x / x.norm(dim=1, keepdim=True))
+    assert _glm._square_bound(float(_glm._largest_square([clipped])), [clipped]) <= 1.0
+
+
+@needs_opacus
 def test_opacus_step_check_fires_when_the_clip_norm_changes(request):
     _, model, optimizer, loader = _private(
         _glm(request, loss="softmax"), _clipped_linear(3), clip=2.01, classes=3, loss="softmax"

@@ -155,12 +155,27 @@ def feature_norms_ok(features: torch.Tensor, bound: float) -> tuple[bool, float]
 
 
 def _largest_square(features: list) -> torch.Tensor | None:
-    """The largest row sum of squares of the tensors in ``features``, in float64 (0-dim; NaN propagates),
-    None when they hold no row."""
-    squares = [torch.linalg.vecdot(w, w) for w in (f.to(torch.float64) for f in features if f.numel())]
+    """The largest row sum of squares of the tensors in ``features``, computed in their dtype (0-dim; NaN
+    propagates), None when they hold no row. An upper bound on the exact value is :func:`_square_bound`."""
+    squares = [torch.linalg.vecdot(f, f) for f in features if f.numel()]
     if not squares:
         return None
     return (squares[0] if len(squares) == 1 else torch.cat([q.reshape(-1) for q in squares])).max()
+
+
+def _square_bound(computed: float, features: list) -> float:
+    """An upper bound on the exact largest row sum of squares, from its value computed in the features' dtype.
+
+    Any order of evaluation of a sum of d products in a dtype of unit roundoff u (each operation rounded
+    once, fused or not) is within gamma_d = d u / (1 - d u) of the exact sum, relative (Higham 2002,
+    Lemma 3.1 and section 3.1); d 2^-126 (resp. 2^-1022) more covers squares and partial sums flushed to
+    zero; the few float64 operations here are covered by 16 float64 ulps."""
+    d = max(int(f.shape[-1]) for f in features)
+    u = max(torch.finfo(f.dtype).eps for f in features) / 2.0
+    tiny = max(torch.finfo(f.dtype).tiny for f in features)
+    if not math.isfinite(computed) or computed < 0 or d * u >= 0.5:
+        return math.inf
+    return (computed + d * tiny) / (1.0 - d * u / (1.0 - d * u)) * (1.0 + 16 * 2.0**-53)
 
 
 def _rows(tensor: torch.Tensor, dtype: torch.dtype, rows: int) -> torch.Tensor:
@@ -721,7 +736,7 @@ class Watch:
                 classes = target.reshape(rows)
                 labels_bad = ~((classes >= 0) & (classes < k)).all()
                 needed = f"class indices in [0, {k}) (none equal to ignore_index)"
-                q = torch.nn.functional.one_hot(classes.clamp(0, k - 1), k).to(dtype)
+                q = (classes[:, None] == torch.arange(k, device=classes.device)).to(dtype)  # one-hot (0: out of range)
             read.append(labels_bad.to(dtype))
             difference = torch.softmax(u, dim=1).sub_(q)
         else:
@@ -736,10 +751,12 @@ class Watch:
         difference = difference.sub_(gradient).abs_()
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
             difference = difference * (torch.linalg.vecdot(features, features)[:, None] > 0)
-        squares = _largest_square(unchecked)  # (float64: read on its own, after the sync of the first read)
+        squares = _largest_square(unchecked)
+        if squares is not None and squares.dtype == difference.dtype:
+            read.append(squares)
         worst, *labels = torch.stack([difference.max(), *read]).tolist()
         if squares is not None:
-            self._judge_norm(squares.item(), unchecked)
+            self._judge_norm(labels.pop() if squares.dtype == difference.dtype else squares.item(), unchecked)
         if family is LossFamily.BINARY_LOGISTIC:
             labels_ok = labels[0] >= 0 and labels[1] <= 1  # (NaN labels fail)
         else:
@@ -763,17 +780,22 @@ class Watch:
             self._judge_norm(float(squares), features)
 
     def _judge_norm(self, largest_square: float, features: list) -> None:
-        """float32 -> float64 is exact and so are the squares; the float64 sum and root are within
-        (d + 4) 2^-53 relative of the exact norm, so a row is accepted only if its exact norm is <= A
-        (as :func:`feature_norms_ok`; the root of the largest square is the largest root)."""
-        largest = math.sqrt(largest_square) if largest_square >= 0 else math.nan
-        d = max(int(f.shape[-1]) for f in features)
-        if not (math.isfinite(largest) and largest * (1.0 + (d + 4) * 2.0**-53) <= self.decl.feature_norm):
-            self.fail(
-                f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
-                f"{self.decl.feature_norm:g}. Found norm {largest:.17g} (non-finite features, or a clip with "
-                "another bound). The run's epsilon is void."
-            )
+        """Accept when the bound on the exact largest square from its value in the features' dtype is <= A^2
+        (:func:`_square_bound`); else decide in float64 (:func:`feature_norms_ok`: exact squares of float32,
+        a row accepted only if its exact norm is <= A), which also names the norm found."""
+        bound = self.decl.feature_norm
+        if _square_bound(largest_square, features) <= bound * bound * (1.0 - 4 * 2.0**-53):
+            return
+        largest = 0.0
+        for f in features:
+            ok, norm = feature_norms_ok(f, bound)
+            largest = norm if not math.isfinite(norm) else max(largest, norm)
+            if not ok:
+                self.fail(
+                    f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
+                    f"{bound:g}. Found norm {largest:.17g} (non-finite features, or a clip with another bound). "
+                    "The run's epsilon is void."
+                )
 
     def _wrong_labels(self, needed: str) -> None:
         self.fail(
