@@ -15,6 +15,7 @@ import torch
 from opacus.accountants import IAccountant
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters.opacus import _checkpoint as checkpoint
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, check_data_loader
@@ -47,11 +48,6 @@ class _Binding:
     plan: tuple[float, float, int] | None
     module: Any  # weak reference to the private module, or None
     buffers: Buffers  # the module's buffers at binding, with their values
-
-
-def _steps_in(history: list) -> int:
-    """Steps of an Opacus-format history (one entry while the configuration stays constant)."""
-    return int(history[0][2]) if len(history) == 1 else int(sum(entry[2] for entry in history))
 
 
 def _merge_step(history: list, noise_multiplier: float, sample_rate: float) -> None:
@@ -125,7 +121,7 @@ class LastIterateAccountant(IAccountant):
     @property
     def steps(self) -> int:
         """Optimizer steps accounted for so far."""
-        return _steps_in(self.history)
+        return checkpoint.steps_in(self.history)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         _merge_step(self.history, float(noise_multiplier), float(sample_rate))
@@ -153,7 +149,7 @@ class LastIterateAccountant(IAccountant):
         if module is not None and not isinstance(module, torch.nn.Module):
             raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
         if self._resumed and self._observed is not None:
-            self._check_permutation(self._observed.permutation_digest, facts.permutation_digest)
+            checkpoint.check_permutation(self.registration, self._observed.permutation_digest, facts.permutation_digest)
         self._prior = self._earlier_accounting(module)
         reference = None if module is None else weakref.ref(module)
         derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
@@ -227,15 +223,6 @@ class LastIterateAccountant(IAccountant):
             f"the model it accounted for was trained further under accountant {self.registration.name!r}, which "
             "continues its accounting; read the epsilon there"
         )
-
-    def _check_permutation(self, saved: str | None, current: str | None) -> None:
-        if saved != current:
-            raise _Error(
-                f"a run with sampling={self.registration.sampling.value} must resume with the same permutation: the "
-                "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
-                f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
-                "Build the ShuffleOnceSampler with the seed of the interrupted run."
-            )
 
     def get_optimizer_hook_fn(self, sample_rate: float):
         internals.require_tested_opacus()
@@ -335,40 +322,22 @@ class LastIterateAccountant(IAccountant):
         return None if self._checks is None else list(self._checks.params)
 
     def _verify_resumed_model(self, steps: int) -> None:
-        problem = self._loaded_model_differs()
+        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
         if problem is not None:
-            raise LastIteratePipelineChangedError(
-                f"{problem} (at the first step after load_state_dict, step {steps + 1}), or a buffer updated by "
-                "the forward pass. Load the model and the accountant from the same checkpoint "
-                "(PrivacyEngine.load_checkpoint does)."
-            )
+            raise checkpoint.refuse_resumed_step(problem, steps)
         self._resume_digest = None
 
     def _check_loaded_model(self) -> None:
         """Before the first step after load_state_dict, an epsilon is about the checkpoint's model only."""
-        problem = self._loaded_model_differs()
+        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
         if problem is not None:
-            raise _Error(
-                f"{problem}. The epsilon loaded is that of the checkpoint's model. Load the model's weights from "
-                "the same checkpoint as the accountant's state (PrivacyEngine.load_checkpoint does)."
-            )
-
-    def _loaded_model_differs(self) -> str | None:
-        tensors = self._model_tensors()
-        if tensors is None:  # nothing bound yet to compare with: the number is the checkpoint's model's
-            return None
-        found = digest(tensors)
-        if found == self._resume_digest:
-            return None
-        return (
-            f"the model's parameters and buffers must be those the accountant's state was saved with, after its "
-            f"{self.steps} steps. Found others (digest {found[:12]} vs {self._resume_digest[:12]}): weights of "
-            "another checkpoint (a later one's steps are not in this state) or weights changed after loading"
-        )
+            raise checkpoint.refuse_loaded_epsilon(problem)
 
     def _verify_constant(self, observed: Observed, steps: int) -> None:
         if self._resumed and self._observed is not None:
-            self._check_permutation(self._observed.permutation_digest, observed.permutation_digest)
+            checkpoint.check_permutation(
+                self.registration, self._observed.permutation_digest, observed.permutation_digest
+            )
         if self._observed is not None and observed != self._observed:
             changed = [
                 f"{k}: {getattr(self._observed, k)!r} -> {getattr(observed, k)!r}"
@@ -511,14 +480,10 @@ class LastIterateAccountant(IAccountant):
         destination = destination if destination is not None else OrderedDict()
         destination["history"] = deepcopy(self.history)
         destination["mechanism"] = self.mechanism()
-        destination["lastiter"] = {
-            "format": 3,
-            "registration": self.registration.to_dict(),
-            "observed": None if self._observed is None else self._observed.to_dict(),
-            "model_digest": model_digest if self.history else None,
-            "void": self._void,
-            "record": self._monitor.derivation.state() if self._monitor is not None else self._saved_record,
-        }
+        record = self._monitor.derivation.state() if self._monitor is not None else self._saved_record
+        destination["lastiter"] = checkpoint.write(
+            self.history, self.registration, self._observed, model_digest, self._void, record
+        )
         return destination
 
     def load_state_dict(self, state_dict: Any) -> None:
@@ -526,39 +491,17 @@ class LastIterateAccountant(IAccountant):
         state's digest at the next step (and when an epsilon is read before it)."""
         if self._glm is not None:
             self._glm.before_load()
-        reg = self.registration
-        if not state_dict or "lastiter" not in state_dict:
-            raise _Error(
-                f"state_dict must come from a last-iterate accountant (key 'lastiter'). Found keys "
-                f"{sorted(state_dict or {})}."
+        loaded = checkpoint.read(state_dict, self.registration)
+        if loaded.observed is not None and loaded.history and self._binding is not None:
+            checkpoint.check_permutation(
+                self.registration, loaded.observed.permutation_digest, self._binding.facts.permutation_digest
             )
-        if state_dict.get("mechanism") != reg.name:
-            raise _Error(
-                f"state_dict of {state_dict.get('mechanism')!r} cannot be loaded into accountant {reg.name!r}."
-            )
-        extra = state_dict["lastiter"]
-        if extra.get("registration") != reg.to_dict():
-            raise _Error(
-                f"the checkpoint was accounted under a different configuration of {reg.name!r}: "
-                f"{extra.get('registration')} vs now {reg.to_dict()}. Register the same configuration to resume."
-            )
-        history = [(float(z), float(q), int(steps)) for z, q, steps in state_dict.get("history", [])]
-        if history and not extra.get("model_digest"):
-            raise _Error(
-                f"state_dict must hold a digest of the model after its {_steps_in(history)} steps (format 3), so "
-                "that the weights loaded with it can be checked. Found a state of format "
-                f"{extra.get('format', 1)} without one (saved by an earlier version of lastiter-plugins). Resume "
-                "from a checkpoint saved by this version, or start the run again."
-            )
-        observed = None if extra.get("observed") is None else Observed.from_dict(extra["observed"])
-        if observed is not None and history and self._binding is not None:
-            self._check_permutation(observed.permutation_digest, self._binding.facts.permutation_digest)
-        self.history = history  # what IAccountant.load_state_dict sets, after the checks above
-        self._observed = observed
-        self._resumed = bool(history)
-        self._resume_digest = extra["model_digest"] if history else None
-        self._void = extra.get("void")
-        self._saved_record = extra.get("record") if history else None  # (absent from states of earlier versions)
+        self.history = loaded.history  # what IAccountant.load_state_dict sets, after the checks above
+        self._observed = loaded.observed
+        self._resumed = bool(loaded.history)
+        self._resume_digest = loaded.model_digest
+        self._void = loaded.void
+        self._saved_record = loaded.record
         if self._saved_record is not None and self._monitor is not None:
             self._monitor.derivation.restore(self._saved_record)
 
