@@ -3,7 +3,6 @@ computes the last-iterate epsilon of the run that actually happened with the cor
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import weakref
 from collections import OrderedDict
@@ -24,7 +23,6 @@ from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
-    observe,
     planned_run,
     unwrap,
 )
@@ -34,20 +32,11 @@ from lastiter_plugins.adapters.opacus._registration import (
     Registration,
 )
 from lastiter_plugins.adapters.opacus._report import Report, build_report
-from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks, digest, tracked_buffers
+from lastiter_plugins.adapters.opacus._steps import StepChecks, digest, tracked_buffers
 
 Sampling = lp.Sampling
 _EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
 _Error = LastIterateConfigurationError
-
-
-@dataclasses.dataclass(frozen=True)
-class _Binding:
-    facts: LoaderFacts
-    # set when make_private was called by make_private_with_epsilon: (target_epsilon, target_delta, epochs)
-    plan: tuple[float, float, int] | None
-    module: Any  # weak reference to the private module, or None
-    buffers: Buffers  # the module's buffers at binding, with their values
 
 
 def _merge_step(history: list, noise_multiplier: float, sample_rate: float) -> None:
@@ -82,13 +71,11 @@ class LastIterateAccountant(IAccountant):
         self._glm = GlmRoute(declared) if declared.glm is not None else None
         self.history = []
         self._observed: Observed | None = None
-        self._binding: _Binding | None = None
         self._resumed = False
         #: after load_state_dict: the digest of the model the checkpoint's state was saved with,
         #: checked at the next step (or None: nothing to check)
         self._resume_digest: str | None = None
         self._counter: ExampleCounter | None = None
-        self._checks: StepChecks | None = None
         self._monitor: RunMonitor | None = None
         #: after load_state_dict: the checkpoint's index record (the passes the resumed ones are compared with)
         self._saved_record: dict | None = None
@@ -151,15 +138,13 @@ class LastIterateAccountant(IAccountant):
         if self._resumed and self._observed is not None:
             checkpoint.check_permutation(self.registration, self._observed.permutation_digest, facts.permutation_digest)
         self._prior = self._earlier_accounting(module)
-        reference = None if module is None else weakref.ref(module)
         derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
-        self._monitor = RunMonitor(data_loader, facts, derivation)  # before the watch: it records at the sampler
+        if self._monitor is not None:
+            self._monitor.remove()
+        # (before the loop's first batch: it records at the sampler)
+        self._monitor = RunMonitor(data_loader, facts, derivation, module, plan)
         if self._saved_record is not None and not derivation:
             self._monitor.derivation.restore(self._saved_record)
-        self._binding = _Binding(facts, plan, reference, Buffers(module))
-        if self._checks is not None:
-            self._checks.remove()
-            self._checks = None
         if self._counter is not None and not self._counter.watches(module):
             self._counter.remove()
             self._counter = None
@@ -273,8 +258,8 @@ class LastIterateAccountant(IAccountant):
 
     def _verify(self, optim: Any) -> None:
         """The facts of docs/opacus.md, *Verified at every step*, in its order; then the step is recorded."""
-        binding, steps, glm = self._binding, self.steps, self._glm
-        if binding is None:
+        monitor, steps, glm = self._monitor, self.steps, self._glm
+        if monitor is None:
             reg = self.registration
             raise _Error(
                 f"accountant {reg.name!r} has not seen the data loader, so the declared sampling={reg.sampling.value} "
@@ -283,28 +268,19 @@ class LastIterateAccountant(IAccountant):
             )
         if glm is not None:
             glm.derive_at_step(optim)  # (bound by bind_data_loader: the constants are derived at the first step)
-        reg = self.registration
-        if self._checks is None:
-            module = binding.module() if binding.module is not None else None
-            self._checks = StepChecks(optim, module, binding.buffers, reg)
-        checks = self._checks
-        checks.verify_optimizer(optim, steps + 1)  # the same DP optimizer, SGD and parameters; nothing after us
+        observed = monitor.observe_optimizer(optim, self.registration, steps + 1)  # the optimizer, in core terms
         if glm is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
             glm.watch.check_configuration(optim)
-        observed = observe(optim, reg, binding.facts)  # noise, clipping, reduction, lr: plain SGD
         if self._prior is not None:  # the model was trained by an earlier engine: continue or refuse
             self._continue_prior(observed)
             steps = self.steps
         self._verify_constant(observed, steps)  # ... the same as at the first step
-        change = self._monitor.watch.changed()  # the loader bound at make_private
-        if change is not None:
-            raise LastIteratePipelineChangedError(f"{change} (step {steps + 1}).")
-        gradients = checks.verify_examples(optim, self._monitor.watch, self._counter)
-        problem = self._monitor.check_step(gradients, (optim, optim.original_optimizer))  # the batch it used
+        problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
         if glm is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
             glm.watch.check_examples(optim)
+        checks = monitor.checks
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps)
             checks.rebase()
@@ -314,12 +290,17 @@ class LastIterateAccountant(IAccountant):
         checks.mark_pending()
         self.step(noise_multiplier=observed.noise_multiplier, sample_rate=observed.sample_rate)
 
+    def _checks(self) -> StepChecks | None:
+        """The step checks of the current binding (None before its first step)."""
+        return None if self._monitor is None else self._monitor.checks
+
     def _model_tensors(self) -> list[torch.Tensor] | None:
         """The private module's parameters and tracked buffers (without a module: the trained parameters)."""
-        module = self._binding.module() if self._binding is not None and self._binding.module is not None else None
+        monitor = self._monitor
+        module = monitor.module() if monitor is not None and monitor.module is not None else None
         if module is not None:
             return [*module.parameters(), *(b for *_, b in tracked_buffers(module))]
-        return None if self._checks is None else list(self._checks.params)
+        return None if monitor is None or monitor.checks is None else list(monitor.checks.params)
 
     def _verify_resumed_model(self, steps: int) -> None:
         problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
@@ -355,8 +336,8 @@ class LastIterateAccountant(IAccountant):
                 f"loader would reuse the examples of the interrupted epoch). Found {steps} steps, "
                 f"{observed.loader_batches} per epoch. Save checkpoints at the end of epochs."
             )
-        if self._observed is None and self._binding.plan is not None:
-            self._check_plan(observed, self._binding.plan)
+        if self._observed is None and self._monitor.plan is not None:
+            self._check_plan(observed, self._monitor.plan)
 
     def _check_plan(self, observed: Observed, plan: tuple[float, float, int]) -> None:
         """The run make_private_with_epsilon calibrated for must still reach its target."""
@@ -419,9 +400,9 @@ class LastIterateAccountant(IAccountant):
         if self._observed is not None:
             if self._resume_digest is not None:
                 self._check_loaded_model()
-            elif self._checks is not None:  # nothing may have changed the model since the last step
+            elif self._checks() is not None:  # nothing may have changed the model since the last step
                 try:
-                    self._checks.verify_model(self.steps, release=True)
+                    self._checks().verify_model(self.steps, release=True)
                 except LastIteratePipelineChangedError as exc:
                     self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
@@ -469,9 +450,9 @@ class LastIterateAccountant(IAccountant):
         """Opacus' ``history`` and ``mechanism``, and under ``lastiter``: the registered configuration,
         the observed optimizer facts, the SHA-256 digest of the model's parameters and buffers after
         the last step (checked at the first step after ``load_state_dict``) and a refusal, if any."""
-        if self._void is None and self._checks is not None and self.history and self._resume_digest is None:
+        if self._void is None and self._checks() is not None and self.history and self._resume_digest is None:
             try:  # a model written since the last step is not the accounted run's: the state says so
-                self._checks.verify_model(self.steps, release=True)
+                self._checks().verify_model(self.steps, release=True)
             except LastIteratePipelineChangedError as exc:
                 self._void = str(exc)
         tensors = self._model_tensors()
@@ -492,9 +473,9 @@ class LastIterateAccountant(IAccountant):
         if self._glm is not None:
             self._glm.before_load()
         loaded = checkpoint.read(state_dict, self.registration)
-        if loaded.observed is not None and loaded.history and self._binding is not None:
+        if loaded.observed is not None and loaded.history and self._monitor is not None:
             checkpoint.check_permutation(
-                self.registration, loaded.observed.permutation_digest, self._binding.facts.permutation_digest
+                self.registration, loaded.observed.permutation_digest, self._monitor.facts.permutation_digest
             )
         self.history = loaded.history  # what IAccountant.load_state_dict sets, after the checks above
         self._observed = loaded.observed

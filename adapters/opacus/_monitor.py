@@ -2,6 +2,8 @@
 
 * the loader bound at ``make_private`` (:class:`LoaderWatch`: its dataset, batch sampler and sampler
   unchanged);
+* the DP optimizer's facts and the model's parameters and buffers (:class:`RunMonitor`, through
+  ``_observe`` and ``_steps``);
 * the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
   matched to noisy steps: a queue per pass of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
 * the number of per-example clipped gradients the step summed (counted by the step checks);
@@ -32,6 +34,9 @@ from lastiter_plugins.adapters.opacus._loaders import (
     LoaderFacts,
     ShuffleOnceSampler,
 )
+from lastiter_plugins.adapters.opacus._observe import ExampleCounter, Observed, observe
+from lastiter_plugins.adapters.opacus._registration import Registration
+from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks
 
 #: user model (unwrapped) -> the accountant that accounts for its training (weakly keyed: a model
 #: garbage-collected takes its mark along; weights copied with load_state_dict carry none)
@@ -125,17 +130,56 @@ class BatchQueue:
 
 
 class RunMonitor:
-    """Per accountant binding: the loader's batch queue and the run's derivation."""
+    """Per accountant binding (``make_private`` or ``bind_data_loader``): what every noisy step used,
+    observed where it happens, and the run's derivation.
 
-    def __init__(self, loader: Any, facts: LoaderFacts, derivation: Derivation | None) -> None:
+    * the loader bound (:class:`LoaderWatch`) and the batches its sampler draws (:class:`BatchQueue`);
+    * the step's optimizer, SGD and trained parameters, and the writes to the model between steps
+      (:class:`~lastiter_plugins.adapters.opacus._steps.StepChecks`, created at the first step);
+    * the optimizer facts in the core's terms (:func:`~lastiter_plugins.adapters.opacus._observe.observe`);
+    * the examples each step summed, against the batch it drew (the derivation).
+
+    ``plan``: set when ``make_private_with_epsilon`` called ``make_private`` (target_epsilon, target_delta,
+    epochs); ``module``: a weak reference to the private module (None without one).
+    """
+
+    def __init__(
+        self, loader: Any, facts: LoaderFacts, derivation: Derivation | None, module: Any, plan: Any = None
+    ) -> None:
+        self.facts, self.plan = facts, plan
+        self.module = None if module is None else weakref.ref(module)
+        self.buffers = Buffers(module)  # the module's buffers at binding, with their values
+        self.checks: StepChecks | None = None
         self.queue = BatchQueue(loader, facts)
         self.watch = LoaderWatch(loader, facts)
         self.derivation = derivation or Derivation(
             facts.sampling, facts.dataset_size, facts.num_batches, facts.sample_rate
         )
 
+    def remove(self) -> None:
+        if self.checks is not None:
+            self.checks.remove()
+            self.checks = None
+
+    def observe_optimizer(self, optim: Any, reg: Registration, step: int) -> Observed:
+        """The DP optimizer of step ``step``: the one bound at the first step, with the same SGD and trained
+        parameters and nothing between this check and the update; its facts in the core's terms."""
+        if self.checks is None:
+            module = self.module() if self.module is not None else None
+            self.checks = StepChecks(optim, module, self.buffers, reg)
+        self.checks.verify_optimizer(optim, step)
+        return observe(optim, reg, self.facts)
+
+    def observe_examples(self, optim: Any, counter: ExampleCounter | None) -> str | None:
+        """The loader bound, the examples the step summed and the batch it drew: None, or the reason to refuse."""
+        change = self.watch.changed()
+        if change is not None:
+            return change
+        gradients = self.checks.verify_examples(optim, self.watch, counter)
+        return self.check_step(gradients, (optim, optim.original_optimizer))
+
     def check_step(self, gradients: int, optimizers: Any) -> str | None:
-        """Observe the step being taken and compare it with the declaration: None, or the reason to refuse."""
+        """The batch the step drew, against the declaration: None, or the reason to refuse."""
         plateaus = internals.plateau_schedulers(optimizers)
         if plateaus:
             return (

@@ -11,16 +11,18 @@ from __future__ import annotations
 import hashlib
 import operator
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._monitor import LoaderWatch
 from lastiter_plugins.adapters.opacus._observe import ExampleCounter, trainable
 from lastiter_plugins.adapters.opacus._projection import PROJECTIONS, STAMPS
 from lastiter_plugins.adapters.opacus._registration import LastIteratePipelineChangedError, Registration
+
+if TYPE_CHECKING:
+    from lastiter_plugins.adapters.opacus._monitor import LoaderWatch
 
 _Changed = LastIteratePipelineChangedError
 _ONE_EACH = (
