@@ -40,7 +40,7 @@ def _pipeline(accountant: str, data, spec):
 
     from lastiter_plugins.adapters import opacus as lo
 
-    d, k, n, b, sampling, loss_name, clip = spec
+    d, k, _, b, sampling, loss_name, clip = spec
     torch.manual_seed(0)
     model = torch.nn.Sequential(lo.FeatureNormClip(1.0), torch.nn.Linear(d, k))
     loss = torch.nn.BCEWithLogitsLoss() if loss_name == "logistic" else torch.nn.CrossEntropyLoss()
@@ -113,7 +113,7 @@ def main() -> None:
 
     for model in MODELS if args.model == "all" else [args.model]:
         spec = MODELS[model]
-        d, k, n, b, sampling, loss, _ = spec
+        _, _, n, _, sampling, loss, _ = spec
         name = lo.register(f"bench-glm-{model}", sampling=sampling, dataset_size=n, learning_rate=LR,
                            model="glm", loss=loss, feature_norm=1.0, force=True)  # fmt: skip
         for label, pair in (("GLM route / Opacus RDP", ("rdp", name)), ("A/A control", ("rdp", "rdp"))):
