@@ -338,7 +338,35 @@ def test_glm_bias_frozen_after_an_epoch_is_refused_naming_the_freeze(request):
     )
     _glm_train(model, optimizer, loader, criterion)
     model._module[1].bias.requires_grad_(False)
-    _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), "frozen")
+    _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), r"\(1\.bias frozen: requires_grad=False")
+
+
+def test_glm_parameter_group_added_after_make_private_is_refused(request):
+    """The weight decay per group is checked once, by the optimizer check against the derived values: a group
+    added after make_private (here with no trainable tensor, so the trained parameters are unchanged) is
+    refused by the group count."""
+    name = _glm(request, "cyclic")
+    engine, model, optimizer, loader, criterion = _glm_private(
+        name, DataLoader(_dataset(), batch_size=B), poisson=False
+    )
+    _glm_train(model, optimizer, loader, criterion)
+    optimizer.original_optimizer.add_param_group({"params": [torch.zeros(1)], "weight_decay": 0.0})
+    _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), r"keep the 1 parameter group.*Found 2")
+
+
+def test_evaluation_over_another_shuffle_once_permutation_is_accepted(request):
+    """The permutation a shuffle-once step used is the batch queue's: a loader with another ShuffleOnceSampler
+    iterated for evaluation (no step) while training iterates the bound one does not change the run."""
+    data = _dataset()
+    name = _register(request, sampling="shuffle_once")
+    engine, model, optimizer, loader = _private(name, DataLoader(data, B, sampler=lo.ShuffleOnceSampler(data, seed=1)))
+    other = DataLoader(data, B, sampler=lo.ShuffleOnceSampler(data, seed=2))
+    for _ in range(2):
+        _train(model, optimizer, loader)
+        with torch.no_grad():
+            for xb, _yb in other:
+                model(xb)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * (N // B), "shuffle_once"), rel=1e-12)
 
 
 # ================================================================ odd but realistic loops (issue: adapters v4, own audit)
