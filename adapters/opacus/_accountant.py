@@ -4,7 +4,6 @@ computes the last-iterate epsilon of the run that actually happened with the cor
 from __future__ import annotations
 
 import math
-import weakref
 from collections import OrderedDict
 from copy import deepcopy
 from typing import Any
@@ -18,13 +17,12 @@ from lastiter_plugins.adapters.opacus import _checkpoint as checkpoint
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, check_data_loader
-from lastiter_plugins.adapters.opacus._monitor import MARKS, RunMonitor
+from lastiter_plugins.adapters.opacus._monitor import RunMonitor
 from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
     planned_run,
-    unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
@@ -32,6 +30,7 @@ from lastiter_plugins.adapters.opacus._registration import (
     Registration,
 )
 from lastiter_plugins.adapters.opacus._report import Report, build_report
+from lastiter_plugins.adapters.opacus._start import Start
 from lastiter_plugins.adapters.opacus._steps import StepChecks, digest, tracked_buffers
 
 Sampling = lp.Sampling
@@ -81,8 +80,7 @@ class LastIterateAccountant(IAccountant):
         self._saved_record: dict | None = None
         #: an accountant of this library that accounted earlier steps of the model bound now (continued
         #: at the first step when its configuration is this one's)
-        self._prior: LastIterateAccountant | None = None
-        self._prior_model: Any = None  # weak reference to the model the prior accountant trained
+        self._start = Start()  # the model the run starts from: fresh, or trained by an earlier accountant
         self._void: str | None = None
 
     # -- IAccountant
@@ -137,7 +135,7 @@ class LastIterateAccountant(IAccountant):
             raise _Error(f"module must be a torch.nn.Module. Found {type(module).__name__}.")
         if self._resumed and self._observed is not None:
             checkpoint.check_permutation(self.registration, self._observed.permutation_digest, facts.permutation_digest)
-        self._prior = self._earlier_accounting(module)
+        self._start.bind(self, module)
         derivation = self._monitor.derivation if self._monitor is not None and self.steps else None
         if self._monitor is not None:
             self._monitor.remove()
@@ -154,60 +152,6 @@ class LastIterateAccountant(IAccountant):
             self._counter.reset()
         if self.steps == 0:
             self._void = None
-
-    def _earlier_accounting(self, module: Any) -> LastIterateAccountant | None:
-        """The accountant of an earlier engine that trained ``module``'s model (None: a fresh model), after
-        checking that this one may continue it; marks the model as this accountant's."""
-        if module is None:
-            return None
-        model = unwrap(module)
-        prior = MARKS.get(model)
-        if prior is None or prior is self or not prior.steps:
-            MARKS[model] = self
-            return None
-        self._prior_model = weakref.ref(model)
-        found = (
-            f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
-            "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
-        )
-        if prior._void is not None:
-            raise _Error(
-                f"a model whose earlier DP training was refused cannot be accounted: the released model carries "
-                f"those steps. {found}, whose run was void. Start from a fresh model."
-            )
-        mine, theirs = dict(self.registration.to_dict()), dict(prior.registration.to_dict())
-        mine.pop("name"), theirs.pop("name")
-        if mine != theirs:
-            raise _Error(
-                "a model trained by an earlier engine continues that accounting only under the same "
-                f"configuration (the released model is the output of all its steps). {found}, registered as "
-                f"{theirs}; this accountant is {mine}. Register the same configuration, or start from a fresh "
-                "model (initial weights must not depend on the private data)."
-            )
-        return prior
-
-    def _continue_prior(self, observed: Observed) -> None:
-        """The first step of a model an earlier accountant trained: continue its accounting (its history,
-        its index record) when the step is configured as its steps were, else refuse."""
-        prior, self._prior = self._prior, None
-        if prior._void is not None:
-            raise _Error(f"the earlier accounting of this model was refused: {prior._void}")
-        if prior._observed != observed:
-            raise _Error(
-                f"a model trained by an earlier engine continues that accounting only with the same noise, clipping, "
-                f"batch size and learning rate. Found {prior._observed.to_dict()} for its {prior.steps} steps and "
-                f"{observed.to_dict()} now. Start from a fresh model, or train with the same settings."
-            )
-        self.history = deepcopy(prior.history)
-        if prior._monitor is not None:
-            self._monitor.derivation = prior._monitor.derivation
-        model = self._prior_model()
-        if model is not None:
-            MARKS[model] = self
-        prior._void = (
-            f"the model it accounted for was trained further under accountant {self.registration.name!r}, which "
-            "continues its accounting; read the epsilon there"
-        )
 
     def get_optimizer_hook_fn(self, sample_rate: float):
         internals.require_tested_opacus()
@@ -271,8 +215,8 @@ class LastIterateAccountant(IAccountant):
         observed = monitor.observe_optimizer(optim, self.registration, steps + 1)  # the optimizer, in core terms
         if glm is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
             glm.watch.check_configuration(optim)
-        if self._prior is not None:  # the model was trained by an earlier engine: continue or refuse
-            self._continue_prior(observed)
+        if self._start.prior is not None:  # the model was trained by an earlier engine: continue or refuse
+            self._start.continue_prior(self, observed)
             steps = self.steps
         self._verify_constant(observed, steps)  # ... the same as at the first step
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn

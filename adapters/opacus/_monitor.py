@@ -7,8 +7,8 @@
 * the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
   matched to noisy steps: a queue per pass of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
 * the number of per-example clipped gradients the step summed (counted by the step checks);
-* the model the run starts from: a model an earlier accountant of this library has trained
-  (:data:`MARKS`) continues that accounting, or is refused;
+* the model the run starts from (``_start``): a model an earlier accountant of this library has trained
+  (:data:`~lastiter_plugins.adapters.opacus._start.MARKS`) continues that accounting, or is refused;
 * data-dependent control: a ``ReduceLROnPlateau`` scheduler on the optimizer.
 
 The derivation (:mod:`lastiter_plugins.adapters._derivation`) compares the record with what is
@@ -37,10 +37,6 @@ from lastiter_plugins.adapters.opacus._loaders import (
 from lastiter_plugins.adapters.opacus._observe import ExampleCounter, Observed, observe
 from lastiter_plugins.adapters.opacus._registration import Registration
 from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks
-
-#: user model (unwrapped) -> the accountant that accounts for its training (weakly keyed: a model
-#: garbage-collected takes its mark along; weights copied with load_state_dict carry none)
-MARKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class BatchQueue:

@@ -1,0 +1,87 @@
+"""The model a run starts from: a fresh one, or one an earlier accountant of this library trained.
+
+:data:`MARKS` maps a user model (weakly) to the accountant that accounts for its training. ``make_private``
+on a model (or on the GradSampleModule an earlier engine returned) that such an accountant has trained
+continues that accounting when the registration (all but its name) and, at the first step, the observed
+optimizer facts are identical; otherwise it is refused (docs/derivations/opacus-adapter.md#run-monitor,
+*The start*). Weights copied with ``load_state_dict`` carry no mark.
+"""
+
+from __future__ import annotations
+
+import weakref
+from copy import deepcopy
+from typing import Any
+
+from lastiter_plugins.adapters.opacus._observe import Observed, unwrap
+from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
+
+_Error = LastIterateConfigurationError
+
+#: user model (unwrapped) -> the accountant that accounts for its training (weakly keyed: a model
+#: garbage-collected takes its mark along; weights copied with load_state_dict carry none)
+MARKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class Start:
+    """Per accountant: the earlier accountant whose accounting the run continues (``prior``, until the
+    first step takes it over), and the model both trained."""
+
+    def __init__(self) -> None:
+        self.prior: Any = None
+        self._model: Any = None  # weak reference to the model the prior accountant trained
+
+    def bind(self, accountant: Any, module: Any) -> None:
+        """At binding: find the accountant of an earlier engine that trained ``module``'s model (none: a fresh
+        model), check that ``accountant`` may continue it, and mark the model as ``accountant``'s."""
+        self.prior = None
+        if module is None:
+            return
+        model = unwrap(module)
+        prior = MARKS.get(model)
+        if prior is None or prior is accountant or not prior.steps:
+            MARKS[model] = accountant
+            return
+        self._model = weakref.ref(model)
+        found = (
+            f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
+            "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
+        )
+        if prior._void is not None:
+            raise _Error(
+                f"a model whose earlier DP training was refused cannot be accounted: the released model carries "
+                f"those steps. {found}, whose run was void. Start from a fresh model."
+            )
+        mine, theirs = dict(accountant.registration.to_dict()), dict(prior.registration.to_dict())
+        mine.pop("name"), theirs.pop("name")
+        if mine != theirs:
+            raise _Error(
+                "a model trained by an earlier engine continues that accounting only under the same "
+                f"configuration (the released model is the output of all its steps). {found}, registered as "
+                f"{theirs}; this accountant is {mine}. Register the same configuration, or start from a fresh "
+                "model (initial weights must not depend on the private data)."
+            )
+        self.prior = prior
+
+    def continue_prior(self, accountant: Any, observed: Observed) -> None:
+        """The first step of a model an earlier accountant trained: ``accountant`` continues its accounting
+        (its history, its index record) when the step is configured as its steps were, else refuse."""
+        prior, self.prior = self.prior, None
+        if prior._void is not None:
+            raise _Error(f"the earlier accounting of this model was refused: {prior._void}")
+        if prior._observed != observed:
+            raise _Error(
+                f"a model trained by an earlier engine continues that accounting only with the same noise, clipping, "
+                f"batch size and learning rate. Found {prior._observed.to_dict()} for its {prior.steps} steps and "
+                f"{observed.to_dict()} now. Start from a fresh model, or train with the same settings."
+            )
+        accountant.history = deepcopy(prior.history)
+        if prior._monitor is not None:
+            accountant._monitor.derivation = prior._monitor.derivation
+        model = self._model()
+        if model is not None:
+            MARKS[model] = accountant
+        prior._void = (
+            f"the model it accounted for was trained further under accountant {accountant.registration.name!r}, which "
+            "continues its accounting; read the epsilon there"
+        )
