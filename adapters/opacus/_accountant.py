@@ -15,6 +15,7 @@ from opacus.accountants import IAccountant
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _checkpoint as checkpoint
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._calibration import planned_run
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts, check_data_loader
 from lastiter_plugins.adapters.opacus._monitor import RunMonitor
@@ -22,7 +23,6 @@ from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
-    planned_run,
 )
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,

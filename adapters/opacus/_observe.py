@@ -16,8 +16,7 @@ from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from torch.nn.utils.rnn import PackedSequence
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, check_data_loader
+from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
 from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError, Registration
 
 Sampling = lp.Sampling
@@ -112,6 +111,12 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
     return reg.learning_rate
 
 
+def check_clip(clip: Any) -> None:
+    """``max_grad_norm``: one finite number > 0 (flat clipping)."""
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+
+
 def check_dp_optimizer(optim: Any, reg: Registration) -> None:
     """The static part: DPOptimizer type, flat clipping, its own step methods, plain SGD inside."""
     if type(optim) not in ALLOWED_OPTIMIZERS:
@@ -126,9 +131,7 @@ def check_dp_optimizer(optim: Any, reg: Registration) -> None:
             f"the DP optimizer's {', '.join(patched)} must be Opacus' own (they compute the clipped sum and the "
             "noise this accountant certifies). Found them replaced on the optimizer object. Remove the override."
         )
-    clip = optim.max_grad_norm
-    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
-        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
+    check_clip(optim.max_grad_norm)
     if optim.loss_reduction not in ("mean", "sum"):
         raise LastIterateConfigurationError(f"loss_reduction must be 'mean' or 'sum'. Found {optim.loss_reduction!r}.")
     check_sgd(optim.original_optimizer, reg)
@@ -283,54 +286,3 @@ class ExampleCounter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
             setattr(self, key, value)
-
-
-def planned_run(reg: Registration) -> tuple[Observed, int]:
-    """What the run will do, before any step, from the running make_private_with_epsilon call (Opacus'
-    calibration sets the accountant's history without running the optimizer): its facts, and its steps."""
-    call = internals.engine_locals("make_private_with_epsilon")
-    if call is None:
-        raise LastIterateConfigurationError(
-            f"accountant {reg.name!r} has not seen an optimizer step, and this call does not come from "
-            "PrivacyEngine.make_private_with_epsilon, so the batch size, clipping norm and loss reduction are "
-            "unknown. Train first, or calibrate with lastiter_plugins.calibrate_noise(...)."
-        )
-    loader = call["data_loader"]
-    if call["poisson_sampling"]:  # make_private will replace the loader by a Poisson one with q = 1/len(loader)
-        if reg.sampling is not Sampling.POISSON:
-            raise LastIterateConfigurationError(
-                f"sampling was declared {reg.sampling.value!r} but "
-                "make_private_with_epsilon(poisson_sampling=True) replaces the data loader by a Poisson one. "
-                "Pass poisson_sampling=False with "
-                f"{FIXES[reg.sampling]}, or register with sampling='poisson'."
-            )
-        n = len(loader.dataset)
-        if n != reg.dataset_size:
-            raise LastIterateConfigurationError(
-                f"dataset_size must equal len(data_loader.dataset) = {n}. Found {reg.dataset_size} registered."
-            )
-        facts = LoaderFacts(Sampling.POISSON, n, len(loader), None, 1.0 / len(loader), False, "Poisson (planned)")
-    else:
-        facts = check_data_loader(loader, reg.sampling, reg.dataset_size)
-    check_sgd(call["optimizer"], reg)
-    clip = call["max_grad_norm"]
-    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
-        raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
-    sample_rate = facts.opacus_sample_rate
-    # make_private: expected_batch_size = int(n * sample_rate) in total over the workers
-    normaliser = planned_normaliser(call["loss_reduction"], reg.dataset_size, sample_rate)
-    b = core_batch(reg, facts)
-    observed = Observed(
-        noise_multiplier=1.0,
-        clip_norm=float(clip),
-        loss_reduction=call["loss_reduction"],
-        normaliser=normaliser,
-        accumulated_iterations=1,
-        sampling=facts.sampling.value,
-        loader_batches=facts.num_batches,
-        loader_batch_size=facts.batch_size,
-        sample_rate=sample_rate,
-        batch_size=b,
-        learning_rate=reg.learning_rate * b / normaliser,
-    )
-    return observed, int(call["epochs"]) * facts.num_batches
