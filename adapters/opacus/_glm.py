@@ -16,11 +16,14 @@ they were derived for:
   ``make_private(criterion=...)`` is the declared loss exactly (class and every
   parameter that changes its curvature or scale: :func:`check_loss_module`);
 * in every training forward: the features entering the Linear are the clip's
-  output and have l2 norm <= A (checked in float64, never accepting a violation),
-  the Linear runs once and its output is the model's output, on which the loss
-  module is called once (its input and target recorded);
-* at every step: the clipping norm, the weight decay and the loss module are the
-  ones the constants were derived for, the per-example gradients Opacus clips have
+  output, the Linear runs once and its output is the model's output, on which the
+  loss module is called once (its input and target recorded);
+* at every step, inside the accountant's sequence (one more check, not a wrapper):
+  the clipping norm, the feature clip's bound and the loss module are the ones the
+  constants were derived for (the weight decay per group and the trained parameters
+  are the accountant's optimizer checks, against the derived values); every feature
+  row since the last step has l2 norm <= A (never accepting a violation: a rounding
+  bound in the features' dtype, else float64); the per-example gradients Opacus clips have
   the structure of the declared GLM (rank one, backprop outer feature, checked on a
   sample of the batch), and each example's gradient with respect to its score is
   the declared loss' gradient at its score and label (logistic: sigmoid(u) - y with
