@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("BEST", "BOUND_IDS", "BOUNDS", "BoundSpec", "Kind", "Proof", "Protects"), "registry"),
 }
 
-__all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS (tests/test_cli.py checks)
+__all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS (tests/core/test_cli.py checks)
     "BEST",
     "BOUNDS",
     "BOUND_IDS",

@@ -723,7 +723,7 @@ _FUZZ_MEMBERSHIP = "benchmarks/fuzz_1000_membership.json"
 _POISSON_PROVENANCE = Provenance(
     derived="docs/decisions.md sections 19 and 25 (per-pattern shifted interpolation, batch sizes conditioned; the "
     "patterns mixed against the run without the record); checks: exact instances "
-    "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
+    "(tests/core/bounds/test_membership_mixtures.py, tests/core/bounds/test_dominating_mixture.py), fuzzing "
     f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of section 19"
 )
 
@@ -796,7 +796,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.3",
             derived="docs/decisions.md section 15 (the linear-model route: the clipped update is a gradient step); "
-            f"checks: exact instances G1-G3 (tests/test_ground_truth.py), fuzzing ({_FUZZ})",
+            f"checks: exact instances G1-G3 (tests/core/verification/test_ground_truth.py), fuzzing ({_FUZZ})",
             outside_published=(_glm_route,),
         ),
         title="cyclic traversal, weakly convex smooth losses",
@@ -812,7 +812,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.2, with clipping never active",
             derived="docs/decisions.md sections 1, 3 and 5 (the Lipschitz constant of the clipped update, Prop. "
-            "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 (tests/test_ground_truth.py), "
+            "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 "
+            "(tests/core/verification/test_ground_truth.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_clipping_may_be_active, _glm_route),
         ),
@@ -860,7 +861,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="bounded-domain-random",
         provenance=Provenance(
             derived="docs/decisions.md section 10 (Feldman, Mironov, Talwar & Thakurta 2018, Lemmas 20-21, per batch "
-            "sequence, averaged over the batches); checks: exact instances G3 (tests/test_bounded_domain.py), "
+            "sequence, averaged over the batches); checks: exact instances G3 "
+            "(tests/core/bounds/test_bounded_domain.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})"
         ),
         title="bounded domain, convex smooth losses, random or Poisson batches",
@@ -878,7 +880,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/decisions.md sections 1, 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.4, "
             "corrected: the exact sampled-Gaussian term with sensitivity C, the expansion of Poisson batches); "
-            f"checks: exact instances G1 and G3 (tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+            f"checks: exact instances G1 and G3 (tests/core/bounds/test_liang.py), fuzzing ({_FUZZ})"
         ),
         title="bounded domain, smooth (non-convex) losses, Poisson sampling",
         reference=f"{LIANG}, Theorem 3.4",
@@ -894,7 +896,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/decisions.md sections 2 and 12 (Liang et al. 2025, arXiv 2502.17772, Theorem 3.3, "
             "corrected: the exact sampled-Gaussian term with sensitivity C); checks: exact instances G1 "
-            f"(tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+            f"(tests/core/bounds/test_liang.py), fuzzing ({_FUZZ})"
         ),
         title="smooth losses, Poisson sampling (composition in disguise)",
         reference=f"{LIANG}, Theorem 3.3",
@@ -908,7 +910,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 3.3",
             derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
-            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            "projection, the linear-model route); checks: exact instances G2 (tests/core/bounds/test_ye_shokri.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
         ),
@@ -926,7 +928,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.2",
             derived="docs/decisions.md sections 3, 7, 11 and 15 (a short last batch, a partial last epoch, a "
-            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            "projection, the linear-model route); checks: exact instances G2 (tests/core/bounds/test_ye_shokri.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
         ),
@@ -942,7 +944,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.3",
             derived="docs/decisions.md sections 7 and 15 (a projection, the linear-model route); checks: exact "
-            f"instances G2 (tests/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            f"instances G2 (tests/core/verification/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(_projected, _l2_outside, _glm_route),
         ),
         title="strongly convex, random batch of size b every step",
@@ -1023,7 +1025,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             published="Bok, Su & Altschuler, ICML 2024 (arXiv 2403.00278), section 4 (NoisyCGD)",
             derived="docs/decisions.md section 14, parts 1 and 3 (re-derived from f-DP composition; a short last "
             "batch, a partial last pass, projected restarts, the linear-model route); checks: exact instances G2 "
-            f"(tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
+            f"(tests/core/bounds/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
             outside_published=_FIXED_BATCH_OUTSIDE,
         ),
         title="f-DP, fixed-order batches, worst position of the differing example",
@@ -1039,7 +1041,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="shifted-interpolation-shuffle",
         provenance=Provenance(
             derived="docs/decisions.md section 14, part 4 (per-position mu-GDP averaged by joint convexity); checks: "
-            f"exact instances G2 (tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
+            f"exact instances G2 (tests/core/bounds/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
         ),
         title="f-DP, one secret random permutation: privacy profiles averaged over positions",
         reference=f"our extension of {BOK_SU_ALTSCHULER}, section 4: per-position mu-GDP averaged by joint "
@@ -1055,7 +1057,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="shifted-interpolation-reshuffle",
         provenance=Provenance(
             derived="docs/decisions.md section 17 (a schedule mixture); checks: exact instances "
-            "(tests/test_schedule_mixtures.py), an independent re-derivation"
+            "(tests/core/bounds/test_shift_schedules.py), an independent re-derivation"
         ),
         title="f-DP, a fresh secret permutation every epoch: schedule mixture over the last epoch's position",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): earlier "
@@ -1072,7 +1074,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="shifted-interpolation-random-batch",
         provenance=Provenance(
             derived="docs/decisions.md section 19 (a schedule mixture over the memberships); checks: exact instances "
-            f"(tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
+            "(tests/core/bounds/test_membership_mixtures.py), "
+            f"fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
         ),
         title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
@@ -1178,7 +1181,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         id="composition-pld-poisson-replace-one",
         provenance=Provenance(
             derived="docs/decisions.md section 18, part 3 (our dominating pair, proven for every epsilon); checks: "
-            f"the theorem on random configurations and exact at T = 1 (tests/test_baselines.py), fuzzing "
+            f"the theorem on random configurations and exact at T = 1 (tests/core/test_baselines.py), fuzzing "
             f"({_FUZZ_MEMBERSHIP})"
         ),
         title="Poisson-sampled Gaussian under replace-one: a dominating pair composed as a privacy loss "
@@ -1204,7 +1207,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             "arXiv 2106.08567, Thm 10)",
             derived="docs/decisions.md section 18, part 4 (re-derived: the coupling, both orders as one pair); "
             "checks: every batch enumerated on linear instances, attained at T = 1 "
-            "(tests/test_random_batch_pld.py), fuzzing (300 checks)",
+            "(tests/core/test_random_batch_pld.py), fuzzing (300 checks)",
         ),
         title="fixed-size random batches under replace-one: a dominating pair composed as a privacy loss "
         "distribution (every iterate)",

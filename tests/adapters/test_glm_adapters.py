@@ -8,12 +8,12 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lastiter_plugins as lp
+from tests.support import ROOT
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HAVE_OPACUS = importlib.util.find_spec("opacus") is not None and importlib.util.find_spec("torch") is not None
@@ -38,7 +38,7 @@ DELTA = 1e-5
 A = 1.0  # feature_norm
 N, B, DIM = 60, 20, 4
 LR = 0.5
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
 BY_HAND = "declare smoothness, strong_convexity, weak_convexity and gradient_norms_within_clip by hand"
 
 

@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 import typing_extensions
-from conftest import pipeline, strongly_convex
 
 import lastiter_plugins as lp
 from lastiter_plugins import registry
+from tests.support import pipeline, strongly_convex
 
 
 @pytest.mark.parametrize(

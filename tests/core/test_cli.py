@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_flags, strongly_convex
 
 import lastiter_plugins as lp
 from lastiter_plugins import compare, scenarios
 from lastiter_plugins.cli import build_parser, main
+from tests.support import ROOT, cli_flags, strongly_convex
 
 KWARGS = strongly_convex(sampling="shuffle_once")
 PARAMS = cli_flags(KWARGS)
@@ -174,10 +174,10 @@ def test_unproven_bound_is_marked_in_the_bounds_table(capsys):
 # ---------------------------------------------------------------- parity with the API (the installed console script)
 
 LASTITER = Path(sys.executable).with_name("lastiter")  # installed by `pip install -e .` next to the interpreter
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "examples" / "scenarios"
+SCENARIO_DIR = ROOT / "examples" / "scenarios"
 GLM_SCENARIO = SCENARIO_DIR / "random-batch-projected-glm.toml"
 # a file whose best needs no membership profile: each lastiter process builds its own (~30 s on 2 cores for the
-# GLM file, whose numbers tests/test_compare.py checks)
+# GLM file, whose numbers tests/core/compare/test_compare.py checks)
 SHUFFLE_SCENARIO = SCENARIO_DIR / "shuffle-once-logistic-regression.toml"
 
 
@@ -535,7 +535,7 @@ def test_shell_pipe_into_true_ends_quietly():
 
 # ---------------------------------------------------------------- the README's abridged compare output
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = ROOT / "README.md"
 
 
 def test_readme_compare_output_is_what_its_first_command_prints(capsys, monkeypatch):

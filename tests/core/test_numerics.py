@@ -19,12 +19,12 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import cli_flags, pipeline
 
 import lastiter_plugins as lp
 from lastiter_plugins import profiles
 from lastiter_plugins.bounds import sgm, shifted_interpolation, ye_shokri
 from lastiter_plugins.cli import main
+from tests.support import cli_flags, pipeline
 
 DELTA = 1e-5
 ORDERS = [1.0000001, 3.5, 1e4, 1e9, 1e300]  # 1e9: far beyond any binomial sum

@@ -6,11 +6,11 @@ import math
 
 import numpy as np
 import pytest
-from conftest import sweep_size
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import lastiter_plugins as lp
+from tests.support import sweep_size
 
 ORDERS = np.array([1.5, 2.0, 3.0, 8.0, 32.0, 256.0])  # small on purpose: fast, edges are expected
 pytestmark = pytest.mark.filterwarnings("ignore::lastiter_plugins.OrderGridWarning")

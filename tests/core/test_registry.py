@@ -5,16 +5,16 @@ restricted to published theorems, and the outputs say when that changes the numb
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 import lastiter_plugins as lp
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.api import build
+from tests.support import ROOT
 
 DELTA = 1e-5
-DECISIONS = Path(__file__).resolve().parent.parent / "docs" / "decisions.md"
+DECISIONS = ROOT / "docs" / "decisions.md"
 
 #: The built-in scenario: shuffle-once, strongly convex, projected (its best is our shuffle mixture).
 BUILTIN = dict(dataset_size=10000, batch_size=100, noise_multiplier=4.0, clip_norm=1.05, learning_rate=1.0,

@@ -6,7 +6,7 @@ exits with status 2 and ONE line on stderr; never another exception type, a NaN,
 a negative epsilon, or a finite epsilon for a violated precondition. A value that
 is valid after all (None for an optional parameter, -0.0 for a lower bound of 0,
 a boolean for a flag) gives exactly what the API gives for the same pipeline
-spelled canonically. Extreme but valid values: tests/test_numerics.py.
+spelled canonically. Extreme but valid values: tests/core/test_numerics.py.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import cli_flags, pipeline, strongly_convex
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import lastiter_plugins as lp
+from tests.support import cli_flags, pipeline, strongly_convex
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 BOUNDS = list(lp.BOUND_IDS)

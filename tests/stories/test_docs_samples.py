@@ -3,18 +3,18 @@
 The self-contained pages (README.md, docs/dp_accounting.md, docs/choosing.md) are run block by block,
 in order, in one namespace per page, as a reader pasting them into one session would. The host guides
 (docs/opacus.md, docs/tf_privacy.md) show fragments of a training loop that need your data and model;
-their complete runs are the scripts of examples/, which tests/test_glm_adapters.py and the adapters'
-tests run. The README's abridged compare output is checked against a real run in tests/test_cli.py.
+their complete runs are the scripts of examples/, which tests/adapters/test_glm_adapters.py and the adapters'
+tests run. The README's abridged compare output is checked against a real run in tests/core/test_cli.py.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
+
 SELF_CONTAINED = ("README.md", "docs/dp_accounting.md", "docs/choosing.md")
 _PYTHON = re.compile(r"```python\n(.*?)```", re.S)
 

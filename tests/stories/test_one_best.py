@@ -13,12 +13,12 @@ import math
 
 import dp_accounting
 import pytest
-from conftest import cli_flags
 
 import lastiter_plugins as lp
 from lastiter_plugins import compare
 from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
 from lastiter_plugins.cli import main
+from tests.support import cli_flags
 
 DELTA = 1e-5
 RESHUFFLE = dict(dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=100, sampling="reshuffle")

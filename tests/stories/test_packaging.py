@@ -25,8 +25,7 @@ from pathlib import Path
 import pytest
 
 import lastiter_plugins as lp
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 # Builds the sdist and the wheel and installs them into fresh environments (a minute or two):
 # scripts/test_environments.sh runs it, the second step of .ci/run, not the README's test command.

@@ -16,12 +16,6 @@ import attr
 import dp_accounting
 import numpy as np
 import pytest
-from accountant_contract import (
-    AccountantContract,
-    assert_count_equivalences,
-    assert_epsilon_delta_consistent,
-    assert_refused_untouched,
-)
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant as dp_pld
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
@@ -36,6 +30,13 @@ from lastiter_plugins.adapters.dp_accounting import (
     LastIteratePldAccountant,
     SamplingScheme,
     _pld,
+)
+
+from .accountant_contract import (
+    AccountantContract,
+    assert_count_equivalences,
+    assert_epsilon_delta_consistent,
+    assert_refused_untouched,
 )
 
 R1 = dp_accounting.NeighboringRelation.REPLACE_ONE

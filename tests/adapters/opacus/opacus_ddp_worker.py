@@ -1,7 +1,7 @@
 """Two-process (gloo, CPU, localhost) DP training with Opacus' DistributedDPOptimizer
-and a last-iterate accountant; used by test_opacus_adapter.py.
+and a last-iterate accountant; used by test_adapter.py beside it.
 
-Run as ``python tests/opacus_ddp_worker.py OUT.json``: writes one record per rank
+Run as ``python tests/adapters/opacus/opacus_ddp_worker.py OUT.json``: writes one record per rank
 (steps in the accountant's history, steps taken, epsilon, optimizer class).
 """
 

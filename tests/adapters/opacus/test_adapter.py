@@ -33,6 +33,7 @@ from torch.utils.data import (  # noqa: E402
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from lastiter_plugins.bounds import sgm  # noqa: E402
+from tests.support import ROOT  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -842,7 +843,7 @@ def test_distributed_counts_steps_once_and_matches_single_process(request, tmp_p
         assert r["optimizer"] == "DistributedDPOptimizer"
     assert ranks[0]["epsilon"] == ranks[1]["epsilon"]
     # single process, same global batch (q = 1/len(loader)) and steps
-    from opacus_ddp_worker import single_process_epsilon
+    from .opacus_ddp_worker import single_process_epsilon
 
     assert ranks[0]["epsilon"] == pytest.approx(single_process_epsilon(ranks[0]["expected_steps"]), rel=1e-12)
 
@@ -856,7 +857,7 @@ def test_distributed_counts_steps_once_and_matches_single_process(request, tmp_p
     "with PrivacyEngine(accountant=name)",
 )
 def test_example_runs(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     script = os.path.join(root, "examples", "opacus_logistic_regression.py")
     proc = subprocess.run([sys.executable, script, "--epochs", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -22,6 +22,7 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     compute_last_iterate_privacy_statement,
 )
 from lastiter_plugins.adapters.tf_privacy import _statement as statement_module  # noqa: E402
+from tests.support import ROOT  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
 try:
@@ -700,9 +701,8 @@ def test_statement_accepts_whole_fractional_epochs():
 
 def test_example_runs_and_prints_the_statement(capsys):
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "tf_privacy_logistic_regression.py"
+    path = ROOT / "examples" / "tf_privacy_logistic_regression.py"
     spec = importlib.util.spec_from_file_location("tf_privacy_example", path)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)

@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import strongly_convex
 from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 import lastiter_plugins as lp
 from lastiter_plugins.bounds import sgm
 from lastiter_plugins.bounds._common import log_theta, theta
+from tests.support import strongly_convex
 
 ORDERS = [2.0, 8.0, 32.0]
 

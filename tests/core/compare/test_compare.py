@@ -11,7 +11,6 @@ import io
 import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,9 @@ import lastiter_plugins as lp
 from lastiter_plugins import compare, plot, scenarios
 from lastiter_plugins.cli import main
 from lastiter_plugins.compare.rows import STANDARD
+from tests.support import ROOT
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scenarios").glob("*.toml"))
+SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.toml"))
 POISSON_ONLY = {"opacus-rdp", "opacus-prv", "opacus-gdp", "dp-accounting-rdp-poisson", "dp-accounting-pld-poisson"}
 HAS_OPACUS = compare.host_versions()["opacus"] is not None
 SHUFFLE_PARAMS = scenarios.split_scenario(scenarios.BUILTIN_SCENARIO)[1]
@@ -95,7 +95,7 @@ def test_builtin_last_iterate_wins_by_a_large_factor(builtin):
 
 def test_epoch_baselines_are_registry_rows(builtin):
     """The exact per-epoch Gaussian composition (once compare's dp-accounting-pld-epoch row) is a registry
-    row; its number is pinned in tests/test_baselines.py. The RDP composition of the same mechanism is above it."""
+    row; its number is pinned in tests/core/test_baselines.py. The RDP composition of the same mechanism is above it."""
     gdp, rdp = builtin.row("composition-gdp-epochs"), builtin.row("composition")
     assert gdp.valid and gdp.counted and gdp.relation == "replace_one" and gdp.protects == compare.EVERY_ITERATE
     assert gdp.epsilon == pytest.approx(lp.epsilon("composition-gdp-epochs", 1e-5, **SHUFFLE_PARAMS).epsilon, rel=0)
@@ -167,7 +167,7 @@ def test_best_line_is_a_minimum_within_one_relation(scenario_results):
 
 def test_random_batch_baseline_is_sampling_without_replacement(scenario_results):
     """Fixed-size random batches keep the RDP of sampling without replacement (pinned to dp-accounting's
-    RdpAccountant in tests/test_known_values.py); no epoch or Poisson baseline applies (decisions section 18.4)."""
+    RdpAccountant in tests/core/bounds/test_known_values.py); no epoch or Poisson baseline applies (decisions section 18.4)."""
     result = scenario_results["random-batch-projected-glm"]
     comp = result.row("composition")
     assert comp.valid and comp.counted and comp.relation == "replace_one"

@@ -23,9 +23,10 @@ import pytest
 from lastiter_plugins import api, compare, evaluation, plot, registry, scenarios
 from lastiter_plugins.cli import NEXT_STEPS
 from lastiter_plugins.compare.rows import STANDARD
+from tests.support import ROOT
 
 LASTITER = Path(sys.executable).with_name("lastiter")  # installed by `pip install -e .` next to the interpreter
-SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "examples" / "scenarios").glob("*.toml"))
+SCENARIOS = sorted((ROOT / "examples" / "scenarios").glob("*.toml"))
 POISSON = next(p for p in SCENARIOS if p.stem == "poisson-opacus-smooth-network")
 MAX_LINE = 250
 
@@ -287,7 +288,7 @@ def test_first_run_ends_with_how_to_compare_your_own_pipeline(first_run):
     assert last == list(NEXT_STEPS)
     assert "--config" in last[0] and "examples/scenarios/" in last[0] and "--dataset-size" in last[0]
     assert "docs/choosing.md" in last[1]
-    assert Path(__file__).resolve().parents[1].joinpath("docs", "choosing.md").is_file()
+    assert ROOT.joinpath("docs", "choosing.md").is_file()
 
 
 def test_a_custom_comparison_does_not_repeat_the_first_run_hint():

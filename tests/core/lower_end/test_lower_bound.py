@@ -11,13 +11,13 @@ import time
 
 import numpy as np
 import pytest
-from conftest import sweep_size
 
 import lastiter_plugins as lp
 from lastiter_plugins import compare, evaluation
 from lastiter_plugins.errors import BoundBelowTruthError
 from lastiter_plugins.lower_end import exact, mixture
 from lastiter_plugins.lower_end import instances as lb
+from tests.support import sweep_size
 
 DELTA = 1e-5
 BASE = dict(dataset_size=40, batch_size=10, noise_multiplier=2.0, learning_rate=0.5, smoothness=1.0)

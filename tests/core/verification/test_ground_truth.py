@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pytest
-from conftest import sweep_size
 from scipy import integrate, special, stats
 
 import lastiter_plugins as lp
@@ -26,6 +25,7 @@ from lastiter_plugins.lower_end.exact import (
     gaussian_mixture_renyi,
 )
 from lastiter_plugins.verification import fuzz
+from tests.support import sweep_size
 
 ORDERS = np.array([2.0, 4.0, 8.0, 16.0, 32.0])
 FAST = {"cells": 3000}  # cells for the mixture quadrature in the fast suite
