@@ -372,9 +372,14 @@ def test_a_new_shuffle_once_sampler_every_epoch_is_refused(request):
     name = _register(request, sampling="shuffle_once")
     engine, model, optimizer, loader = _private(name, loader=DataLoader(data, B, sampler=lo.ShuffleOnceSampler(data)))
     _train(model, optimizer, loader)
+    assert engine.accountant.steps == EPOCH  # the first permutation's epoch is accepted
     epoch_two = DataLoader(data, B, sampler=lo.ShuffleOnceSampler(data))  # a new secret seed
     _refused_and_void(engine, lambda: _train(model, optimizer, epoch_two), r"declare sampling='reshuffle'")
-    assert loader is not None  # (the loader bound at make_private is alive: only the permutation tells)
+    # the loader bound at make_private is still alive (referenced here): only the permutation tells the
+    # epochs apart, same examples and batch size
+    assert epoch_two.dataset is loader.dataset and epoch_two.batch_size == loader.batch_size == B
+    first, second = loader.sampler.permutation, epoch_two.sampler.permutation
+    assert sorted(first) == sorted(second) and first != second
 
 
 def test_the_same_shuffle_once_permutation_rebuilt_every_epoch_is_accepted(request):
