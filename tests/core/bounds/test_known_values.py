@@ -217,15 +217,6 @@ def test_one_step_full_batch_composition_is_the_gaussian_mechanism():
         np.testing.assert_allclose(got, 2 * np.array(ORDERS) / 9.0, rtol=1e-12)
 
 
-def test_one_step_kong_ribero_cyclic_is_gaussian_up_to_its_factor_two():
-    """T < l: E = 0 and the bound is 4 alpha / z^2 (twice the Gaussian mechanism, as published)."""
-    got = lp.rdp(
-        "kong-ribero-cyclic", ORDERS, dataset_size=100, batch_size=10, noise_multiplier=2.0,
-        learning_rate=0.1, steps=1, smoothness=1.0, sampling="cyclic",
-    )  # fmt: skip
-    np.testing.assert_allclose(got, 4 * np.array(ORDERS) / 4.0)
-
-
 def test_ye_shokri_one_epoch_is_the_gaussian_mechanism():
     """K = 1: G(1) = 0, so ye-shokri-cyclic is exactly one use, 2 alpha / z^2."""
     params = strongly_convex(dataset_size=100, noise_multiplier=2.0, steps=10, strong_convexity=0.5)  # l = 10: K = 1
@@ -259,12 +250,6 @@ def test_ye_shokri_random_extrapolation_never_below_exact_recursion():
     assert np.all(lower <= exact * (1 + 1e-12))
     assert np.all(lower >= exact / 1.02)
     assert np.any(lower < exact * (1 - 1e-9))  # not the exact value: the check can fail
-
-
-def test_curvature_free_closed_form():
-    got = lp.rdp("kong-ribero-curvature-free", [3.0], dataset_size=100, batch_size=4, noise_multiplier=2.0, steps=7,
-                 sampling="reshuffle")  # fmt: skip
-    assert got[0] == pytest.approx(8 * 3.0 * 7 * 16 / 4.0)
 
 
 INTEGER_ORDERS = [2, 3, 4, 5, 8, 16, 32, 64, 128, 256, 1000]
