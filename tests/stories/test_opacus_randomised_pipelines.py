@@ -13,12 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-import opacus.accountants  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
+from tests.adapters.opacus.support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -73,15 +72,6 @@ def _truth(m: dict, visited: int, loader_len: int, steps: int) -> lp.TrainingCon
                              sampling=lp.Sampling(SCHEME[m["sampler"]]), learning_rate=LR * b / divisor,
                              relation=lp.Relation.ADD_OR_REMOVE_ONE if m["sampler"] == "poisson"
                              else lp.Relation.REPLACE_ONE)  # fmt: skip
-
-
-def _engine(name) -> PrivacyEngine:
-    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach the accountant instead."""
-    if hasattr(opacus.accountants, "register_accountant"):
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
 
 
 def _run(m: dict, name: str) -> tuple[float | None, int, int, int]:

@@ -35,6 +35,9 @@ from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from lastiter_plugins.bounds import sgm  # noqa: E402
 from tests.support import ROOT  # noqa: E402
 
+from .support import dataset  # noqa: E402
+from .support import engine as _engine  # noqa: E402
+
 torch.set_num_threads(1)
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
@@ -65,11 +68,7 @@ POISSON_ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]  # integer orders keep the sa
 
 
 def _dataset(n: int = N) -> TensorDataset:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True)
-    y = (torch.rand(n, generator=gen) < 0.5).float()
-    return TensorDataset(x, y)
+    return dataset(n)
 
 
 def _model() -> torch.nn.Module:
@@ -89,15 +88,6 @@ def _register(request, **kw) -> str:
 def create_accountant(name):
     """Opacus' create_accountant (1.6: its registry), or the adapter's on Opacus 1.5."""
     return opacus.accountants.create_accountant(name) if OPACUS_REGISTRY else lo.create_accountant(name)
-
-
-def _engine(name) -> PrivacyEngine:
-    """PrivacyEngine(accountant=name) on Opacus 1.6; on Opacus 1.5, a PrivacyEngine with the accountant attached."""
-    if OPACUS_REGISTRY:
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
 
 
 def _private(

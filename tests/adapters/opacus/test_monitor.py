@@ -13,8 +13,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-import opacus.accountants  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
 from opacus.data_loader import DPDataLoader  # noqa: E402
 from opacus.utils.batch_memory_manager import BatchMemoryManager  # noqa: E402
 from torch import nn  # noqa: E402
@@ -22,6 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
+
+from .support import dataset  # noqa: E402
+from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -36,18 +37,7 @@ ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
 
 
 def _dataset(n: int = N) -> TensorDataset:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, D, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True)
-    return TensorDataset(x, (torch.rand(n, generator=gen) < 0.5).float())
-
-
-def _engine(name) -> PrivacyEngine:
-    if hasattr(opacus.accountants, "register_accountant"):
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
+    return dataset(n, D)
 
 
 def _register(request, sampling="cyclic", suffix="", **kw) -> str:

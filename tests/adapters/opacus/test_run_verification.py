@@ -13,13 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-import opacus.accountants  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from lastiter_plugins.adapters.opacus import _internals  # noqa: E402
+
+from .support import dataset  # noqa: E402
+from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -31,24 +32,12 @@ N, B, LR, DELTA = 500, 50, 0.5, 1e-5
 
 
 def _dataset(n: int = N) -> TensorDataset:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True)
-    return TensorDataset(x, (torch.rand(n, generator=gen) < 0.5).float())
+    return dataset(n)
 
 
 def _register(request, **kw) -> str:
     params = {"sampling": "cyclic", "dataset_size": N, "learning_rate": LR, "smoothness": 0.25, **kw}
     return lo.register("v-" + request.node.name, force=True, **params)
-
-
-def _engine(name) -> PrivacyEngine:
-    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach the accountant instead."""
-    if hasattr(opacus.accountants, "register_accountant"):
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
 
 
 def _private(name, loader, **kw):

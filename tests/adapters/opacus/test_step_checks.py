@@ -20,15 +20,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
 import numpy as np  # noqa: E402
-import opacus.accountants  # noqa: E402
 import torch.optim.optimizer as torch_optimizer  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
 from opacus.optimizers import DPOptimizer  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from lastiter_plugins.adapters.opacus._observe import STEP_METHODS  # noqa: E402
+
+from .support import dataset  # noqa: E402
+from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -43,19 +44,7 @@ ORDERS = [2.0, 4.0, 8.0, 16.0]
 
 
 def _dataset(n: int = N) -> TensorDataset:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True)
-    return TensorDataset(x, (torch.rand(n, generator=gen) < 0.5).float())
-
-
-def _engine(name) -> PrivacyEngine:
-    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach the accountant instead."""
-    if hasattr(opacus.accountants, "register_accountant"):
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
+    return dataset(n)
 
 
 def _loss(model, xb, yb):

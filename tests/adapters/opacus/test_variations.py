@@ -16,8 +16,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-import opacus.accountants  # noqa: E402
-from opacus import PrivacyEngine  # noqa: E402
 from opacus.layers import DPLSTM  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.utils.rnn import pack_sequence  # noqa: E402
@@ -26,6 +24,9 @@ from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
+
+from .support import dataset  # noqa: E402
+from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
 pytestmark = [
@@ -38,24 +39,12 @@ EPOCH = N // B
 
 
 def _dataset(n: int = N) -> TensorDataset:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=gen)
-    x = x / x.norm(dim=1, keepdim=True)
-    return TensorDataset(x, (torch.rand(n, generator=gen) < 0.5).float())
+    return dataset(n)
 
 
 def _register(request, **kw) -> str:
     params = {"sampling": "cyclic", "dataset_size": N, "learning_rate": LR, "smoothness": 0.25, **kw}
     return lo.register("var-" + request.node.name, force=True, **params)
-
-
-def _engine(name) -> PrivacyEngine:
-    """PrivacyEngine(accountant=name); Opacus 1.5 has no accountant registry: attach the accountant instead."""
-    if hasattr(opacus.accountants, "register_accountant"):
-        return PrivacyEngine(accountant=name)
-    engine = PrivacyEngine()
-    lo.attach(engine, name)
-    return engine
 
 
 def _private(name, model=None, loader=None, **kw):
