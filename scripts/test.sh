@@ -2,7 +2,7 @@
 # The README's test command runs this, in the .venv it made (installed with the exact
 # versions of constraints/ci.txt):
 #   1. lint and format check (ruff);
-#   2. the whole pytest suite in .venv, except what builds and installs the distribution
+#   2. the whole pytest suite in .venv (tests/README.md: layout and tiers), except what builds and installs the distribution
 #      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md).
 # What is slow and needs environments of its own (the packaging tests, dp-accounting 0.6,
 # Opacus 1.5) is scripts/test_environments.sh, the second step of .ci/run.

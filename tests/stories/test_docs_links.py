@@ -28,7 +28,8 @@ _HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
 _REPO_PATH = re.compile(
     r"(?<![\w/.-])((?:docs|examples|adapters|lastiter_plugins|tests|benchmarks|scripts|constraints)/[\w./*-]*[\w/*])"
 )
-# The text users read: the docs, the changelog, and the docstrings and messages of what is shipped or run.
+# The text users read: the docs, the changelog, and the docstrings and messages of what is shipped or run;
+# and the scripts that run the tests.
 TEXTS = [
     *PAGES,
     ROOT / "CHANGELOG.md",
@@ -36,6 +37,9 @@ TEXTS = [
     *sorted((ROOT / "adapters").rglob("*.py")),
     *sorted((ROOT / "examples").rglob("*.py")),
     *sorted((ROOT / "examples").rglob("*.toml")),
+    ROOT / "tests" / "README.md",
+    *sorted((ROOT / "scripts").glob("*.sh")),  # their test selections name files that moved once
+    ROOT / ".ci" / "run",
 ]
 
 
