@@ -4,7 +4,7 @@ Shared by the host adapters; it imports no host library. A host's monitor observ
 step, the logical batch the step used (the dataset indices its sampler drew, see
 :class:`DrawnBatch`) and the number of per-example clipped gradients the step summed, and hands them
 to :meth:`Derivation.check_step`. The derivation refuses a step (returns the reason) when what ran is
-not what is accounted (docs/decisions.md, section 26):
+not what is accounted (docs/derivations/opacus-adapter.md#run-monitor):
 
 * exactly one drawn logical batch per noisy step, and one clipped gradient per example in it
   (duplicated rows, concatenated batches and merged skipped steps sum more gradients than that);
@@ -16,8 +16,11 @@ not what is accounted (docs/decisions.md, section 26):
   every epoch draws the same batches: not independent Poisson draws).
 
 What cannot be observed (that a seed is secret, the data behind the indices) stays a precondition of
-the host's documentation. Equality is decided on 64-bit hashes of the index tuples: a collision can
-only refuse a genuine run (never accept a wrong one), with probability about 2^-64 per comparison.
+the host's documentation. Where a pass must equal the first (cyclic, shuffle_once) the batches are compared
+exactly: the first pass is kept whole, and a later pass equal to it position by position is a permutation
+too. Where a pass must differ from every earlier one (reshuffle, Poisson), 64-bit hashes of the index tuples
+are compared: a collision can only refuse a genuine run (never accept a wrong one), with probability about
+2^-64 per comparison.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import lastiter_plugins as lp
 
 Sampling = lp.Sampling
 _EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+_FIXED_ORDER = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE)  # every pass equal to the first
 #: A prefix of a pass equal to an earlier pass's is refused once a genuine draw of the declared law would
 #: repeat it with probability below 2^-EVIDENCE_BITS (a complete pass equal to an earlier one always is).
 EVIDENCE_BITS = 40.0
@@ -51,7 +55,8 @@ class _Pass:
     pass_id: int
     hashes: list[int]  # per position: hash of the batch's index tuple
     size: int  # indices consumed so far
-    seen: np.ndarray | None  # epoch schemes: which examples this pass has used
+    seen: np.ndarray | None  # epoch schemes, until a pass is compared exactly: which examples it has used
+    batches: list[tuple[int, ...]] | None = None  # cyclic, shuffle_once: the first pass, kept whole
 
 
 class Derivation:
@@ -133,8 +138,9 @@ class Derivation:
             if current is not None:
                 current.seen = None  # (only the current pass needs it)
                 self._passes.append(current)
-            seen = np.zeros(self.n, dtype=bool) if epochs else None
-            self._current = _Pass(batch.pass_id, [], 0, seen)
+            fixed, first = self.sampling in _FIXED_ORDER, not self._passes
+            seen = np.zeros(self.n, dtype=bool) if epochs and (first or not fixed) else None
+            self._current = _Pass(batch.pass_id, [], 0, seen, [] if fixed and first else None)
             self._candidates = [p for p in self._passes if p.hashes]
             return None
         if epochs and batch.position != len(current.hashes):
@@ -148,6 +154,7 @@ class Derivation:
 
     def _compare(self, batch: DrawnBatch, step: int) -> str | None:
         current, key = self._current, hash(batch.indices)
+        assert current is not None  # _enter started or continued a pass
         position = len(current.hashes)
         if current.seen is not None and batch.indices:
             rows = np.fromiter(batch.indices, dtype=np.int64, count=len(batch.indices))
@@ -157,9 +164,9 @@ class Derivation:
                     f"{step} using an example its pass had already used"
                 )
             current.seen[rows] = True
-        if self.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE) and self._passes:
-            first = self._passes[0]
-            if position >= len(first.hashes) or first.hashes[position] != key:
+        if self.sampling in _FIXED_ORDER and self._passes:
+            first = self._passes[0].batches
+            if first is None or position >= len(first) or first[position] != batch.indices:
                 return (
                     f"sampling={self.sampling.value} assumes one order of the data for the whole run, every epoch "
                     f"the same batches. Found batch {position + 1} of epoch {len(self._passes) + 1} (step {step}) "
@@ -167,6 +174,8 @@ class Derivation:
                     "DataLoader(shuffle=True)), or another sampler or permutation was used"
                 )
         current.hashes.append(key)
+        if current.batches is not None:
+            current.batches.append(batch.indices)
         current.size += len(batch.indices)
         if self.sampling in (Sampling.RESHUFFLE, Sampling.POISSON) and self._candidates:
             self._candidates = [p for p in self._candidates if position < len(p.hashes) and p.hashes[position] == key]
@@ -184,6 +193,7 @@ class Derivation:
             return bits >= EVIDENCE_BITS
         if len(current.hashes) >= self.batches_per_pass:
             return True
+        assert self.sample_rate is not None  # Poisson (the only other scheme checked for repeats) has its rate
         q = float(self.sample_rate)
         same = q * q + (1.0 - q) * (1.0 - q)  # one example, one step: the two draws agree
         bits = -len(current.hashes) * self.n * math.log2(same) if same < 1.0 else 0.0
@@ -207,15 +217,27 @@ class Derivation:
 
     # -- checkpoints
     def state(self) -> dict:
-        """What a resumed run must be compared with: the steps and every pass' batch hashes (64-bit)."""
+        """What a resumed run must be compared with: the steps, every pass' batch hashes (64-bit) and, for
+        cyclic and shuffle_once, the first pass' batches."""
         passes = [*self._passes, *([self._current] if self._current is not None else [])]
-        return {"steps": self.steps, "passes": [list(p.hashes) for p in passes]}
+        state: dict = {"steps": self.steps, "passes": [list(p.hashes) for p in passes]}
+        if passes and passes[0].batches is not None:
+            state["first"] = [list(b) for b in passes[0].batches]
+        return state
 
     def restore(self, state: dict) -> None:
         """Continue the record of a checkpoint (``state()``): the passes before it are the earlier passes
         the resumed ones are compared with; the resumed loader starts a new pass."""
         self.steps = int(state["steps"])
         self._passes = [_Pass(-1, [int(h) for h in hashes], 0, None) for hashes in state["passes"]]
+        if self._passes and self.sampling in _FIXED_ORDER:
+            if "first" not in state:
+                raise ValueError(
+                    f"sampling={self.sampling.value}: the saved record has no first pass to compare the resumed "
+                    "epochs with (a checkpoint from an earlier version of this adapter). Resume from a checkpoint "
+                    "this version saved"
+                )
+            self._passes[0].batches = [tuple(int(i) for i in b) for b in state["first"]]
         self._current, self._candidates = None, []
 
     # -- what the record shows

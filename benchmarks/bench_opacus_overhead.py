@@ -1,41 +1,48 @@
-"""Per-step overhead of the Opacus adapter in a real training loop, on CPU.
+"""CPU time per step of the last-iterate accountant on Opacus' MNIST CNN, against plain Opacus.
 
-Two identical pipelines (same model, data, shuffle-once loader with
-``poisson_sampling=False``, optimizer), one with Opacus' RDP accountant and one with a
-registered last-iterate accountant (``bound="best"``), are trained in the same process,
-their steps interleaved (A B, then B A, ...) so that a change of load or of clock hits
-both alike. Per model:
+Issue 29 ("Adapters v4"), item 7: on Opacus' MNIST example CNN (examples/mnist.py: two conv and two
+linear layers, 28x28x1 inputs, 26,010 parameters) at batch 32, the last-iterate accountant
+(``register(..., bound="best")``) must cost no more than plain Opacus (its RDP accountant) within
+the A/A spread + 2%.
 
-* ``hook_share`` (the headline figure; goal <= 1% on Opacus' MNIST CNN): the adapter's own
-  work in a step, timed inside the step, over the step time of the same run. The work is
-  every hook the adapter runs: its ``step_hook`` (called by Opacus before the update: the
-  per-step checks), its step post-hook (records the parameters' versions) and its forward
-  hooks (count the examples entering the model; on the GLM route also the feature and loss
-  checks); torch's dispatch to those hooks is left out;
-* ``ratio``: median step time with the last-iterate accountant / with Opacus' RDP
-  accountant (every step timed, nothing else);
-* ``control_ratio``: the same measurement with Opacus' RDP accountant in both pipelines
-  (an A/A run): how far from 1 two identical pipelines read on this machine, i.e. the
-  resolution of ``ratio`` (about 2% on 2 shared cores). Both are repeated; their spread
-  (min, max over the repeats) is recorded.
+Three pipelines, identical but for the accountant (same model and initial weights, generated
+MNIST-shaped data, loader, SGD, z = 1, C = 1), are built in one process:
 
-Models (generated data): Opacus' MNIST example CNN (examples/mnist.py: two conv and two
-linear layers, 28x28x1 inputs, 26,010 parameters) at batch 64 and 256, the goal's model;
-reported without a goal: a logistic regression with 31 parameters (the accountant's fixed
-cost against a tiny step) and the certified GLM route (``model="glm"``, logistic loss) on
-512-dimensional embeddings.
+* A: Opacus' RDP accountant;
+* B: the registered last-iterate accountant;
+* A': Opacus' RDP accountant again (the A/A control).
 
-    python benchmarks/bench_opacus_overhead.py [--quick]
+After one untimed epoch of each (hooks registered, caches warm), they are trained in rounds; each
+round runs one block of ``--steps`` steps of each pipeline, the order of the three rotated through
+all six permutations (A B A', then B A A', ...), and records each block's CPU time
+(``time.process_time``: other processes' load on a shared machine does not inflate it; one torch
+thread). Per round, ``ratio`` = B / A and ``control`` = A' / A. Reported: their medians over the
+rounds (at least 7) with their range [min, max]. The target is met when the median ratio is at most
+the control's upper end + 0.02. After the rounds, one more block of B times its step hook alone (the
+accountant's per-step checks, called by Opacus before the update; ``process_time`` around Opacus'
+``optimizer.step_hook``): its median per step and its share of the block's CPU time, a figure the
+ratio cannot resolve on a loaded machine. The accountant's other work per step (its forward
+pre-hook counting the examples, its step post-hook, the sampler's report of each batch) is not in it.
 
-Needs the ``opacus`` extra. Runs on one thread (``torch.set_num_threads(1)``); about
-5 minutes on 2 shared cores. Writes the ``opacus_overhead`` section of benchmarks/results.json
-and re-renders benchmarks/results.md.
+Rows: a shuffle-once order (``poisson_sampling=False``; B's loader draws it from the library's
+``ShuffleOnceSampler``, which reports every batch it starts to the accountants of its permutation;
+A's from a plain list of the same permutation, as a plain Opacus user would: that reporting is B's
+cost) and Poisson sampling (Opacus' ``DPDataLoader``, the default of ``make_private`` and of
+Opacus' example).
+
+    python benchmarks/bench_opacus_overhead.py [--rounds 14] [--steps 150] [--quick] [--profile]
+
+``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, cProfile over
+``--steps`` steps of B and of A, printing the functions of this library and the per-step time of
+each (where B's cost goes). Needs the ``opacus``
+extra; with the defaults about 2 minutes on 2 quiet cores, 4 to 5 under load.
+Writes the ``opacus_overhead`` section of benchmarks/results.json and re-renders benchmarks/results.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import itertools
 import os
 import statistics
 import sys
@@ -48,26 +55,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from _common import update_results
 
-LR = 0.1
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One model of the benchmark: how to build it, its data and loss, and how long to time it."""
-
-    name: str
-    batch_size: int
-    batches: int  # per epoch (n = batch_size * batches)
-    epochs: int  # timed, per run (one more epoch first, untimed)
-    build: Callable[[], Any]  # () -> torch module
-    data: Callable[[int], Any]  # n -> TensorDataset
-    loss: Callable[[], Any]  # () -> loss module
-    register: dict  # register()'s keywords besides name, sampling, dataset_size, learning_rate
-    goal: bool = False
-
-    @property
-    def dataset_size(self) -> int:
-        return self.batch_size * self.batches
+BATCH, BATCHES, LR, SLACK = 32, 50, 0.1, 0.02
+MODEL = "Opacus MNIST CNN (26,010 parameters)"
+SAMPLINGS = ("shuffle_once", "poisson")
 
 
 def _mnist_cnn() -> Any:
@@ -90,61 +80,8 @@ def _images(n: int) -> Any:
     return TensorDataset(x, torch.randint(0, 10, (n,), generator=gen))
 
 
-def _vectors(d: int, unit: bool) -> Callable[[int], Any]:
-    def data(n: int) -> Any:
-        import torch
-        from torch.utils.data import TensorDataset
-
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(n, d, generator=gen)
-        if unit:
-            x = x / x.norm(dim=1, keepdim=True)
-        return TensorDataset(x, (torch.rand(n, 1, generator=gen) < 0.5).float())
-
-    return data
-
-
-def _logistic() -> Any:
-    import torch
-
-    return torch.nn.Linear(30, 1)
-
-
-def _glm() -> Any:
-    import torch
-
-    from lastiter_plugins.adapters.opacus import FeatureNormClip
-
-    return torch.nn.Sequential(FeatureNormClip(1.0), torch.nn.Linear(512, 1))
-
-
-def _cross_entropy() -> Any:
-    import torch
-
-    return torch.nn.CrossEntropyLoss()
-
-
-def _bce() -> Any:
-    import torch
-
-    return torch.nn.BCEWithLogitsLoss()
-
-
-def cases(quick: bool) -> list[Case]:
-    e = 1 if quick else 3
-    return [
-        Case("Opacus MNIST CNN (26,010 parameters)", 64, 40, e, _mnist_cnn, _images, _cross_entropy,
-             {"smoothness": 1.0}, goal=True),
-        Case("Opacus MNIST CNN (26,010 parameters)", 256, 12, 2 * e, _mnist_cnn, _images, _cross_entropy,
-             {"smoothness": 1.0}, goal=True),
-        Case("logistic regression (31 parameters)", 32, 20, 4 * e, _logistic, _vectors(30, False), _bce,
-             {"smoothness": 0.25}),
-        Case("GLM route, logistic, 512-dim embeddings (513 parameters)", 64, 20, 4 * e, _glm, _vectors(512, True),
-             _bce, {"model": "glm", "loss": "logistic", "feature_norm": 1.0}),
-    ]  # fmt: skip
-
-
-def _pipeline(case: Case, accountant: str, data: Any) -> tuple:
+def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], float]:
+    """A private training pipeline; returns ``steps(k)``: run k steps, return their CPU time (s)."""
     import torch
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader
@@ -152,156 +89,161 @@ def _pipeline(case: Case, accountant: str, data: Any) -> tuple:
     from lastiter_plugins.adapters import opacus as lastiter_opacus
 
     torch.manual_seed(0)
-    model = case.build()
-    loss = case.loss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = DataLoader(data, batch_size=case.batch_size, sampler=lastiter_opacus.ShuffleOnceSampler(data, seed=0))
+    model = _mnist_cnn()
+    loss = torch.nn.CrossEntropyLoss()
+    poisson = sampling == "poisson"
+    sampler = None
+    if not poisson:  # plain Opacus: the same order from a list (a ShuffleOnceSampler reports to the accountant)
+        sampler = lastiter_opacus.ShuffleOnceSampler(data, seed=0)
+        sampler = sampler if accountant != "rdp" else list(sampler.permutation)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, optimizer, loader = PrivacyEngine(accountant=accountant).make_private(
-            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0,
-            poisson_sampling=False, criterion=loss,
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
+            noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=poisson, criterion=loss,
         )  # fmt: skip
-    return model, optimizer, loader, loss
+    batches = iter(())
 
-
-def _ours(hook: Any) -> bool:
-    """Whether a hook function belongs to this library (not to Opacus or torch)."""
-    return str(getattr(hook, "__module__", "")).startswith("lastiter_plugins")
-
-
-def _timed(hooks: dict, times: list) -> None:
-    """Wrap each of the library's hooks in ``hooks`` (a torch hook dict) to add its duration to ``times[-1]``."""
-    for hook_id, hook in list(hooks.items()):
-        if not _ours(hook):
-            continue
-
-        def timed(*args: Any, _hook: Any = hook, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            result = _hook(*args, **kwargs)
-            times[-1] += time.perf_counter() - start
-            return result
-
-        hooks[hook_id] = timed
-
-
-def _time_hooks(model: Any, optimizer: Any, loss: Any) -> dict[str, list[float]]:
-    """Time the accountant's hooks of one pipeline: per step, the step hook, the step post-hooks and the
-    forward hooks of every module (the model's and the loss module's)."""
-    times: dict[str, list[float]] = {"step_hook": [0.0], "post_hook": [0.0], "forward_hooks": [0.0]}
-    hook = optimizer.step_hook
-
-    def step_hook(optim: Any, _hook: Any = hook) -> None:
-        start = time.perf_counter()
-        _hook(optim)
-        times["step_hook"][-1] += time.perf_counter() - start
-
-    optimizer.step_hook = step_hook
-    _timed(optimizer.original_optimizer._optimizer_step_post_hooks, times["post_hook"])
-    for module in [*model.modules(), loss]:
-        _timed(module._forward_pre_hooks, times["forward_hooks"])
-        _timed(module._forward_hooks, times["forward_hooks"])
-    return times
-
-
-def interleaved(case: Case, accountants: tuple[str, str], *, time_hooks: bool) -> dict[str, Any]:
-    """Median step times of two pipelines trained step by step in turn (A B, B A, ...); with
-    ``time_hooks``, the median per-step time of the second pipeline's hooks (the timing then adds to its steps)."""
-    import torch
-
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)  # (denormal weights or activations in one pipeline only would skew the ratio)
-    data = case.data(case.dataset_size)
-    pipes = [_pipeline(case, name, data) for name in accountants]
-    warnings.simplefilter("ignore")  # torch's backward-hook notices, once per step
-
-    def step(model: Any, optimizer: Any, loss: Any, xb: Any, yb: Any) -> None:
+    def step() -> None:
+        nonlocal batches
+        try:
+            xb, yb = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            xb, yb = next(batches)
         optimizer.zero_grad()
         loss(model(xb), yb).backward()
         optimizer.step()
 
-    # one epoch first: the adapter registers its post-hook at the first step
-    for model, optimizer, loader, loss in pipes:
-        for xb, yb in loader:
-            step(model, optimizer, loss, xb, yb)
-    hooks = _time_hooks(pipes[1][0], pipes[1][1], pipes[1][3]) if time_hooks else None
-    steps: list[list[float]] = [[], []]
-    for _ in range(case.epochs):
-        batches = [iter(loader) for _, _, loader, _ in pipes]
-        for k in range(case.batches):
-            for i in (0, 1) if k % 2 == 0 else (1, 0):
-                model, optimizer, _, loss = pipes[i]
-                xb, yb = next(batches[i])
-                start = time.perf_counter()
-                step(model, optimizer, loss, xb, yb)
-                steps[i].append(time.perf_counter() - start)
-            if hooks is not None:
-                for times in hooks.values():
-                    times.append(0.0)
-    for _, optimizer, _, _ in pipes:
-        optimizer.zero_grad()
-    return {
-        "steps": len(steps[0]),
-        "step_s": [statistics.median(s) for s in steps],
-        "hook_s": None if hooks is None else {k: statistics.median(v[:-1]) for k, v in hooks.items()},
-    }
+    def steps(k: int) -> float:
+        start = time.process_time()
+        for _ in range(k):
+            step()
+        return time.process_time() - start
+
+    steps.optimizer = optimizer  # type: ignore[attr-defined]  # (for --profile)
+    return steps
 
 
-def _spread(values: list[float]) -> list[float]:
-    return [min(values), max(values)]
+def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[str, Any]:
+    import torch
 
-
-def step_overhead(case: Case, *, repeats: int) -> dict[str, Any]:
     from lastiter_plugins.adapters import opacus as lastiter_opacus
 
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)  # denormal weights in one pipeline only would skew the ratio
     name = lastiter_opacus.register(
-        "bench-last-iterate", bound="best", sampling="shuffle_once", dataset_size=case.dataset_size,
-        learning_rate=LR, force=True, **case.register,
+        f"bench-last-iterate-{sampling}", bound="best", sampling=sampling, dataset_size=BATCH * BATCHES,
+        learning_rate=LR, smoothness=1.0, force=True,
     )  # fmt: skip
-    ratios, controls, runs, shares, timed = [], [], [], [], []
-    for _ in range(repeats):
-        run = interleaved(case, ("rdp", name), time_hooks=False)
-        ratios.append(run["step_s"][1] / run["step_s"][0])
-        runs.append(run)
-        control = interleaved(case, ("rdp", "rdp"), time_hooks=False)
-        controls.append(control["step_s"][1] / control["step_s"][0])
-        run = interleaved(case, ("rdp", name), time_hooks=True)
-        shares.append(sum(run["hook_s"].values()) / run["step_s"][1])
-        timed.append(run)
-    hooks = {k: statistics.median(r["hook_s"][k] for r in timed) for k in timed[0]["hook_s"]}
-    return {
-        "model": case.name,
-        "batch_size": case.batch_size,
-        "goal": "hook_share <= 0.01" if case.goal else None,
-        "steps_per_run": runs[0]["steps"],
-        "repeats": repeats,
-        "median_step_s_opacus_rdp": statistics.median(r["step_s"][0] for r in runs),
-        "median_step_s_last_iterate": statistics.median(r["step_s"][1] for r in runs),
-        "hook_share": statistics.median(shares),
-        "hook_shares": shares,
-        "median_hook_s": hooks,
-        "ratio": statistics.median(ratios),
-        "ratio_spread": _spread(ratios),
-        "control_ratio": statistics.median(controls),
-        "control_spread": _spread(controls),
+    data = _images(BATCH * BATCHES)
+    arms = {"A": _pipeline("rdp", sampling, data), "B": _pipeline(name, sampling, data)}
+    arms["A'"] = _pipeline("rdp", sampling, data)
+    for run in arms.values():
+        run(BATCHES)  # one epoch first: the adapter registers its hooks at the first step
+    orders = list(itertools.permutations(arms))
+    blocks: dict[str, list[float]] = {arm: [] for arm in arms}
+    ratios, controls = [], []
+    for r in range(rounds):
+        times = {arm: arms[arm](steps) for arm in orders[r % len(orders)]}
+        for arm, t in times.items():
+            blocks[arm].append(t / steps)
+        ratios.append(times["B"] / times["A"])
+        controls.append(times["A'"] / times["A"])
+        print(f"  round {r + 1}: ratio {ratios[-1]:.4f}, A/A {controls[-1]:.4f}", file=sys.stderr, flush=True)
+    ratio, control = statistics.median(ratios), statistics.median(controls)
+    hook_s, hook_share = _step_hook(arms["B"], steps)
+    row = {
+        "model": MODEL,
+        "batch_size": BATCH,
+        "sampling": sampling,
+        "rounds": rounds,
+        "steps_per_block": steps,
+        "step_ms": {arm: statistics.median(v) * 1e3 for arm, v in blocks.items()},
+        "ratio": ratio,
+        "ratio_spread": [min(ratios), max(ratios)],
+        "control_ratio": control,
+        "control_spread": [min(controls), max(controls)],
+        "added_us": (statistics.median(blocks["B"]) - statistics.median(blocks["A"])) * 1e6,
+        "step_hook_us": hook_s * 1e6,
+        "step_hook_share": hook_share,
+        "goal": f"ratio <= control's upper end + {SLACK:g}",
+        "met": ratio <= max(controls) + SLACK,
     }
+    if profile:
+        _profile(arms, steps)
+    return row
+
+
+def _step_hook(run: Callable[[int], float], steps: int) -> tuple[float, float]:
+    """B's step hook (the accountant's per-step checks, which Opacus calls before the update), timed by
+    ``time.process_time`` around Opacus' ``optimizer.step_hook`` over ``steps`` steps: its median per
+    step (s) and its share of those steps' CPU time."""
+    optimizer = run.optimizer  # type: ignore[attr-defined]
+    hook, spent = optimizer.step_hook, []
+
+    def timed(optim: Any) -> None:
+        start = time.process_time()
+        hook(optim)
+        spent.append(time.process_time() - start)
+
+    optimizer.step_hook = timed
+    total = run(steps)
+    optimizer.step_hook = hook
+    return statistics.median(spent), sum(spent) / total
+
+
+def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
+    """cProfile over ``steps`` steps of B and of A: this library's functions, per step (us; cProfile
+    inflates small calls)."""
+    import cProfile
+    import pstats
+
+    for arm in ("B", "A"):
+        profiler = cProfile.Profile(time.process_time)
+        profiler.runcall(arms[arm], steps)
+        stats = pstats.Stats(profiler)
+        total = stats.total_tt / steps * 1e6
+        print(f"  profile {arm}: {total:.0f} us per step (profiled)", file=sys.stderr)
+        rows = [
+            (ct / steps * 1e6, tt / steps * 1e6, nc // steps, f"{path.split('lastiter_plugins/')[-1]}:{line} {fn}")
+            for (path, line, fn), (_, nc, tt, ct, _) in stats.stats.items()
+            if "lastiter_plugins" in path or "adapters/" in path
+        ]
+        for cum, own, calls, where in sorted(rows, reverse=True)[:25]:
+            print(f"    {cum:9.1f} cum {own:8.1f} own {calls:4d}x  {where}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a third of the steps, 1 repeat per model")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each of the three measurements per model")
+    parser.add_argument("--rounds", type=int, default=14, help="rounds of three blocks (at least 7)")
+    parser.add_argument("--steps", type=int, default=150, help="steps per block")
+    parser.add_argument("--sampling", choices=SAMPLINGS, action="append", help="default: both")
+    parser.add_argument("--quick", action="store_true", help="7 rounds of 10 steps, nothing written")
+    parser.add_argument("--profile", action="store_true", help="cProfile B and A after the rounds")
     args = parser.parse_args(argv)
+    rounds, steps = (7, 10) if args.quick else (args.rounds, args.steps)
+    if rounds < 7:
+        parser.error("--rounds must be at least 7 (the median of at least 7 blocks)")
+    warnings.simplefilter("ignore")  # torch's backward-hook notices, once per step
     start = time.perf_counter()
     rows = []
-    for case in cases(args.quick):
-        try:
-            rows.append(step_overhead(case, repeats=1 if args.quick else args.repeats))
-        except Exception as exc:  # recorded in the results, not hidden
-            rows.append({"model": case.name, "batch_size": case.batch_size, "error": f"{type(exc).__name__}: {exc}"})
-        print(rows[-1], file=sys.stderr, flush=True)
-    command = "python benchmarks/bench_opacus_overhead.py" + (" --quick" if args.quick else "")
-    update_results("opacus_overhead", rows, command=command, seconds=time.perf_counter() - start)
+    for sampling in args.sampling or SAMPLINGS:
+        print(f"{MODEL}, batch {BATCH}, {sampling}:", file=sys.stderr, flush=True)
+        row = measure(sampling, rounds=rounds, steps=steps, profile=args.profile)
+        rows.append(row)
+        print(
+            f"  ratio {row['ratio']:.4f} {row['ratio_spread']}, A/A {row['control_ratio']:.4f} "
+            f"{row['control_spread']}, step {row['step_ms']['A']:.2f} ms, added {row['added_us']:+.0f} us, B's step "
+            f"hook {row['step_hook_us']:.0f} us ({row['step_hook_share']:.2%}); "
+            f"target {'met' if row['met'] else 'NOT met'}",
+            flush=True,
+        )
+    if not args.quick:
+        command = f"python benchmarks/bench_opacus_overhead.py --rounds {rounds} --steps {steps}"
+        command += "".join(f" --sampling {s}" for s in args.sampling or ())
+        update_results("opacus_overhead", rows, command=command, seconds=time.perf_counter() - start, threads=1)
     return 0
 
 

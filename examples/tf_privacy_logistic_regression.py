@@ -42,7 +42,7 @@ import tensorflow as tf
 from sklearn.datasets import load_breast_cancer
 from tensorflow_privacy import DPKerasSGDOptimizer
 
-from lastiter_plugins import compute_epsilon
+from lastiter_plugins import epsilon
 from lastiter_plugins.adapters.tf_privacy import (
     FeatureNormClip,
     LastIterateCallback,
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, LastIterateCallback]:
         accountants[sampling] = accountant
         derived = accountant.assumptions
         result = accountant.result
-        baseline = compute_epsilon("composition", accountant.config, derived, args.delta)
+        baseline = epsilon("composition", args.delta, config=accountant.config, assumptions=derived)
         print(
             f"[{sampling}] test accuracy {accuracy:.3f} ({time.perf_counter() - start:.1f}s)\n"
             f"    derived: M = {derived.smoothness:.4f}, lam = {derived.strong_convexity:g}, gradient norms within "

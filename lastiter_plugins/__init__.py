@@ -18,11 +18,8 @@ __version__ = "0.2.0"
 
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("Suggestion", "advise", "advise_config", "baseline_note", "is_standard_baseline"), "advice"),
-    **dict.fromkeys(
-        ("PARAMETERS", "Parameters", "applicable_bounds", "build", "compute_epsilon", "compute_rdp", "epsilon", "rdp"),
-        "api",
-    ),
+    **dict.fromkeys(("Suggestion", "advise", "baseline_note", "is_standard_baseline"), "advice"),
+    **dict.fromkeys(("PARAMETERS", "Parameters", "applicable_bounds", "build", "epsilon", "rdp"), "api"),
     "calibrate_noise": "calibration",
     **dict.fromkeys(("LossAssumptions", "Relation", "Sampling", "TrainingConfig"), "config"),
     "OrderGridWarning": "conversion",
@@ -30,11 +27,16 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("CalibrationError", "NotApplicableError", "PipelineChangedError", "UnsupportedHostError"), "errors"
     ),
-    **dict.fromkeys(("BoundEvaluation", "EpsilonResult", "evaluate_all"), "evaluation"),
+    **dict.fromkeys(("BoundEvaluation", "EpsilonResult"), "evaluation"),
     **dict.fromkeys(("BEST", "BOUND_IDS", "BOUNDS", "BoundSpec", "Kind", "Proof", "Protects"), "registry"),
 }
 
-__all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS (tests/core/test_cli.py checks)
+#: Names of 0.2 that overlapped another (compute_epsilon, compute_rdp, evaluate_all, advise_config): still
+#: reachable as lastiter_plugins.NAME, with a DeprecationWarning naming the replacement; removed at 1.0.
+_DEPRECATED = ("advise_config", "compute_epsilon", "compute_rdp", "evaluate_all")
+
+# what `from lastiter_plugins import *` gives; the keys of _EXPORTS (docs/api.md; tests/core/test_cli.py checks)
+__all__ = [
     "BEST",
     "BOUNDS",
     "BOUND_IDS",
@@ -58,15 +60,11 @@ __all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS
     "TrainingConfig",
     "UnsupportedHostError",
     "advise",
-    "advise_config",
     "applicable_bounds",
     "baseline_note",
     "build",
     "calibrate_noise",
-    "compute_epsilon",
-    "compute_rdp",
     "epsilon",
-    "evaluate_all",
     "is_standard_baseline",
     "rdp",
 ]
@@ -78,6 +76,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
         globals()[name] = value
         return value
+    if name in _DEPRECATED:  # not cached: every access warns
+        return importlib.import_module(f"{__name__}._deprecated").warned(name)
     try:
         return importlib.import_module(f"{__name__}.{name}")
     except ModuleNotFoundError as exc:
@@ -91,17 +91,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
-    from lastiter_plugins.advice import Suggestion, advise, advise_config, baseline_note, is_standard_baseline
-    from lastiter_plugins.api import (
-        PARAMETERS,
-        Parameters,
-        applicable_bounds,
-        build,
-        compute_epsilon,
-        compute_rdp,
-        epsilon,
-        rdp,
-    )
+    from lastiter_plugins._deprecated import advise_config as advise_config  # deprecated (removed in 1.0)
+    from lastiter_plugins._deprecated import compute_epsilon as compute_epsilon
+    from lastiter_plugins._deprecated import compute_rdp as compute_rdp
+    from lastiter_plugins._deprecated import evaluate_all as evaluate_all
+    from lastiter_plugins.advice import Suggestion, advise, baseline_note, is_standard_baseline
+    from lastiter_plugins.api import PARAMETERS, Parameters, applicable_bounds, build, epsilon, rdp
     from lastiter_plugins.calibration import calibrate_noise
     from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
     from lastiter_plugins.conversion import OrderGridWarning
@@ -111,6 +106,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         PipelineChangedError,
         UnsupportedHostError,
     )
-    from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
+    from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
     from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
     from lastiter_plugins.validation import DEFAULT_ORDERS

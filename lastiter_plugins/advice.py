@@ -19,9 +19,9 @@ import numbers
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from typing_extensions import Unpack
+from typing_extensions import Unpack, overload
 
-from lastiter_plugins.api import Parameters, epsilon
+from lastiter_plugins.api import Parameters, epsilon, pipeline
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult
@@ -34,7 +34,7 @@ RELATION_NOTE = (
 )
 
 #: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
-#: logistic regression on features clipped to norm 1 (|a|^2 / 4; docs/decisions.md, section 15).
+#: logistic regression on features clipped to norm 1 (|a|^2 / 4; docs/derivations/glm.md#glm-route).
 GLM_SMOOTHNESS = 0.25
 
 
@@ -186,12 +186,27 @@ def _check_top(top: Any) -> int | None:
     return int(top)
 
 
-def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]) -> tuple[Suggestion, ...]:
+@overload
+def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]) -> tuple[Suggestion, ...]: ...
+@overload
+def advise(
+    delta: float, *, top: int | None = None, config: TrainingConfig, assumptions: LossAssumptions | None = None
+) -> tuple[Suggestion, ...]: ...
+def advise(
+    delta: float,
+    *,
+    top: int | None = None,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
+) -> tuple[Suggestion, ...]:
     r"""Every single change to the pipeline that lowers ``best``, best first.
 
     Args:
       delta: the delta of the guarantee.
       top: return at most this many (an integer >= 1; default: all that help).
+      config, assumptions: the pipeline as the objects the adapters hold (or give ``params``; see
+        :func:`lastiter_plugins.api.pipeline`).
       **params: the pipeline, as for :func:`lastiter_plugins.epsilon`.
 
     Returns:
@@ -205,6 +220,9 @@ def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]
         ValueError for a ``top`` that is not an integer >= 1.
     """
     top = _check_top(top)
+    if config is not None or assumptions is not None:
+        config, assumptions = pipeline(config, assumptions, params)
+        params = _as_params(config, assumptions)
     current = epsilon("best", delta, **params)
     best_per_kind: dict[tuple[str, str], Suggestion] = {}
     for words, changes, changes_training, note in _candidates(params):
@@ -224,13 +242,10 @@ def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]
     return tuple(ranked[:top] if top is not None else ranked)
 
 
-def advise_config(
-    delta: float, config: TrainingConfig, assumptions: LossAssumptions, *, top: int | None = None
-) -> tuple[Suggestion, ...]:
-    """:func:`advise` for a pipeline given as the objects the adapters hold."""
+def _as_params(config: TrainingConfig, assumptions: LossAssumptions) -> dict[str, Any]:
+    """The keyword parameters of a pipeline given as objects (the candidates change them one by one)."""
     params = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    params |= {f.name: getattr(assumptions, f.name) for f in dataclasses.fields(assumptions)}
-    return advise(delta, top=top, **params)
+    return params | {f.name: getattr(assumptions, f.name) for f in dataclasses.fields(assumptions)}
 
 
 def baseline_note(result: EpsilonResult, suggestions: tuple[Suggestion, ...]) -> str:

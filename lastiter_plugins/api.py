@@ -1,23 +1,25 @@
-r"""The public keyword API: ``rdp``, ``epsilon``, ``calibrate_noise``,
-``applicable_bounds``.
+r"""The public functions of one pipeline: ``epsilon``, ``rdp``, ``applicable_bounds`` (and ``build``;
+``calibrate_noise`` and ``advise`` live in :mod:`~lastiter_plugins.calibration` and
+:mod:`~lastiter_plugins.advice` and take the pipeline the same way).
 
-The keyword functions build a validated :class:`TrainingConfig` and
-:class:`LossAssumptions` and call the object-level functions
-(:func:`compute_rdp`, :func:`compute_epsilon`) that the adapters use; both
-levels return the same kinds of values (an RDP array; an :class:`EpsilonResult`).
-Everything is computed by the one evaluation path, :mod:`lastiter_plugins.evaluation`.
+Each takes the pipeline either as keyword parameters (:class:`Parameters`, validated by :func:`build`) or
+as the validated objects ``config=`` (a :class:`TrainingConfig`) and ``assumptions=`` (a
+:class:`LossAssumptions`; default: nothing declared), the objects the adapters hold
+(:func:`pipeline`). They are thin wrappers over the one evaluation path,
+:mod:`lastiter_plugins.evaluation`. docs/api.md lists every public name.
 """
 
 # No `from __future__ import annotations` here: TypedDict reads Required[...] from evaluated annotations.
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
-from typing_extensions import Required, TypedDict, Unpack
+from typing_extensions import Required, TypedDict, Unpack, overload
 
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, refuse_renamed
-from lastiter_plugins.errors import NotApplicableError
-from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, evaluate_all
+from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
 from lastiter_plugins.registry import Kind, Protects
 from lastiter_plugins.validation import validate_delta, validate_orders
 
@@ -26,7 +28,7 @@ class Parameters(TypedDict, total=False):
     r"""The keyword parameters of the public functions: one training run and the declared loss assumptions.
 
     ``dataset_size``, ``batch_size``, ``sampling`` and exactly one of ``steps`` and ``epochs`` are
-    required, and ``noise_multiplier`` too except for :func:`applicable_bounds` and
+    required, and ``noise_multiplier`` too except for :func:`applicable_bounds` without ``delta`` and
     :func:`~lastiter_plugins.calibrate_noise`. :class:`TrainingConfig` and :class:`LossAssumptions`
     document each field; docs/bounds.md maps the names to the papers' symbols.
     """
@@ -67,20 +69,7 @@ _ASSUMPTION_KEYS = (
     "clipped_loss_convex_smooth",
     "l2_outside_clip",
 )
-__all__ = [
-    "PARAMETERS",
-    "BoundEvaluation",
-    "EpsilonResult",
-    "NotApplicableError",
-    "Parameters",
-    "applicable_bounds",
-    "build",
-    "compute_epsilon",
-    "compute_rdp",
-    "epsilon",
-    "evaluate_all",
-    "rdp",
-]
+__all__ = ["PARAMETERS", "Parameters", "applicable_bounds", "build", "epsilon", "pipeline", "rdp"]
 
 #: The names of the keyword parameters, in the order of :class:`Parameters`.
 PARAMETERS: tuple[str, ...] = tuple(Parameters.__annotations__)
@@ -99,66 +88,75 @@ def build(**params: Unpack[Parameters]) -> tuple[TrainingConfig, LossAssumptions
     if missing:
         raise ValueError(f"{missing[0]} is required. Found none.")
     steps, epochs = params.get("steps"), params.get("epochs")
-    if (steps is None) == (epochs is None):
-        raise ValueError(f"exactly one of steps and epochs must be given. Found steps={steps!r}, epochs={epochs!r}.")
-    training = {k: params[k] for k in _TRAINING_KEYS if params.get(k) is not None}
-    assumptions = LossAssumptions(**{k: params[k] for k in _ASSUMPTION_KEYS if k in params})
-    if steps is not None:
-        config = TrainingConfig(steps=steps, **training)
-    else:
-        config = TrainingConfig.from_epochs(epochs=epochs, **training)
+    given: dict[str, Any] = dict(params)
+    training = {k: given[k] for k in _TRAINING_KEYS if given.get(k) is not None}
+    assumptions = LossAssumptions(**{k: given[k] for k in _ASSUMPTION_KEYS if k in given})
+    if steps is not None and epochs is None:
+        return TrainingConfig(steps=steps, **training), assumptions
+    if epochs is not None and steps is None:
+        return TrainingConfig.from_epochs(epochs=epochs, **training), assumptions
+    raise ValueError(f"exactly one of steps and epochs must be given. Found steps={steps!r}, epochs={epochs!r}.")
+
+
+def pipeline(
+    config: TrainingConfig | None, assumptions: LossAssumptions | None, params: Mapping[str, Any]
+) -> tuple[TrainingConfig, LossAssumptions]:
+    """The pipeline a public function was given: ``config`` (and ``assumptions``, default: nothing
+    declared) as objects, or the keyword ``params`` (:func:`build`); never both.
+
+    Raises:
+      ValueError: both forms, neither, ``assumptions`` without ``config``, or an object of another type.
+    """
+    if config is None:
+        if assumptions is not None:
+            raise ValueError(
+                "assumptions= needs config= (a TrainingConfig); or give the pipeline as keyword parameters."
+            )
+        return build(**cast(Parameters, params))
+    if params:
+        raise ValueError(
+            "give the pipeline either as config= and assumptions= or as keyword parameters, not both. "
+            f"Found config= and {sorted(params)[0]}=."
+        )
+    if not isinstance(config, TrainingConfig):
+        raise ValueError(f"config must be a TrainingConfig. Found {type(config).__name__}.")
+    if assumptions is None:
+        assumptions = LossAssumptions()
+    if not isinstance(assumptions, LossAssumptions):
+        raise ValueError(f"assumptions must be a LossAssumptions. Found {type(assumptions).__name__}.")
     return config, assumptions
 
 
-def compute_rdp(
-    bound: str, config: TrainingConfig, assumptions: LossAssumptions, orders=None, *, published_only: bool = False
-) -> np.ndarray:
-    """RDP (nats) of ``bound`` (an id, or ``best``) at each order for a validated configuration.
-
-    ``published_only``: ``best`` over the rows whose proof is a published theorem for this pipeline
-    (a named row must be one).
-
-    Raises:
-      NotApplicableError: a precondition of the bound fails.
-      ValueError: invalid orders.
-    """
-    return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders), published_only)
-
-
-def compute_epsilon(
-    bound: str,
-    config: TrainingConfig,
-    assumptions: LossAssumptions,
-    delta: float,
-    orders=None,
-    *,
-    lower_bound: bool = False,
-    published_only: bool = False,
-) -> EpsilonResult:
-    """(epsilon, delta) of ``bound`` (an id, or ``best``) for a validated configuration, labelled.
-
-    Returns the same kind of value as :func:`epsilon`: an :class:`EpsilonResult` (with its
-    ``lower_bound`` when ``lower_bound`` is True).
-
-    Raises:
-      NotApplicableError: a precondition of the bound fails.
-      ValueError: an invalid delta or invalid orders.
-    """
-    delta = validate_delta(delta)
-    grid = None if orders is None else validate_orders(orders)  # None: the default grid, converted losslessly
-    return evaluation.epsilon_result(
-        bound, config, assumptions, delta, grid, lower_bound=lower_bound, published_only=published_only
-    )
-
-
+@overload
 def rdp(
     bound: str, orders: Sequence[float] | np.ndarray, *, published_only: bool = False, **params: Unpack[Parameters]
+) -> np.ndarray: ...
+@overload
+def rdp(
+    bound: str,
+    orders: Sequence[float] | np.ndarray,
+    *,
+    published_only: bool = False,
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
+) -> np.ndarray: ...
+def rdp(
+    bound: str,
+    orders: Sequence[float] | np.ndarray,
+    *,
+    published_only: bool = False,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
 ) -> np.ndarray:
     """Renyi-DP epsilon (nats) of ``bound`` at each order.
 
     Args:
       bound: a bound id (see ``BOUND_IDS``), ``composition`` or ``best``.
       orders: Renyi orders, each > 1.
+      published_only: ``best`` over the rows whose proof is a published theorem for this pipeline (a
+        named row must be one).
+      config, assumptions: the pipeline as validated objects (or give ``params``; :func:`pipeline`).
       **params: the training configuration and loss assumptions (:class:`Parameters`).
 
     Raises:
@@ -166,10 +164,11 @@ def rdp(
         and the theorem).
       ValueError: an invalid value.
     """
-    config, assumptions = build(**params)
-    return compute_rdp(bound, config, assumptions, orders, published_only=published_only)
+    config, assumptions = pipeline(config, assumptions, params)
+    return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders), published_only)
 
 
+@overload
 def epsilon(
     bound: str,
     delta: float,
@@ -178,36 +177,99 @@ def epsilon(
     lower_bound: bool = False,
     published_only: bool = False,
     **params: Unpack[Parameters],
+) -> EpsilonResult: ...
+@overload
+def epsilon(
+    bound: str,
+    delta: float,
+    orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    lower_bound: bool = False,
+    published_only: bool = False,
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
+) -> EpsilonResult: ...
+def epsilon(
+    bound: str,
+    delta: float,
+    orders: Sequence[float] | np.ndarray | None = None,
+    *,
+    lower_bound: bool = False,
+    published_only: bool = False,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
 ) -> EpsilonResult:
-    """(epsilon, delta) of ``bound`` at ``delta`` for the pipeline described by ``params``.
+    """(epsilon, delta) of ``bound`` at ``delta`` for the pipeline (``params``, or ``config`` and
+    ``assumptions``: :func:`pipeline`).
 
     Returns an :class:`EpsilonResult`: epsilon, the optimal order, the neighbouring
     relation, the winning bound, its proof status and what it protects (the final
-    model only; ``composition``: every iterate). It unpacks as ``(epsilon, order)``.
+    model only; ``composition``: every iterate).
     With ``lower_bound=True`` it also carries ``lower_bound``: the exact epsilon of an
     instance meeting every declaration (or None, and ``lower_bound_note`` says why), so that
     the worst case over the models meeting the declarations lies in ``[lower_bound, epsilon]``
-    (docs/decisions.md, section 20; up to about a second more). Its ``provenance`` says whether the
+    (docs/derivations/lower-end.md#lower-end; up to about a second more). Its ``provenance`` says whether the
     winner's proof is a published theorem or this library's derivation; ``published_only=True``
-    restricts ``best`` to published theorems (a named bound must be one). Raises like :func:`rdp`.
+    restricts ``best`` to published theorems (a named bound must be one). ``orders``: None is the
+    library's grid with its lossless conversion. Raises like :func:`rdp`.
     """
-    config, assumptions = build(**params)
-    return compute_epsilon(
-        bound, config, assumptions, delta, orders, lower_bound=lower_bound, published_only=published_only
+    config, assumptions = pipeline(config, assumptions, params)
+    delta = validate_delta(delta)
+    grid = None if orders is None else validate_orders(orders)  # None: the default grid, converted losslessly
+    return evaluation.epsilon_result(
+        bound, config, assumptions, delta, grid, lower_bound=lower_bound, published_only=published_only
     )
 
 
-def applicable_bounds(*, published_only: bool = False, **params: Unpack[Parameters]) -> dict[str, BoundEvaluation]:
-    """For every bound id (``best`` included): applies or not, and why, with its
-    relation, proof status, provenance, what it protects and its reference.
+@overload
+def applicable_bounds(
+    *,
+    delta: float | None = None,
+    orders: Sequence[float] | np.ndarray | None = None,
+    unproven: Iterable[str] = (),
+    published_only: bool = False,
+    **params: Unpack[Parameters],
+) -> dict[str, BoundEvaluation]: ...
+@overload
+def applicable_bounds(
+    *,
+    delta: float | None = None,
+    orders: Sequence[float] | np.ndarray | None = None,
+    unproven: Iterable[str] = (),
+    published_only: bool = False,
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
+) -> dict[str, BoundEvaluation]: ...
+def applicable_bounds(
+    *,
+    delta: float | None = None,
+    orders: Sequence[float] | np.ndarray | None = None,
+    unproven: Iterable[str] = (),
+    published_only: bool = False,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
+) -> dict[str, BoundEvaluation]:
+    """For every bound id, in table order, then ``best``: applies or not, and why, with its relation,
+    proof status, provenance, what it protects and its reference (:class:`BoundEvaluation`).
 
-    ``noise_multiplier`` may be omitted (no precondition depends on it). ``published_only``: ``best``
-    over the rows whose proof is a published theorem for this pipeline.
+    With ``delta``, every row that applies also carries its numbers (its RDP curve on ``orders`` or its
+    privacy profile, and its :class:`EpsilonResult`), and ``best`` its result (the smallest epsilon over
+    its candidates); the rows of unproven bounds only when named in ``unproven``.
+
+    The pipeline: ``params`` (``noise_multiplier`` may be omitted when ``delta`` is None: no
+    precondition depends on it), or ``config`` and ``assumptions`` (:func:`pipeline`).
+    ``published_only``: ``best`` over the rows whose proof is a published theorem for this pipeline.
     """
-    params.setdefault("noise_multiplier", 1.0)
-    config, assumptions = build(**params)
-    out = evaluation.evaluate_all(config, assumptions)
+    if config is None and delta is None:
+        params.setdefault("noise_multiplier", 1.0)
+    config, assumptions = pipeline(config, assumptions, params)
+    out = evaluation.evaluate_all(
+        config, assumptions, delta, None if orders is None else np.asarray(orders), unproven=unproven
+    )
     usable = [bid for bid, e in out.items() if evaluation.counts_for_best(e, config.relation, published_only)]
+    winner = evaluation.best_of(out.values(), config.relation, published_only)
     out[registry.BEST] = BoundEvaluation(
         bound=registry.BEST,
         title="the smallest epsilon over the proven bounds valid for the pipeline",
@@ -215,10 +277,11 @@ def applicable_bounds(*, published_only: bool = False, **params: Unpack[Paramete
         reasons=() if usable else ("no proven bound applies to this pipeline with the declared relation.",),
         relation=config.relation,
         proof=registry.PROVEN,
-        protects=Protects.FINAL_MODEL,
+        protects=Protects.FINAL_MODEL if winner is None else winner.protects,
         kind=Kind.RDP,
         reference="minimum over " + (", ".join(usable) or "nothing") + f" ({registry.DOCS})",
         assumptions="those of the bound that wins",
         covers=(config.sampling,),
+        result=None if winner is None else dataclasses.replace(winner, bound=registry.BEST),
     )
     return out

@@ -1,6 +1,6 @@
 r"""The standard every-iterate baselines of ``best``, as the registry's rows compute them.
 
-The tightest baselines whose validity is proven (docs/decisions.md, section 18):
+The tightest baselines whose validity is proven (docs/derivations/baselines.md#baselines):
 
 * epoch schemes (cyclic, shuffle_once, reshuffle), replace-one: one Gaussian mechanism
   with shift ``2/z`` per epoch, ``ceil(T/l)`` epochs, composed exactly:
@@ -10,9 +10,9 @@ The tightest baselines whose validity is proven (docs/decisions.md, section 18):
   ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed T times
   (:class:`PoissonPldProfile`);
 * Poisson, replace-one: the same construction for the dominating pair proven in
-  section 18 part 3;
+  docs/derivations/baselines.md#poisson-replace-one-pair;
 * fixed-size random batches, replace-one: the same construction for the pair proven in
-  section 18 part 4 (noise multiplier ``z/2``, the larger of the remove and add pairs'
+  docs/derivations/baselines.md#random-batch-pair (noise multiplier ``z/2``, the larger of the remove and add pairs'
   profiles at every epsilon, :class:`RandomBatchPldProfile`).
 
 A PLD figure depends on the discretisation, pinned here (interval ``1e-4``,
@@ -66,7 +66,7 @@ class PoissonPldProfile:
       noise_multiplier: z (noise std over the clip norm).
       steps: T.
       relation: add-or-remove (the remove and add pairs) or replace-one (the pair of
-        docs/decisions.md, section 18 part 3).
+        docs/derivations/baselines.md#poisson-replace-one-pair).
     """
 
     sampling_probability: float
@@ -95,13 +95,14 @@ class PoissonPldProfile:
         return min(sampled_gaussian_pld.delta_for_epsilon(self._pld(), float(eps)) + _margin(self), 1.0)
 
 
-#: The smallest FFT noise margin added to a PLD row's delta (section 18, part 7).
+#: The smallest FFT noise margin added to a PLD row's delta (docs/derivations/baselines.md#fft-noise-margin).
 MIN_FFT_NOISE_MARGIN = 1e-12
 
 
 def fft_noise_margin(pld) -> float:
-    """What a PLD row adds to the host's delta for the rounding of its FFT composition (docs/decisions.md,
-    section 18, part 7): ten times the total of the composed PMFs' negative probabilities (pure FFT
+    """What a PLD row adds to the host's delta for the rounding of its FFT composition
+    (docs/derivations/baselines.md#fft-noise-margin): ten times the total of the composed PMFs' negative probabilities
+    (pure FFT
     noise: every true probability is >= 0), at least MIN_FFT_NOISE_MARGIN."""
     return max(MIN_FFT_NOISE_MARGIN, 10.0 * sampled_gaussian_pld.negative_mass(pld))
 
@@ -121,7 +122,7 @@ def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class RandomBatchPldProfile(PoissonPldProfile):
     """The privacy profile of T steps with fixed-size random batches (b of n without replacement,
-    replace-one): the pair of docs/decisions.md, section 18 part 4, at rate ``q = b/n`` and noise
+    replace-one): the pair of docs/derivations/baselines.md#random-batch-pair, at rate ``q = b/n`` and noise
     multiplier ``z/2``, composed T times. ``relation`` is replace-one."""
 
     def _pld(self):
@@ -136,7 +137,8 @@ def poisson_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PoissonPldPr
 
 
 def poisson_pld_lower_epsilon(cfg: TrainingConfig, a: LossAssumptions, delta: float, beat: float = math.inf) -> float:
-    """A proven lower bound on the PLD row's epsilon at ``delta`` (one bit per step; section 18 part 5); it stops
+    """A proven lower bound on the PLD row's epsilon at ``delta`` (one bit per step;
+    docs/derivations/baselines.md#skip-pld-rows); it stops
     once it is above ``beat``."""
     return sampled_gaussian_pld.binarised_lower_epsilon(
         delta,
@@ -157,7 +159,8 @@ def random_batch_pld_lower_epsilon(
     cfg: TrainingConfig, a: LossAssumptions, delta: float, beat: float = math.inf
 ) -> float:
     """A proven lower bound on the random-batch PLD row's epsilon at ``delta``: the bits of the remove and
-    add pairs at noise ``z/2`` (section 18 part 5), both dominated by the row's pair (section 18 part 4)."""
+    add pairs at noise ``z/2`` (docs/derivations/baselines.md#skip-pld-rows), both dominated by the row's pair
+    (docs/derivations/baselines.md#random-batch-pair)."""
     return sampled_gaussian_pld.binarised_lower_epsilon(
         delta,
         sampling_probability=cfg.sampling_probability,

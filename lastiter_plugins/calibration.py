@@ -3,11 +3,15 @@ r"""Noise calibration: the smallest noise multiplier whose epsilon meets a targe
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
-from typing_extensions import Unpack
+import numpy as np
+from typing_extensions import Unpack, overload
 
 from lastiter_plugins import evaluation
-from lastiter_plugins.api import Parameters, build
+from lastiter_plugins.api import Parameters, pipeline
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 from lastiter_plugins.errors import CalibrationError
 from lastiter_plugins.validation import positive_number, validate_delta, validate_orders
 
@@ -15,16 +19,43 @@ from lastiter_plugins.validation import positive_number, validate_delta, validat
 MIN_NOISE_MULTIPLIER = 1e-6
 
 
+@overload
 def calibrate_noise(
     bound: str,
     target_epsilon: float,
     delta: float,
     *,
-    orders=None,
+    orders: Sequence[float] | np.ndarray | None = None,
     max_noise_multiplier: float = 1e4,
     rtol: float = 1e-4,
     published_only: bool = False,
     **params: Unpack[Parameters],
+) -> float: ...
+@overload
+def calibrate_noise(
+    bound: str,
+    target_epsilon: float,
+    delta: float,
+    *,
+    orders: Sequence[float] | np.ndarray | None = None,
+    max_noise_multiplier: float = 1e4,
+    rtol: float = 1e-4,
+    published_only: bool = False,
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
+) -> float: ...
+def calibrate_noise(
+    bound: str,
+    target_epsilon: float,
+    delta: float,
+    *,
+    orders: Sequence[float] | np.ndarray | None = None,
+    max_noise_multiplier: float = 1e4,
+    rtol: float = 1e-4,
+    published_only: bool = False,
+    config: TrainingConfig | None = None,
+    assumptions: LossAssumptions | None = None,
+    **params: Any,
 ) -> float:
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
     ``bound`` gives epsilon <= ``target_epsilon`` at ``delta``.
@@ -61,6 +92,8 @@ def calibrate_noise(
       max_noise_multiplier: the largest noise multiplier tried (> 0).
       rtol: relative precision of the bisection (> 0).
       published_only: ``best`` over the rows whose proof is a published theorem (a named bound must be one).
+      config, assumptions: the pipeline as objects (its noise multiplier is ignored), or give ``params``
+        (:func:`~lastiter_plugins.api.pipeline`).
       **params: the pipeline (:class:`~lastiter_plugins.api.Parameters`), without ``noise_multiplier``
         (ignored if given).
 
@@ -77,8 +110,10 @@ def calibrate_noise(
     cap = positive_number("max_noise_multiplier", max_noise_multiplier)
     rtol = positive_number("rtol", rtol)
     use_orders = None if orders is None else validate_orders(orders)  # None: the lossless default conversion
-    params.pop("noise_multiplier", None)
-    config, assumptions = build(noise_multiplier=1.0, **params)
+    if config is None:
+        params["noise_multiplier"] = 1.0  # ignored if given: the search sets it
+    config, assumptions = pipeline(config, assumptions, params)
+    config = config.replace(noise_multiplier=1.0)
     evaluation.require_applicable(bound, config, assumptions, published_only)  # refuses before any search
 
     def epsilon_at(z: float) -> float:
@@ -146,8 +181,9 @@ def _growth(z0: float, z1: float, eps0: float | None, eps1: float | None, target
     """How much to raise the noise multiplier after two misses at z0 < z1: 5% beyond where the line
     through their (log z, log epsilon) reaches the target, within [1.25, 64]; 2 when their epsilons
     are not known or do not fall."""
-    known = eps0 is not None and eps1 is not None and math.isfinite(eps0) and math.isfinite(eps1)
-    if not (known and eps0 > eps1 > target > 0.0):
+    if eps0 is None or eps1 is None or not (math.isfinite(eps0) and math.isfinite(eps1)):
+        return 2.0
+    if not eps0 > eps1 > target > 0.0:
         return 2.0
     slope = math.log(eps1 / eps0) / math.log(z1 / z0)  # < 0
     return min(max(1.05 * (target / eps1) ** (1.0 / slope), 1.25), 64.0)
@@ -161,8 +197,10 @@ def _next_point(
     the bracket so that an accurate guess closes it on the next try; the geometric middle when an end's
     epsilon is not known or not usable, or when ``bisect`` (the bracket did not halve in two tries)."""
     middle = math.sqrt(lo * hi)
-    usable = eps_lo is not None and eps_hi is not None and eps_lo > target and 0.0 < eps_hi <= target
-    if bisect or not usable or not (math.isfinite(eps_lo) and math.isfinite(eps_hi)):
+    if bisect or eps_lo is None or eps_hi is None:
+        return middle
+    usable = eps_lo > target and 0.0 < eps_hi <= target
+    if not usable or not (math.isfinite(eps_lo) and math.isfinite(eps_hi)):
         return middle
     f_lo, f_hi = math.log(eps_lo / target), math.log(eps_hi / target)
     if not f_lo > f_hi:
@@ -201,8 +239,8 @@ class _BestSearch:
             )
             winner = evaluation.best_of([row], config.relation)
             if winner is not None:
-                smallest = winner.result.epsilon if smallest is None else min(smallest, winner.result.epsilon)
-            if winner is not None and winner.result.epsilon <= self._target:
+                smallest = winner.epsilon if smallest is None else min(smallest, winner.epsilon)
+            if winner is not None and winner.epsilon <= self._target:
                 met = True
             else:
                 self._missed_at[bid] = z

@@ -297,12 +297,15 @@ def _cmd_rdp(args) -> str:
     _checked_bound(args.bound)
     _, params, _ = _pipeline(args)
     config, assumptions = api.build(**params)
-    values = api.compute_rdp(args.bound, config, assumptions, args.orders, published_only=args.published_only)
+    values = api.rdp(
+        args.bound, args.orders, published_only=args.published_only, config=config, assumptions=assumptions
+    )
     relation, protects, proof = config.relation, registry.Protects.FINAL_MODEL, registry.PROVEN
     if args.bound != registry.BEST:
         spec = registry.BOUNDS[args.bound]
-        relation = spec.relation_for(config.sampling)
-        protects, proof = spec.protects, spec.proof
+        native = spec.relation_for(config.sampling)
+        assert native is not None  # rdp returned: the bound applies, so it covers this sampling
+        relation, protects, proof = native, spec.protects, spec.proof
     if args.json:
         return dump_json(
             {
@@ -375,14 +378,15 @@ def _conditions(e, short: bool) -> str:
 
 
 def _cmd_bounds(args) -> str:
-    from lastiter_plugins import api, registry
+    from lastiter_plugins import api, evaluation, registry
+    from lastiter_plugins.errors import NotApplicableError
     from lastiter_plugins.jsonout import dump_json
 
     _, params, delta = _pipeline(args, needs_noise=False)
     with_numbers = "noise_multiplier" in params
     params.setdefault("noise_multiplier", 1.0)  # no precondition depends on it
     config, assumptions = api.build(**params)
-    evaluations = api.evaluate_all(
+    evaluations = evaluation.evaluate_all(
         config, assumptions, delta if with_numbers else None, args.orders, unproven=args.unproven
     )
     rows = []
@@ -403,8 +407,8 @@ def _cmd_bounds(args) -> str:
         )
     if with_numbers:
         try:
-            best = api.compute_epsilon(BEST, config, assumptions, delta, args.orders)
-        except api.NotApplicableError as exc:
+            best = api.epsilon(BEST, delta, args.orders, config=config, assumptions=assumptions)
+        except NotApplicableError as exc:
             rows.append({"bound": BEST, "applies": False, "reason": str(exc), "epsilon": None})
         else:
             rows.append(

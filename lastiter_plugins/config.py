@@ -92,7 +92,7 @@ MAX_COUNT = 2**53
 
 def _shown(value: Any) -> str:
     """``repr`` of a user's value, with a huge integer abbreviated (one line, readable)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) >= 10**20:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) >= 10**20:
         digits = str(abs(int(value)))
         return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1} (an integer)"
     return repr(value)
@@ -103,7 +103,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
         raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")
     if isinstance(value, numbers.Integral):
         value = int(value)
-    elif not math.isfinite(value) or int(value) != value:
+    elif not math.isfinite(value) or math.trunc(value) != value:
         raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")
     if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}. Found {_shown(value)}.")

@@ -17,7 +17,7 @@ Delta at a given epsilon is the counterpart, with dp-accounting's ``compute_delt
 :func:`monotone_envelope` raises a curve to its running maximum over the orders
 (valid, and free on a non-decreasing curve), which lets
 :func:`epsilon_lower_estimate` bound the refined epsilon from below with the
-curve at a few orders (docs/decisions.md, section 22).
+curve at a few orders (docs/derivations/lower-estimates.md#few-orders).
 
 A finer choice of order can only lower epsilon to a value the curve proves; it
 never interpolates RDP values between orders. Inputs are trusted: the public edge
@@ -129,7 +129,7 @@ def _stationary_order(slope: float, log_inv_delta: float) -> float:
     :math:`g(x) = \mathrm{slope}\,x^2 + \log(1+x) - L`, :math:`x = \alpha - 1`,
     :math:`L = \log(1/\delta)`, bracketed by
     :math:`x_{lo} = 2L/(1+\sqrt{1+4\,\mathrm{slope}\,L})` and
-    :math:`x_{hi} = \min(\sqrt{L/\mathrm{slope}}, e^L - 1)` (docs/decisions.md, section 13, part 2).
+    :math:`x_{hi} = \min(\sqrt{L/\mathrm{slope}}, e^L - 1)` (docs/derivations/conversion.md#linear-curves).
     Finite for every slope >= 0 (at most 1/delta).
     """
     big = log_inv_delta
@@ -160,7 +160,7 @@ def epsilon_of_linear_rdp(rho: float, delta: float) -> tuple[float, float]:
     2020, arXiv 2004.00010, Prop. 12) has derivative
     :math:`\rho - (\log(1/\delta) - \log\alpha)/(\alpha-1)^2`, with exactly one zero
     :math:`\alpha^*` in :math:`(1, 1/\delta]`, its global minimiser (derivation in
-    docs/decisions.md, section 13). The order is clipped to dp-accounting's domain
+    docs/derivations/conversion.md#lossless-conversion). The order is clipped to dp-accounting's domain
     (:math:`\alpha > 1.01`), and epsilon is dp-accounting's ``compute_epsilon`` at
     that one order with RDP :math:`\rho\alpha`: valid by construction, whatever the
     precision of the root.
@@ -264,7 +264,7 @@ def refine_epsilon(
     the grid value. No smoothness is assumed (the sampled Gaussian's chord bound has
     kinks at integer orders). The search stays within ``[min(orders), max(orders)]``;
     :class:`OrderGridWarning` is issued, as by :func:`rdp_to_epsilon`, when the grid
-    optimum sits at an edge. Derivation: docs/decisions.md, section 13.
+    optimum sits at an edge. Derivation: docs/derivations/conversion.md#lossless-conversion.
 
     Args:
       rdp_at: the RDP bound (nats) at an array of orders > 1; may return ``inf``.
@@ -465,11 +465,12 @@ def _around(centre: int, orders: np.ndarray, low: float, high: float, points: in
     return arr[(arr > lo) & (arr < hi)]
 
 
-# ---------------------------------------------------------------- lower estimates (decisions.md, section 22)
+# ---------------------------------------------------------------- lower estimates
+# (docs/derivations/lower-estimates.md#few-orders)
 
 
 def monotone_envelope(rdp_at: RdpCallable, orders: np.ndarray, rdp: np.ndarray) -> tuple[RdpCallable, np.ndarray]:
-    """A curve raised to its running maximum over the orders (docs/decisions.md, section 22, part 1).
+    """A curve raised to its running maximum over the orders (docs/derivations/lower-estimates.md#envelope).
 
     Returns ``(raised_at, raised)``: ``raised`` is ``rdp`` where each finite value is raised to the
     largest finite value at a smaller order of ``orders``; ``raised_at(new)`` is ``rdp_at(new)``
@@ -497,7 +498,8 @@ def monotone_envelope(rdp_at: RdpCallable, orders: np.ndarray, rdp: np.ndarray) 
 
 def _h_infimum(lo: np.ndarray, hi: np.ndarray, delta: float) -> np.ndarray:
     """inf of h(a) = log(1 - 1/a) + (L - log a)/(a - 1) over [lo, hi] (lo > 1.01): h decreases up to
-    a = 1/delta and increases after (section 22, part 2), so the infimum is at the clipped 1/delta."""
+    a = 1/delta and increases after (docs/derivations/lower-estimates.md#few-orders-estimate), so the infimum is at the
+    clipped 1/delta."""
     at = np.minimum(np.maximum(1.0 / delta, lo), hi)
     return np.log1p(-1.0 / at) + (-math.log(delta) - np.log(at)) / (at - 1.0)
 
@@ -511,8 +513,8 @@ def epsilon_lower_estimate(
     rdp_at: RdpCallable, orders: np.ndarray, delta: float, beat: float, *, rounds: int = 3
 ) -> float:
     """A proven lower bound on the epsilon :func:`refine_epsilon` reports for the envelope of
-    :func:`monotone_envelope` on ``orders``, from the curve at a few of the orders (docs/decisions.md,
-    section 22).
+    :func:`monotone_envelope` on ``orders``, from the curve at a few of the orders
+    (docs/derivations/lower-estimates.md#few-orders).
 
     The first call of ``rdp_at`` asks for the first grid order and the ones nearest 1 + 2^k / 4 up to 33;
     while a piece between asked orders has a bound <= ``beat``, the pieces at or below the bar are

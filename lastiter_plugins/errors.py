@@ -35,5 +35,5 @@ class CalibrationError(ValueError):
 
 class BoundBelowTruthError(ValueError):
     """A proven bound's epsilon is below the exact epsilon of an instance that meets every
-    declaration (docs/decisions.md, section 20): a bug in that bound, never a user error.
+    declaration (docs/derivations/lower-end.md#lower-end): a bug in that bound, never a user error.
     Raised instead of reporting a number known to be wrong."""

@@ -22,7 +22,7 @@ Rules kept here:
   points) validates them once (:mod:`lastiter_plugins.validation`).
 * A bound with a proven lower estimate (a PLD row) is computed for ``best`` only
   when that estimate is not above the best so far: a bound whose epsilon is
-  provably larger cannot be the minimum (docs/decisions.md section 18 part 5).
+  provably larger cannot be the minimum (docs/derivations/baselines.md#skip-pld-rows).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from lastiter_plugins.conversion import (
     refine_epsilon,
 )
 from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
+from lastiter_plugins.profiles import GaussianMixtureProfile
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
 from lastiter_plugins.validation import validate_delta, validate_orders
 
@@ -208,8 +209,8 @@ class BoundEvaluation:
     @property
     def rdp(self) -> tuple[float, ...] | None:
         """The RDP curve on ``orders`` (nats); for a GDP bound, the RDP its profile implies; None for a PLD bound."""
-        if self.kind is Kind.GDP and self.profile is not None and self.orders is not None:
-            return tuple(self.profile.rdp(np.asarray(self.orders)).tolist())
+        if self.kind is Kind.GDP and isinstance(self.profile, GaussianMixtureProfile) and self.orders is not None:
+            return tuple(self.profile.rdp(np.asarray(self.orders)).tolist())  # every GDP row's profile is one
         return self.rdp_values
 
     @property
@@ -240,9 +241,11 @@ def _epsilon_of(
 ) -> tuple[float, float | None]:
     """(epsilon, order) of one applicable bound whose curve on ``orders`` is ``curve``.
 
-    Lossless (docs/decisions.md): an RDP curve linear in the order converts at the continuous optimum over all
+    Lossless (docs/derivations/conversion.md#lossless-conversion): an RDP curve linear in the order converts at the
+    continuous optimum over all
     orders when the default grid is used; any other curve, raised to its running maximum over the orders
-    (section 22: valid, and free on a non-decreasing curve), is refined between the grid orders by
+    (docs/derivations/lower-estimates.md#few-orders: valid, and free on a non-decreasing curve), is refined between the
+    grid orders by
     evaluating the bound itself at new orders (every candidate is a valid epsilon; the search can only
     return one of them).
     """
@@ -272,7 +275,8 @@ def _converts_in_closed_form(spec: BoundSpec, default_orders: bool) -> bool:
 
 
 def _has_grid_estimate(spec: BoundSpec, default_orders: bool) -> bool:
-    """A Renyi row whose epsilon is refined from its curve: section 22's estimate bounds it from below."""
+    """A Renyi row whose epsilon is refined from its curve: docs/derivations/lower-estimates.md#few-orders's estimate
+    bounds it from below."""
     return spec.lower_estimate is None and spec.profile is None and not _converts_in_closed_form(spec, default_orders)
 
 
@@ -339,13 +343,13 @@ def evaluate_bound(
         reference=spec.reference,
         assumptions=spec.assumptions,
         covers=tuple(spec.covers),
-        published=spec.provenance.why_derived(config, assumptions) is None,
-        provenance=spec.provenance.describe(config, assumptions),
+        published=_provenance(spec).why_derived(config, assumptions) is None,
+        provenance=_provenance(spec).describe(config, assumptions),
     )
     if not check.applies or delta is None or not (spec.proof.proven or compute_unproven):
         return base
     default_orders = orders is None
-    orders = validate_orders(None) if default_orders else orders
+    orders = validate_orders(None) if orders is None else orders
     lower = None
     if beat is not None and spec.lower_estimate is not None:
         lower = spec.lower_estimate(config, assumptions, delta, beat)
@@ -353,7 +357,7 @@ def evaluate_bound(
         lower = epsilon_lower_estimate(
             lambda new: registry.estimate_curve(spec, config, assumptions, new), orders, delta, beat
         )
-    if lower is not None and lower > beat:
+    if lower is not None and beat is not None and lower > beat:
         return dataclasses.replace(
             base,
             notes=(
@@ -442,15 +446,15 @@ def best_candidates(
 
 def best_of(
     evaluations: Iterable[BoundEvaluation], relation: Relation, published_only: bool = False
-) -> BoundEvaluation | None:
-    """The winner among evaluated bounds: the smallest epsilon over the candidates of ``best`` for
+) -> EpsilonResult | None:
+    """The winner's result among evaluated bounds: the smallest epsilon over the candidates of ``best`` for
     ``relation`` (:func:`counts_for_best`) that carry a number (ties: the first bound id in alphabetical
-    order); None if none.
+    order); None if none. Its ``winner`` is the row's id.
 
     The one minimum: :func:`best_result`, compare's best lines and the reports use it.
     """
-    numbered = [e for e in evaluations if counts_for_best(e, relation, published_only) and e.result is not None]
-    return min(numbered, key=lambda e: (e.result.epsilon, e.bound)) if numbered else None
+    numbered = [e.result for e in evaluations if e.result is not None and counts_for_best(e, relation, published_only)]
+    return min(numbered, key=lambda r: (r.epsilon, r.winner)) if numbered else None
 
 
 def _no_bound_applies(
@@ -474,12 +478,19 @@ def _no_bound_applies(
 
 
 def _require_published(spec: BoundSpec, config: TrainingConfig, assumptions: LossAssumptions) -> None:
-    why = spec.provenance.why_derived(config, assumptions)
+    why = _provenance(spec).why_derived(config, assumptions)
     if why is not None:
         raise NotApplicableError(
             f"{spec.id} is this library's derivation for this pipeline ({why}), not a published theorem "
-            f"(published_only=True): {spec.provenance.describe(config, assumptions)}."
+            f"(published_only=True): {_provenance(spec).describe(config, assumptions)}."
         )
+
+
+def _provenance(spec: BoundSpec) -> registry.Provenance:
+    """The row's provenance: every row of the table has one (the table checks it when it is built)."""
+    if spec.provenance is None:
+        raise AssertionError(f"{spec.id} has no provenance")
+    return spec.provenance
 
 
 def best_result(
@@ -495,7 +506,7 @@ def best_result(
     winner = best_of(evaluations.values(), config.relation, published_only)
     if winner is None:
         raise _no_bound_applies(config, evaluations, published_only)
-    return dataclasses.replace(winner.result, bound=BEST)
+    return dataclasses.replace(winner, bound=BEST)
 
 
 def evaluate_for_best(
@@ -510,7 +521,8 @@ def evaluate_for_best(
     far (it says so in its notes otherwise). The minimum and the winner are the same.
 
     Order: the rows without an estimate (privacy profiles, curves linear in the order) first, then
-    the Renyi rows refined from their curve (section 22's estimate from a few orders), then the rows
+    the Renyi rows refined from their curve (docs/derivations/lower-estimates.md#few-orders's estimate from a few
+    orders), then the rows
     with their own estimate (the PLD rows, liang-bounded), each against the best so far.
     """
     default_orders = orders is None
@@ -523,7 +535,7 @@ def evaluate_for_best(
     }
     for bid in barred:
         so_far = best_of(out.values(), config.relation, published_only)
-        beat = math.inf if so_far is None else so_far.result.epsilon
+        beat = math.inf if so_far is None else so_far.epsilon
         out[bid] = evaluate_bound(registry.BOUNDS[bid], config, assumptions, delta, orders, beat=beat)
     return {bid: out[bid] for bid in registry.BOUNDS}
 
@@ -570,7 +582,7 @@ def require_applicable(
 
 
 def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions) -> EpsilonResult:
-    """``result`` with its ``lower_bound`` (docs/decisions.md, section 20).
+    """``result`` with its ``lower_bound`` (docs/derivations/lower-end.md#lower-end).
 
     A lower end that cannot be computed (no instance fits, too large, an overflow) is None, and
     ``lower_bound_note`` says why: it never becomes ``inf`` and never turns the result into an error.
@@ -619,7 +631,7 @@ def published_note(
 
 
 def _derived_where(provenance: str) -> str:
-    """``docs/decisions.md section N ...`` of a ``derived here: ...`` line, without its checks."""
+    """``docs/derivations/<page>#<anchor> ...`` of a ``derived here: ...`` line, without its checks."""
     where = provenance.split(": ", 1)[-1]
     return where.split("; checks:")[0]
 
@@ -675,7 +687,7 @@ def delta_of(
         specs = (registry.get_spec(bound),)
         require_applicable(bound, config, assumptions, published_only)
     default_orders = orders is None
-    grid = validate_orders(None) if default_orders else orders
+    grid = validate_orders(None) if orders is None else orders
     best: tuple[float, float | None] = (1.0, None)
     for spec in specs:
         found = _delta_of(spec, config, assumptions, float(eps), grid, default_orders)

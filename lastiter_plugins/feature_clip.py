@@ -7,7 +7,7 @@ rounding of the transform itself cannot push a norm above A. This module is
 the framework-free reference (numpy); torch or Keras layers built around it
 must use :func:`safe_clip_radius` for A' and compute in the same dtype.
 
-Derivation (docs/decisions.md, section 15, part 8; Higham, "Accuracy and Stability of
+Derivation (docs/derivations/glm.md#glm-feature-clipping; Higham, "Accuracy and Stability of
 Numerical Algorithms", 2nd ed. 2002, Lemma 3.1 and Sec. 3.1 for gamma_n). Let u be
 the unit roundoff of the dtype (2^-24 for float32), d the feature dimension and
 gamma_n = n u / (1 - n u). Computed in that dtype in any summation order,

@@ -37,7 +37,7 @@ the clip norm C. Derivations (each pinned by a test in tests/core/test_glm.py):
 * Never active on the whole domain (Kong & Ribero 2024, arXiv 2407.05237,
   Prop. 2.1(c) needs it at every point, not only along the run): C >= G (1 +
   1e-3) + 1e-6. The 1e-6 is Opacus' term in its clip factor; the relative 1e-3
-  covers float32 evaluation of the gradient norm (docs/decisions.md, section 15, part 6).
+  covers float32 evaluation of the gradient norm (docs/derivations/glm.md#glm-never-active).
 
 Dimensions of the loss families (sup \|phi'\|, sup phi''): binary logistic (1,
 1/4), labels in [0, 1] or +-1, logits in, i.e. torch ``BCEWithLogitsLoss`` or
@@ -60,7 +60,7 @@ from typing import Any
 #: only for norms <= C - 1e-6.
 OPACUS_CLIP_EPSILON = 1e-6
 #: Relative margin for float32 evaluation of a per-example gradient norm
-#: (docs/decisions.md, section 15, part 6).
+#: (docs/derivations/glm.md#glm-never-active).
 FLOAT_MARGIN_RELATIVE = 1e-3
 
 
@@ -181,8 +181,8 @@ class LinearModelCertificate:
     def contraction(self, learning_rate: float) -> float:
         r"""Lipschitz constant c = max(|1 - eta lam|, |1 - eta M|) of one step of the loss run.
 
-        Holds for any batch of at most b examples divided by b (docs/decisions.md, section 15,
-        section 4); meaningful only when :attr:`certified`.
+        Holds for any batch of at most b examples divided by b (docs/derivations/glm.md#glm-l2-contraction); meaningful
+        only when :attr:`certified`.
         """
         eta = _real("learning_rate", learning_rate, positive=True)
         return max(abs(1.0 - eta * self.strong_convexity), abs(1.0 - eta * self.smoothness))
@@ -220,7 +220,9 @@ def _scalar_bounds(loss: LossFamily, a_eff: float, params: dict[str, float | Non
     if loss is LossFamily.HUBER:
         return params["huber_delta"], 1.0
     if loss is LossFamily.SMOOTHED_HINGE:
-        return 1.0, 1.0 / params["hinge_smoothing"]
+        smoothing = params["hinge_smoothing"]
+        assert smoothing is not None  # _check_family_arguments refused the smoothed hinge without it
+        return 1.0, 1.0 / smoothing
     # squared (u - y)^2: |phi'| = 2|u - y| <= 2 (A~ B + Y) on |x| <= B, |y| <= Y
     bound, labels = params["parameter_norm_bound"], params["label_bound"]
     if bound is None or labels is None:
@@ -248,7 +250,7 @@ def certify_linear_model(
 
     The model is one linear layer (weights, plus a bias when ``bias``) on
     features with \|a\| <= A, and nothing else is trained. Derivations: module
-    docstring and docs/decisions.md, section 15.
+    docstring and docs/derivations/glm.md#glm-route.
 
     Args:
       loss: the per-example data loss (:class:`LossFamily`).

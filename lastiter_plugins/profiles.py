@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import optimize, special
@@ -153,7 +154,7 @@ def _upper_bracket(log_delta, log_target: float, start: float) -> float:
     return math.inf
 
 
-def _remembered(log_delta):
+def _remembered(log_delta: Callable[[float], float]) -> Callable[[float], float]:
     """``log_delta`` computed once per argument (a mixture's costs about a millisecond)."""
     seen: dict[float, float] = {}
 
@@ -252,7 +253,9 @@ def _unique_sum(w: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return values, np.bincount(inverse, weights=w, minlength=values.size)
 
 
-def _merge_components(w: np.ndarray, m: np.ndarray, max_components: int = _MAX_COMPONENTS):
+def _merge_components(
+    w: np.ndarray, m: np.ndarray, max_components: int = _MAX_COMPONENTS
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Merge equal mus; if more than ``max_components`` remain, round each mu UP
     to a geometric grid (delta_mu increases with mu, so the profile only grows)."""
     values, w = _unique_sum(w, m)

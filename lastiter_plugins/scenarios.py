@@ -7,6 +7,7 @@ A scenario holds the keyword-API parameters (:class:`lastiter_plugins.api.Parame
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -70,9 +71,9 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
     Raises:
       ValueError: the file is missing, unreadable, not UTF-8 or not valid TOML.
     """
-    try:
+    if sys.version_info >= (3, 11):
         import tomllib
-    except ModuleNotFoundError:  # Python 3.10
+    else:  # Python 3.10
         try:
             import tomli as tomllib
         except ModuleNotFoundError:

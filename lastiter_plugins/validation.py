@@ -1,9 +1,9 @@
 r"""Validation of the numbers users pass at the public edge, in one place.
 
-The public functions (``lastiter_plugins.rdp`` / ``epsilon`` / ``compute_*`` / ``calibrate_noise`` /
-``evaluate_all``, the CLI, the adapters' entry points) check their inputs here once; the layers below
-them (evaluation, conversion, the bounds) trust what they are given. A pipeline is validated by
-constructing its :class:`~lastiter_plugins.config.TrainingConfig` and
+The public functions (``lastiter_plugins.rdp`` / ``epsilon`` / ``applicable_bounds`` /
+``calibrate_noise`` / ``advise``, ``evaluation.evaluate_all``, the CLI, the adapters' entry points) check
+their inputs here once; the layers below them (evaluation, conversion, the bounds) trust what they are
+given. A pipeline is validated by constructing its :class:`~lastiter_plugins.config.TrainingConfig` and
 :class:`~lastiter_plugins.config.LossAssumptions`.
 
 Every error is a ``ValueError`` naming the parameter, the constraint and the value found.
@@ -42,10 +42,9 @@ def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
     """A validated copy of ``orders`` (or the default grid). Orders must be finite and > 1."""
     if orders is None:
         return DEFAULT_ORDERS.copy()
-    if isinstance(orders, numbers.Real):
-        orders = [orders]
+    given: object = [orders] if isinstance(orders, numbers.Real) else orders  # one order
     try:
-        arr = np.array(orders, dtype=float).reshape(-1)
+        arr = np.array(given, dtype=float).reshape(-1)
     except (TypeError, ValueError):
         raise ValueError(f"orders must be a sequence of numbers > 1. Found {orders!r}.") from None
     if arr.size == 0:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command runs this, in the .venv it made (installed with the exact
 # versions of constraints/ci.txt):
-#   1. lint and format check (ruff);
-#   2. the whole pytest suite in .venv (tests/README.md: layout and tiers), except what builds and installs the distribution
-#      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md).
+#   1. lint and format check (ruff), type check (mypy over the package and the adapters, [tool.mypy]
+#      in pyproject.toml);
+#   2. the whole pytest suite in .venv, except what builds and installs the distribution
+#      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md). The
+#      layout and the tiers: tests/README.md.
 # What is slow and needs environments of its own (the packaging tests, dp-accounting 0.6,
 # Opacus 1.5) is scripts/test_environments.sh, the second step of .ci/run.
 # Arguments are passed to pytest. Every step runs even when an earlier one fails; the exit
@@ -16,6 +18,7 @@ source scripts/_steps.sh
 
 step .venv/bin/ruff check .
 step .venv/bin/ruff format --check .
+step .venv/bin/python -m mypy
 
 echo "+ .venv/bin/python -m pytest -m 'not packaging' $*"
 .venv/bin/python -m pytest -m "not packaging" "$@"

@@ -10,13 +10,13 @@ r"""dp-accounting adapter: last-iterate DP-SGD runs as ``DpEvent``\ s, and a
   configured with the bound it accounts last-iterate runs with
   (``bound="best"`` by default; any id of ``lastiter_plugins.BOUND_IDS``). A
   last-iterate event contributes ``count`` times its RDP curve
-  (:func:`lastiter_plugins.compute_rdp` for that bound and the accountant's
+  (:func:`lastiter_plugins.rdp` for that bound and the accountant's
   neighbouring relation); every other event (Gaussian, Laplace, Poisson /
   without-replacement sampled, RepeatAndSelect, ZCDp on 0.6, ...) is delegated
   to dp-accounting's ``rdp.RdpAccountant`` with the same orders and relation.
   So one accountant covers a pipeline mixing last-iterate runs with standard
   mechanisms. A ledger holding one run and nothing else is answered exactly as
-  :func:`lastiter_plugins.compute_epsilon` answers for it (lossless, f-DP
+  :func:`lastiter_plugins.epsilon` answers for it (lossless, f-DP
   bounds included); any composition is converted from the summed RDP on the
   order grid.
 * ``LastIteratePldAccountant`` (in ``_pld``) composes runs certified
@@ -67,7 +67,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attr
 import dp_accounting
@@ -105,7 +105,7 @@ def __getattr__(name: str) -> Any:
 
 
 NeighboringRelation = dp_accounting.NeighboringRelation
-CompositionErrorDetails = dp_accounting.PrivacyAccountant.CompositionErrorDetails
+CompositionErrorDetails: TypeAlias = dp_accounting.PrivacyAccountant.CompositionErrorDetails
 
 _HOST_RELATION = {
     Relation.REPLACE_ONE: NeighboringRelation.REPLACE_ONE,
@@ -131,15 +131,24 @@ class _ValueEnum(enum.Enum):
 # sequences, so they round-trip. Strings (and lastiter_plugins.Sampling) are
 # accepted and converted on construction.
 
-#: The bound ids of :data:`lastiter_plugins.BOUND_IDS` (values are the ids).
-BoundId = _ValueEnum(
-    "BoundId", [(b.upper().replace("-", "_"), b) for b in BOUND_IDS], module=__name__, qualname="BoundId"
-)
+if TYPE_CHECKING:  # what type checkers see: two enums (their members are made from the tables below)
 
-#: The sampling schemes of :class:`lastiter_plugins.Sampling` (values are the scheme names).
-SamplingScheme = _ValueEnum(
-    "SamplingScheme", [(s.name, s.value) for s in Sampling], module=__name__, qualname="SamplingScheme"
-)
+    class BoundId(_ValueEnum):
+        """The bound ids of :data:`lastiter_plugins.BOUND_IDS`."""
+
+    class SamplingScheme(_ValueEnum):
+        """The sampling schemes of :class:`lastiter_plugins.Sampling`."""
+
+else:
+    #: The bound ids of :data:`lastiter_plugins.BOUND_IDS` (values are the ids).
+    BoundId = _ValueEnum(
+        "BoundId", [(b.upper().replace("-", "_"), b) for b in BOUND_IDS], module=__name__, qualname="BoundId"
+    )
+
+    #: The sampling schemes of :class:`lastiter_plugins.Sampling` (values are the scheme names).
+    SamplingScheme = _ValueEnum(
+        "SamplingScheme", [(s.name, s.value) for s in Sampling], module=__name__, qualname="SamplingScheme"
+    )
 
 
 def _to_bound(value: Any) -> Any:
@@ -208,7 +217,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
       gradient_norms_within_clip: True asserts every per-example gradient norm <= C on the whole domain.
       clipped_loss_convex_smooth: True asserts the scalar-GLM route: every per-example loss is
         phi(<a, x>) with phi convex and M-smooth, so its clipped gradient is the gradient of a convex,
-        M-smooth loss (docs/decisions.md, section 15); clipping may be active.
+        M-smooth loss (docs/derivations/glm.md#glm-route); clipping may be active.
       l2_outside_clip: True says the strong convexity is an l2 term added after clipping and averaging
         (torch's ``weight_decay`` under Opacus), not part of each clipped per-example loss.
 
@@ -216,7 +225,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     accountant's), with the same meaning and defaults.
     """
 
-    sampling: SamplingScheme = attr.ib(converter=_to_sampling)  # type: ignore[valid-type]
+    sampling: SamplingScheme = attr.ib(converter=_to_sampling)
     dataset_size: int
     batch_size: int
     noise_multiplier: float
@@ -569,7 +578,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
     run (not its intermediate iterates).
 
     A ledger holding exactly one last-iterate run and nothing else is answered
-    exactly as ``lastiter_plugins.compute_epsilon`` answers for that run
+    exactly as ``lastiter_plugins.epsilon`` answers for that run
     (lossless; an f-DP bound's privacy profile converted exactly), also when the
     rows that apply have no Renyi-DP curve (a privacy loss distribution, or a
     profile with truncated tails): such a run is accepted alone and refused in
@@ -710,8 +719,8 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             )
         try:
             plan = self._plan(event, int(count))
-        except _Refusal as refusal:
-            return CompositionErrorDetails(invalid_event=refusal.event, error_message=refusal.message)
+        except _Refusal as planned:
+            return CompositionErrorDetails(invalid_event=planned.event, error_message=planned.message)
         try:  # supports() asks with count 0: would the event be accepted once?
             refusal = self._refusal_if_not_alone(plan if count else self._plan(event, 1))
         except _Refusal as refused:
@@ -782,7 +791,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         """(epsilon, optimal order) at ``target_delta`` in [0, 1].
 
         One last-iterate run and nothing else: exactly
-        ``lastiter_plugins.compute_epsilon`` for that run and the accountant's
+        ``lastiter_plugins.epsilon`` for that run and the accountant's
         bound, orders and relation (lossless: a privacy profile is converted
         exactly, with order None; a curve linear in the order at its continuous
         optimum; any other curve refined between the orders). Anything else

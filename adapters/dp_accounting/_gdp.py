@@ -11,6 +11,7 @@ from __future__ import annotations
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.config import LossAssumptions, TrainingConfig
 from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.profiles import GaussianMixtureProfile
 from lastiter_plugins.registry import BEST, BoundSpec, Kind
 
 
@@ -42,7 +43,9 @@ def gaussian_mu(bound: str, config: TrainingConfig, assumptions: LossAssumptions
     for spec in _candidates(bound, config, assumptions):
         if spec.kind is not Kind.GDP:
             continue
+        assert spec.profile is not None  # every GDP row has its privacy profile
         profile = spec.profile(config, assumptions)
+        assert isinstance(profile, GaussianMixtureProfile)  # what every GDP row gives
         if len(profile.mus) == 1:
             found.append((float(profile.mus[0]), spec.id))
         else:

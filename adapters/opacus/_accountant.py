@@ -420,8 +420,13 @@ class LastIterateAccountant(IAccountant):
     def _compute(self, config: lp.TrainingConfig, delta: float, bound: str | None = None) -> lp.EpsilonResult:
         reg = self.registration
         orders = None if reg.orders is None else np.array(reg.orders)
-        return lp.compute_epsilon(
-            bound or reg.bound, config, reg.assumptions, delta, orders, published_only=reg.published_only
+        return lp.epsilon(
+            bound or reg.bound,
+            delta,
+            orders,
+            published_only=reg.published_only,
+            config=config,
+            assumptions=reg.assumptions,
         )
 
     def _history_noise(self) -> float:

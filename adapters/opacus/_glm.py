@@ -99,7 +99,7 @@ class FeatureNormClip(nn.Module):
 
     A' = :func:`lastiter_plugins.feature_clip.safe_clip_radius` (A, d, dtype) is
     slightly below A so that float rounding of the clip itself cannot push a norm
-    above A (docs/decisions.md, section 15.8; Higham 2002, Lemma 3.1). Computed in
+    above A (docs/derivations/glm.md#glm-feature-clipping; Higham 2002, Lemma 3.1). Computed in
     the input's dtype (float32 or float64) with one rounding per operation. Put it
     right before the final ``nn.Linear`` of a model registered with ``model="glm"``:
     then \|a\| <= A holds for every possible example, the neighbouring one included.

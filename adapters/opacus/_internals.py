@@ -29,7 +29,8 @@ and why:
   the object itself;
 * torch's ``ReduceLROnPlateau.__init__``, wrapped (once the version check has passed) to remember
   every instance (:func:`plateau_schedulers`): a scheduler holds a reference to its optimizer, not the reverse, and a
-  rule that reads training losses must be found whether it fires or not (docs/decisions.md, section 26).
+  rule that reads training losses must be found whether it fires or not
+  (docs/derivations/opacus-adapter.md#run-monitor).
 
 It also holds everything that differs between the tested Opacus versions. Opacus 1.6
 has an accountant registry (``opacus.accountants.register_accountant``;

@@ -1,7 +1,7 @@
 """The run monitor of the Opacus adapter: what each noisy step used, observed where it happens.
 
 * the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
-  matched to noisy steps: a queue per pass of the sampler (docs/decisions.md, section 26);
+  matched to noisy steps: a queue per pass of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
 * the number of per-example clipped gradients the step summed (counted by the step checks);
 * the model the run starts from: a model an earlier accountant of this library has trained
   (:data:`MARKS`) continues that accounting, or is refused;

@@ -112,11 +112,11 @@ def build_report(
 ) -> Report:
     """Render the core's evaluation of every bound for ``config`` (one evaluation path: the core's);
     ``published_only``: best over the bounds whose proof is a published theorem."""
-    from lastiter_plugins.evaluation import published_note
+    from lastiter_plugins.evaluation import evaluate_all, published_note
 
     grid = None if orders is None else np.array(orders)
     rows = []
-    for bid, ev in lp.evaluate_all(config, assumptions, delta, grid).items():
+    for bid, ev in evaluate_all(config, assumptions, delta, grid).items():
         rows.append(
             ReportRow(
                 bound=bid,
@@ -133,8 +133,14 @@ def build_report(
     best_text = advice = tightness = provenance = ""
     lower = None
     try:
-        best = lp.compute_epsilon(
-            lp.BEST, config, assumptions, delta, grid, lower_bound=True, published_only=published_only
+        best = lp.epsilon(
+            lp.BEST,
+            delta,
+            grid,
+            lower_bound=True,
+            published_only=published_only,
+            config=config,
+            assumptions=assumptions,
         )
         rows.append(
             ReportRow(
@@ -154,7 +160,7 @@ def build_report(
             filter(None, (f"Proof: {best.provenance}.", published_note(best, config, assumptions, grid)))
         )
         if lp.is_standard_baseline(best):
-            advice = lp.baseline_note(best, lp.advise_config(delta, config, assumptions, top=3))
+            advice = lp.baseline_note(best, lp.advise(delta, top=3, config=config, assumptions=assumptions))
     except ValueError as exc:
         rows.append(ReportRow(lp.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
     sampling, relation = config.sampling.value, config.relation.value

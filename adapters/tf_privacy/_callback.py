@@ -200,8 +200,13 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         """The labelled guarantee (render it with ``str(result)`` or ``result.to_dict()``)."""
         self._check_usable()
         if self._cache is None or self._cache.steps != self._steps:
-            self._cache = lp.compute_epsilon(
-                self.bound, self.config, self.assumptions, self.delta, self.orders, published_only=self.published_only
+            self._cache = lp.epsilon(
+                self.bound,
+                self.delta,
+                self.orders,
+                published_only=self.published_only,
+                config=self.config,
+                assumptions=self.assumptions,
             )
         return self._cache
 

@@ -419,7 +419,7 @@ def check_model(model: Any) -> None:
             f"model.{method} must be Keras' own Model.{method}: a custom {method} can feed an example twice while "
             "keeping the loss vector at batch_size values, scale the loss (and with it the smoothness behind the "
             "constants), or change the weights, and the callback cannot verify what it does. Put custom logic in "
-            "the model's call or in the loss, or account the run by hand (lastiter_plugins.compute_epsilon) if you "
+            "the model's call or in the loss, or account the run by hand (lastiter_plugins.epsilon) if you "
             f"can prove it is plain DP-SGD on one clipped gradient per example. Found {method} {where}."
         )
     stateful = [
@@ -568,7 +568,9 @@ def plan(
         clip_norm=settings.l2_norm_clip,
         relation=relation,
     )
-    lp.compute_epsilon(bound, config, assumptions, delta, orders, published_only=published_only)  # refuses now
+    lp.epsilon(
+        bound, delta, orders, published_only=published_only, config=config, assumptions=assumptions
+    )  # refuses now
     tolerance = 0.0
     if projection is not None:
         projection._set_center()

@@ -60,7 +60,7 @@ class FeatureNormClip(tf.keras.layers.Layer):
     r"""a -> a min(1, A'/\|a\|) along the last axis: every output row has l2 norm <= A exactly.
 
     A' = :func:`clip_radius` (A, d, dtype), slightly below A so that float rounding of the clip itself
-    cannot push a norm above A (docs/decisions.md, section 15.8; Higham 2002, Lemma 3.1), nor, in float64,
+    cannot push a norm above A (docs/derivations/glm.md#glm-feature-clipping; Higham 2002, Lemma 3.1), nor, in float64,
     the cast of its output to float32 that Keras applies when a float32 layer follows it. Computed in the
     layer's dtype (float32 or float64), one rounding per operation. Put it right before the final
     ``Dense`` of a model accounted with ``model="glm"``.

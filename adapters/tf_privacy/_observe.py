@@ -84,7 +84,7 @@ def check_host() -> None:
             "the TF Privacy adapter reads Keras' fit internals and TF Privacy's optimizer attributes, and was tested "
             "with tensorflow 2.14.x (Keras 2.14.x) and tensorflow-privacy 0.9.0 only; another version may keep "
             "them elsewhere, so nothing it read could be trusted. Install the tested versions "
-            "(pip install 'lastiter-plugins[tf]') or compute the epsilon with lastiter_plugins.compute_epsilon "
+            "(pip install 'lastiter-plugins[tf]') or compute the epsilon with lastiter_plugins.epsilon "
             f"from your own verified settings. Found {found}"
             + (f" (import failed: {_IMPORT_ERROR})." if _IMPORT_ERROR else ".")
         )

@@ -13,6 +13,7 @@ from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _t
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.evaluation import evaluate_all
 from lastiter_plugins.validation import validate_delta
 
 from . import _glm
@@ -188,11 +189,11 @@ def compute_last_iterate_privacy_statement(
     sections: dict[Relation, tuple[list[tuple[str, lp.EpsilonResult]], lp.EpsilonResult, list[str]]] = {}
     for relation in Relation:
         cfg = config.replace(relation=relation)
-        evaluations = lp.evaluate_all(cfg, assumptions, delta)
+        evaluations = evaluate_all(cfg, assumptions, delta)
         rows = [(bid, e.result) for bid, e in evaluations.items() if e.applies and e.result is not None]
         if rows:
             try:
-                best = lp.compute_epsilon(lp.BEST, cfg, assumptions, delta, lower_bound=True)
+                best = lp.epsilon(lp.BEST, delta, lower_bound=True, config=cfg, assumptions=assumptions)
             except lp.NotApplicableError:
                 continue
             missing = [f"{bid}: {_first_condition(e)}" for bid, e in evaluations.items() if _fails_here(e, cfg)]
@@ -241,7 +242,7 @@ def compute_last_iterate_privacy_statement(
         lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best, references)})")
         lines.append(textwrap.fill(best.tightness_line, width=80, initial_indent="  ", subsequent_indent="    "))
         if lp.is_standard_baseline(best):
-            suggestions = lp.advise_config(delta, config.replace(relation=relation), assumptions, top=3)
+            suggestions = lp.advise(delta, top=3, config=config.replace(relation=relation), assumptions=assumptions)
             note = lp.baseline_note(best, suggestions).split("\n")
             lines.append(textwrap.fill(note[0], width=80, initial_indent="  ", subsequent_indent="  "))
             lines.extend(_fill_item(line.strip()) for line in note[1:])

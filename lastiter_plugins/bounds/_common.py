@@ -70,12 +70,33 @@ def inverse(value: float) -> float:
     return math.inf if value == 0 else 1.0 / value
 
 
-def gradient_step_contraction(learning_rate: float, strong_convexity: float, smoothness: float) -> float:
-    r"""Lipschitz constant of :math:`x \mapsto x - \eta \nabla f(x)` for a lam-strongly
-    convex, M-smooth f: :math:`c = \max(|1-\eta\lambda|, |1-\eta M|)` (< 1 for
-    0 < eta < 2/M and lam > 0; Hardt, Recht & Singer 2016, arXiv 1509.01240, Lemma 3.7).
+def step_contraction(scaled_low: float, scaled_high: float) -> float:
+    r"""Lipschitz constant of one gradient step :math:`x \mapsto x - \nabla h(x)` of a function h whose
+    curvature (the Hessian's eigenvalues) lies in [``scaled_low``, ``scaled_high``]:
+    :math:`c = \max(|1-\eta\lambda|, |1-\eta M|)` for :math:`h = \eta f`, f lam-strongly convex and M-smooth
+    (Hardt, Recht & Singer 2016, arXiv 1509.01240, Lemma 3.7); < 1 for 0 < eta < 2/M and lam > 0.
+
+    The one place this lemma is coded: callers pass the step size times the curvature range of the step's
+    objective (per batch size, per l2 split), each product formed as the caller's formula writes it.
     Holds for the unclipped gradient step only."""
-    return max(abs(1.0 - learning_rate * strong_convexity), abs(1.0 - learning_rate * smoothness))
+    return max(abs(1.0 - scaled_low), abs(1.0 - scaled_high))
+
+
+def non_expansive_max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
+    r"""Largest step size keeping every gradient step of convex M-smooth losses non-expansive: 2/M
+    (Altschuler & Talwar 2022, arXiv 2205.13710, Observation 3.3 / Lemma 2.1; inf for M = 0). Decision
+    (audit): a Poisson batch of up to n examples is divided by the expected b, so its step is eta*|B|/b;
+    non-expansive for every batch needs eta <= 2b/(nM) = 2q/M, ``poisson_sampling_probability`` = q."""
+    limit = 2.0 * inverse(smoothness)
+    return limit if poisson_sampling_probability is None else limit * poisson_sampling_probability
+
+
+def batch_sizes(dataset_size: int, batch_size: int) -> tuple[int, int]:
+    r"""(l, r): a pass over n examples in batches of b takes :math:`l = \lceil n/b\rceil` steps, the last
+    holding :math:`r = n - (l-1) b` examples (r = b when b divides n). With Poisson sampling b is the
+    expected batch size, :math:`b = qn`. The one place these sizes are computed."""
+    per_epoch = -(-dataset_size // batch_size)
+    return per_epoch, dataset_size - (per_epoch - 1) * batch_size
 
 
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0

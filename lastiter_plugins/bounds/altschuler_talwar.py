@@ -13,17 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lastiter_plugins.bounds._common import inverse, minimise_over_fraction, square
+from lastiter_plugins.bounds._common import minimise_over_fraction, square
+from lastiter_plugins.bounds._glue import domain_inputs, fixed_size_strong_contraction
 from lastiter_plugins.bounds.sgm import sgm_rdp
-
-
-def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
-    r"""Largest step size keeping every gradient step non-expansive (arXiv 2205.13710,
-    Observation 3.3): 2/M. Decision (audit): a Poisson batch of up to n examples is
-    divided by the expected b, so its step is eta*|B|/b; non-expansive for every batch
-    needs eta <= 2b/(nM) = 2q/M, ``poisson_sampling_probability`` = q."""
-    limit = 2.0 * inverse(smoothness)
-    return limit if poisson_sampling_probability is None else limit * poisson_sampling_probability
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 
 def _min_over_horizon(per_step: np.ndarray, shift: np.ndarray, steps: int) -> np.ndarray:
@@ -121,3 +114,16 @@ def rdp(
         return value
 
     return np.minimum(composition, minimise_over_fraction(objective, orders.size))
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def altschuler_talwar_random_batch(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    # The strongly convex variant (eq. 5.3) needs the step to contract by c < 1.
+    return rdp(orders, steps=cfg.steps, contraction=fixed_size_strong_contraction(cfg, a), **domain_inputs(cfg, a))
+
+
+def altschuler_talwar_poisson(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    # the convex form only: an empty Poisson batch does not contract
+    return rdp(orders, steps=cfg.steps, contraction=None, **domain_inputs(cfg, a))

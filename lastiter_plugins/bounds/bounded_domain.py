@@ -24,7 +24,7 @@ norm <= C on the domain (clipping never active); projection onto a closed
 convex set of diameter D after every step; step size :math:`\eta |B|/b \le 2/M`
 for every batch (random batches: :math:`\eta \le 2/M`; Poisson:
 :math:`\eta \le 2b/(nM)`); batches drawn independently of the data;
-replace-one neighbours. The derivation is in docs/decisions.md.
+replace-one neighbours. The derivation is in docs/derivations/bounded-domain.md#bounded-domain-random.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ import math
 import numpy as np
 
 from lastiter_plugins.bounds._common import inverse_square, log_theta, square
+from lastiter_plugins.bounds._glue import domain_inputs, fixed_size_strong_contraction
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 _SINGLETONS = 8  # the first terms of the strongly convex sum are evaluated exactly
 _BLOCK_LOG_RATIO = 0.5  # later blocks: the variable part of x varies by at most e^(1/2)
@@ -44,14 +46,6 @@ _GRID_CONTRACTING = 24  # window lengths evaluated for the strongly convex varia
 # relative 2e-11); R is then rounded down and up to integers, each a valid window
 _GRID_POINTS = 64
 _REFINEMENTS = 7
-
-
-def max_learning_rate(smoothness: float, poisson_sampling_probability: float | None = None) -> float:
-    r"""Largest step size keeping every gradient step non-expansive: 2/M for random
-    batches (Altschuler & Talwar 2022, arXiv 2205.13710, Lemma 2.1); 2q/M = 2b/(nM) for
-    Poisson batches, which hold up to n examples and are divided by the fixed b."""
-    limit = math.inf if smoothness <= 0 else 2.0 / smoothness
-    return limit if poisson_sampling_probability is None else limit * poisson_sampling_probability
 
 
 def _log_mgf(x: np.ndarray, am1: np.ndarray, q: float) -> np.ndarray:
@@ -271,3 +265,17 @@ def random_batch_rdp(
         best = np.fmin(best, _contracting(orders, am1, d, z, q, steps, float(contraction), log_m0))
     out[live] = np.where(np.isnan(best), np.inf, np.maximum(best, 0.0))
     return out
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def bounded_domain_random_batch(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return random_batch_rdp(
+        orders, steps=cfg.steps, contraction=fixed_size_strong_contraction(cfg, a), **domain_inputs(cfg, a)
+    )
+
+
+def bounded_domain_poisson(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    # the convex form only: an empty Poisson batch does not contract
+    return random_batch_rdp(orders, steps=cfg.steps, contraction=None, **domain_inputs(cfg, a))

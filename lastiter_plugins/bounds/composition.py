@@ -21,6 +21,7 @@ import numpy as np
 
 from lastiter_plugins.bounds._common import inverse_square
 from lastiter_plugins.bounds.sgm import sgm_rdp, sgm_without_replacement_rdp
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 
 def epoch_rdp(orders: np.ndarray, *, noise_multiplier: float, epochs: int) -> np.ndarray:
@@ -50,3 +51,26 @@ def poisson_rdp(orders: np.ndarray, *, sampling_probability: float, noise_multip
     per_step = sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
     with np.errstate(over="ignore"):
         return float(steps) * per_step
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def composition_epochs(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return epoch_rdp(orders, noise_multiplier=cfg.noise_multiplier, epochs=cfg.epochs_started)
+
+
+def composition_random_batch(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return random_batch_rdp(
+        orders,
+        dataset_size=cfg.dataset_size,
+        batch_size=cfg.batch_size,
+        noise_multiplier=cfg.noise_multiplier,
+        steps=cfg.steps,
+    )
+
+
+def composition_poisson(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return poisson_rdp(
+        orders, sampling_probability=cfg.sampling_probability, noise_multiplier=cfg.noise_multiplier, steps=cfg.steps
+    )

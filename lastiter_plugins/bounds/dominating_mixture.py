@@ -1,6 +1,6 @@
 r"""Mixtures against a law that does not mix: the dominating pair :math:`(\sum_j w_j N(\mu_j, 1), N(0, 1))`.
 
-docs/decisions.md, section 25. When only ONE of the two released laws is a mixture,
+docs/derivations/poisson-amplification.md#amplification. When only ONE of the two released laws is a mixture,
 :math:`P = \sum_u w_u P_u` against a single :math:`Q` (Poisson sampling under add-or-remove:
 the world without the record has no membership to mix), and each pair is
 :math:`\mu_u`-GDP, :math:`T(P_u, Q) \ge G_{\mu_u}`, then for every test the type II error of P
@@ -34,6 +34,8 @@ from scipy import optimize, special
 
 from lastiter_plugins import profiles
 from lastiter_plugins.bounds import membership_mixtures
+from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 __all__ = ["DominatingMixtureProfile", "poisson_profile"]
 
@@ -66,7 +68,8 @@ class _NoBracket(Exception):
 @dataclasses.dataclass(frozen=True)
 class DominatingMixtureProfile:
     r"""The privacy profile of the pair :math:`(M, L)`, :math:`M = \sum_j w_j N(\mu_j, 1)`, in both
-    directions: :math:`L = N(0, 1)` (add-or-remove, section 25 part 2) or, ``reflected``,
+    directions: :math:`L = N(0, 1)` (add-or-remove, docs/derivations/poisson-amplification.md#pa-add-or-remove) or,
+    ``reflected``,
     :math:`L = \sum_j w_j N(-\mu_j, 1)` (replace-one through the absent record, part 3; symmetric).
 
     Attributes:
@@ -74,7 +77,8 @@ class DominatingMixtureProfile:
       mus: mu_j >= 0, ``inf`` allowed (an atom every test detects).
       reflected: the second law is M reflected, not N(0, 1).
       event_mass: p, the probability bound of an event of the other records' memberships outside which
-        the pair is not claimed (section 19, part 4): the profile is (1 - p) delta_pair + p.
+        the pair is not claimed (docs/derivations/random-batch.md#rb-poisson-batch-sizes): the profile is (1 - p)
+        delta_pair + p.
     """
 
     weights: tuple[float, ...]
@@ -90,7 +94,7 @@ class DominatingMixtureProfile:
     def of(cls, weights, mus, *, reflected: bool = False, event_mass: float = 0.0) -> DominatingMixtureProfile:
         """From arrays; equal mus merged, and more than 4096 distinct ones rounded UP onto a geometric
         grid (:func:`lastiter_plugins.profiles._merge_components`): every divergence of the pair grows
-        with each mu (section 25), so the profile only grows."""
+        with each mu (docs/derivations/poisson-amplification.md#amplification), so the profile only grows."""
         w, m = profiles._validate_mixture(weights, mus)
         w, m = profiles._merge_components(w, m)
         return cls(tuple(w.tolist()), tuple(m.tolist()), bool(reflected), float(event_mass))
@@ -213,7 +217,8 @@ class DominatingMixtureProfile:
 
     @functools.cached_property
     def _joint_convexity(self) -> profiles.GaussianMixtureProfile:
-        """Section 19's bound on the same pair, sum_j w_j delta_{mu_j} (delta_{2 mu_j} reflected): also valid
+        """docs/derivations/random-batch.md#random-batch-poisson's bound on the same pair, sum_j w_j delta_{mu_j}
+        (delta_{2 mu_j} reflected): also valid
         (joint convexity), never smaller in exact arithmetic; used where the crossing cannot be certified
         (mus of 1e-200 or 1e100, a ratio within rounding of the target) and as a cap."""
         scale = 2.0 if self.reflected else 1.0
@@ -269,7 +274,8 @@ class DominatingMixtureProfile:
 def poisson_profile(
     *, step_mu: float, sampling_probability: float, steps: int, events, reflected: bool
 ) -> DominatingMixtureProfile:
-    """Poisson sampling (section 25, parts 2 and 3): the per-pattern mixture of
+    """Poisson sampling (docs/derivations/poisson-amplification.md#pa-add-or-remove and #pa-replace-one-pivot): the
+    per-pattern mixture of
     :func:`membership_mixtures.membership_profile` (``step_mu`` = 1/z: each pattern against the run
     without the record) under each (contraction, event probability) pair of
     :func:`membership_mixtures.poisson_size_events`, as the pair (M, N(0,1)) (add-or-remove) or (M, M
@@ -290,3 +296,29 @@ def poisson_profile(
     if len(candidates) == 1:
         return candidates[0]
     return min(candidates, key=lambda p: p.epsilon(membership_mixtures.REFERENCE_DELTA))
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def _poisson(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> DominatingMixtureProfile:
+    # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
+    # the patterns mixed against that one law (add-or-remove), or through it (replace-one):
+    # docs/derivations/poisson-amplification.md#amplification
+    return poisson_profile(
+        step_mu=replace_one_step_mu(cfg.noise_multiplier) / 2.0,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        events=list(membership_mixtures.poisson_events(cfg, a)),
+        reflected=reflected,
+    )
+
+
+def shifted_interpolation_poisson(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
+    """Add-or-remove: the patterns mixed against the run without the record."""
+    return _poisson(cfg, a, reflected=False)
+
+
+def shifted_interpolation_poisson_replace_one(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
+    """Replace-one: both worlds compared through the run without the record."""
+    return _poisson(cfg, a, reflected=True)

@@ -15,6 +15,8 @@ import math
 import numpy as np
 
 from lastiter_plugins.bounds._common import inverse_square, square, theta
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 
 def update_lipschitz(
@@ -93,3 +95,48 @@ def curvature_free_rdp(orders: np.ndarray, *, noise_multiplier: float, steps: in
     factor = 8.0 * float(steps) * square(batch_size) * inverse_square(noise_multiplier)
     with np.errstate(over="ignore"):  # an overflow is the vacuous bound inf
         return orders * factor
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def _lipschitz(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    # The scalar-GLM route makes the clipped update the gradient step of convex losses psi_i with
+    # |grad psi_i| <= C: Kong & Ribero's no-clipping constant L_eta applies (no sqrt(2)).
+    return update_lipschitz(
+        given(cfg.learning_rate, "learning_rate"),
+        given(a.smoothness, "smoothness"),
+        a.weak_convexity,
+        not a.update_is_gradient_step,
+    )
+
+
+def kong_ribero_step_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    """The largest learning rate the row's theorems allow for this pipeline (see :func:`max_learning_rate`)."""
+    return max_learning_rate(given(a.smoothness, "smoothness"), a.weak_convexity, not a.update_is_gradient_step)
+
+
+def kong_ribero_cyclic(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return cyclic_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        steps_per_epoch=cfg.steps_per_epoch,
+        epochs=cfg.full_epochs,
+        lipschitz=_lipschitz(cfg, a),
+    )
+
+
+def kong_ribero_bounded(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return bounded_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        lipschitz=_lipschitz(cfg, a),
+        diameter=given(a.diameter, "diameter"),
+        batch_size=cfg.batch_size,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        clip_norm=cfg.clip_norm,
+    )
+
+
+def kong_ribero_curvature_free(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return curvature_free_rdp(orders, noise_multiplier=cfg.noise_multiplier, steps=cfg.steps, batch_size=cfg.batch_size)

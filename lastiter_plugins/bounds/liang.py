@@ -14,7 +14,9 @@ import math
 import numpy as np
 
 from lastiter_plugins.bounds._common import minimise_over_fraction, square
+from lastiter_plugins.bounds._glue import domain_inputs, given
 from lastiter_plugins.bounds.sgm import sgm_rdp
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 
 def step_expansion(learning_rate: float, smoothness: float, largest_batch: int, batch_size: int) -> float:
@@ -111,7 +113,8 @@ def bounded_lower_epsilon(
     expansion: float,
 ) -> float:
     r"""A proven lower bound on the epsilon that liang-bounded reports at ``delta``, without its
-    sampled-Gaussian term (docs/decisions.md, section 21): every candidate of :func:`bounded_rdp`
+    sampled-Gaussian term (docs/derivations/lower-estimates.md#liang-bounded-estimate): every candidate of
+    :func:`bounded_rdp`
     is at least its shift term, :math:`\rho\alpha` with :math:`\rho = (c D b/(\eta z C))^2/2`, and
     dp-accounting's conversion of :math:`\rho\alpha` at any order exceeds
     :math:`\rho + 2\sqrt{\rho(\log(1/\delta) - 1)} - 1`."""
@@ -152,3 +155,30 @@ def unbounded_rdp(
     per_step = sgm_rdp(sampling_probability, noise_multiplier, orders, exact_fractional=True)
     with np.errstate(over="ignore"):
         return float(steps) * per_step
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def _expansion(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    # the larger neighbouring dataset has n + 1 examples, all of which a Poisson batch can hold
+    return step_expansion(
+        given(cfg.learning_rate, "learning_rate"),
+        given(a.smoothness, "smoothness"),
+        cfg.dataset_size + 1,
+        cfg.batch_size,
+    )
+
+
+def liang_bounded_lower(cfg: TrainingConfig, a: LossAssumptions, delta: float, beat: float = math.inf) -> float:
+    return bounded_lower_epsilon(delta, expansion=_expansion(cfg, a), **domain_inputs(cfg, a))
+
+
+def liang_bounded(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return bounded_rdp(orders, **domain_inputs(cfg, a), expansion=_expansion(cfg, a))
+
+
+def liang_unbounded(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return unbounded_rdp(
+        orders, sampling_probability=cfg.sampling_probability, noise_multiplier=cfg.noise_multiplier, steps=cfg.steps
+    )

@@ -1,11 +1,13 @@
 r"""Schedule mixtures for independent memberships: random batches and Poisson sampling.
 
-docs/decisions.md, section 19. The differing record joins step t with probability q,
+docs/derivations/random-batch.md#random-batch-poisson. The differing record joins step t with probability q,
 independently across steps and of the data, in both neighbouring worlds (fixed-size
 random batches: q = b/n; Poisson sampling: q the sampling rate). Given the memberships
 ``u`` the run is noisy gradient descent with a fixed schedule, so by Theorem A
-(section 14) the last iterates are :math:`\mu(u)`-GDP for every feasible shift
-allocation, and by joint convexity of the hockey-stick divergence (section 17, part 1)
+(docs/derivations/shifted-interpolation.md#shifted-interpolation) the last iterates are :math:`\mu(u)`-GDP for every
+feasible shift
+allocation, and by joint convexity of the hockey-stick divergence
+(docs/derivations/schedule-mixtures.md#sm-general-statement)
 
 .. math:: \delta(\varepsilon) \le \mathbb E_u\,\delta_{\mu(u)}(\varepsilon).
 
@@ -41,6 +43,10 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from lastiter_plugins import profiles
+from lastiter_plugins.bounds._common import step_contraction
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 #: Cells of the mu^2 lattice: every layout is ranked on the coarse lattice (:func:`_ranking_mixture`), the
 #: best is computed on the fine one (ending where the coarse law ends).
@@ -140,7 +146,7 @@ def _drain_factor(c: float, m: int) -> float:
     return c ** (2 * m) / _capacity(c, m)
 
 
-def _ceil_index(values: np.ndarray, unit: float) -> np.ndarray:
+def _ceil_index(values: np.ndarray | float, unit: float) -> np.ndarray:
     """Lattice index of each value, rounded up (a relative 1e-12 upward guard against rounding)."""
     return np.ceil(np.asarray(values, dtype=float) * (1.0 + 1e-12) / unit).astype(np.int64)
 
@@ -177,7 +183,7 @@ def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, flo
             width = min(other.size, out.size - j)
             out[j : j + width] += law[j] * other[:width]
 
-    light = []
+    light: list[np.ndarray] = []
     for law, other, atoms in ((b, a, atoms_b), (a, None, atoms_a)):
         heavy = atoms if atoms.size <= _SPARSE_ATOMS else atoms[law[atoms] > _HEAVY]
         if other is None:  # a's heavy atoms against b's light part
@@ -203,7 +209,8 @@ def _fft_error(size: int) -> float:
     (1+\beta)^{3k} - 1` with :math:`\epsilon = 2^{-53}` and twiddle factors within
     :math:`\beta = 2\epsilon`, times _FFT_MARGIN for an FFT that is not exactly the radix-2 one analysed
     (numpy's pocketfft; tests/core/bounds/test_membership_mixtures.py checks the bound against direct sums).
-    Subtracting it from every entry leaves each entry below the exact one (docs/decisions.md, 19)."""
+    Subtracting it from every entry leaves each entry below the exact one
+    (docs/derivations/random-batch.md#random-batch-poisson)."""
     k = size.bit_length() - 1
     eps = 2.0**-53
     beta = 2.0 * eps
@@ -312,8 +319,8 @@ def _prefix_shift_law_horizon(
     r"""Law of (an upper bound on) :math:`z_P = s \sum_{j<P} u_j c^j` (j: the age of a use) on a
     lattice of ``s / k`` (about _Z_PER_SHIFT cells per mean shift), the ages older than the horizon H
     at their worst case (every step used), :math:`c^H s / (1 - c)`, added up front. Two ways to put the
-    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice (docs/decisions.md,
-    section 19, part 3), the one with the smaller expected excess is used:
+    term :math:`t_j = k c^j` (in cells) of each of the last H ages on the lattice
+    (docs/derivations/random-batch.md#rb-exact-law), the one with the smaller expected excess is used:
 
     * rounded up: each age contributes :math:`\lceil t_j \rceil` (pathwise at most one cell more per
       use);
@@ -516,7 +523,7 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
     beyond the lattice), the mass left out (by the parts or beyond the lattice) as mu = inf."""
     parts = _parts(layout, c, q)
     unit2 = reach2 / cells
-    total = None  # the law of the empty sum: all mass at 0
+    total: np.ndarray | None = None  # the law of the empty sum: all mass at 0
     beyond = 0.0  # (about) the mass the mu^2 lattice cut: decides a wider one
     for values, probs, count in parts:
         law = _onto_lattice(values, probs, unit2, cells)
@@ -528,6 +535,8 @@ def _layout_mixture(layout: Layout, c: float, q: float, cells: int, reach2: floa
         else:
             total, cut = _convolve(total, law, cells)
             beyond += cut
+    if total is None:  # a defect of ours: every layout has a part
+        raise RuntimeError("internal error: a layout without parts")
     total = np.maximum(total, 0.0)
     finite = float(total.sum())
     keep = total > 0
@@ -614,7 +623,9 @@ def _reach_guess(parts, cells: int) -> float:
     cuts off more than _LEFT_OUT."""
     mean = sum(count * float(values @ probs) for values, probs, count in parts)
     scale = max(mean, max(float(values.max()) for values, _, _ in parts), 1e-300)
-    values, logs, counts = [], [], []
+    value_parts: list[np.ndarray] = []
+    log_parts: list[np.ndarray] = []
+    count_parts: list[float] = []
     for v, p, count in parts:
         keep = p > 0
         v, p = v[keep], p[keep]
@@ -624,12 +635,13 @@ def _reach_guess(parts, cells: int) -> float:
             p = np.bincount(bins.astype(np.int64), weights=p, minlength=257)
             v = np.arange(257) * (top / 256.0)
             v, p = v[p > 0], p[p > 0]
-        values.append(v)
-        logs.append(np.log(p))
-        counts.append(count)
-    sizes = [v.size for v in values]
+        value_parts.append(v)
+        log_parts.append(np.log(p))
+        count_parts.append(count)
+    sizes = [v.size for v in value_parts]
     starts = np.cumsum([0, *sizes[:-1]])
-    values, logs, counts = np.concatenate(values), np.concatenate(logs), np.asarray(counts, dtype=float)
+    values, logs = np.concatenate(value_parts), np.concatenate(log_parts)
+    counts = np.asarray(count_parts, dtype=float)
 
     def bound(thetas):  # (log E e^(theta X) - log(_LEFT_OUT / 4)) / theta, each part's log-sum-exp by reduceat
         terms = thetas[:, None] * values[None, :] + logs[None, :]
@@ -673,13 +685,13 @@ def candidate_layouts(
             out.append(Layout.of(0, (), steps))
             continue
         for m in sorted(sizes):
-            tail, length = [], f
+            shrinking, length = [], f
             while length < m:
-                tail.append(length)
+                shrinking.append(length)
                 length = math.ceil(length / _SHRINK)
-            while tail and sum(tail) > steps - f:  # a short run: drop the largest tail blocks
-                tail.pop()
-            tail = tuple(tail[::-1])
+            while shrinking and sum(shrinking) > steps - f:  # a short run: drop the largest tail blocks
+                shrinking.pop()
+            tail = tuple(shrinking[::-1])
             room = steps - f - sum(tail)
             full, first = divmod(room, m)
             if flat and full <= _MAX_REPEAT:
@@ -701,7 +713,8 @@ def membership_profile(
       use_probability: q, the probability that the differing record joins a step.
       steps: T.
       extra_mass: the probability of an event of the schedule, independent of the memberships,
-        outside which ``contraction`` may fail (section 19, part 4); it gets mu = inf.
+        outside which ``contraction`` may fail (docs/derivations/random-batch.md#rb-poisson-batch-sizes); it gets mu =
+        inf.
 
     Returns:
       A mixture profile: the best of :func:`candidate_layouts` at :data:`REFERENCE_DELTA`
@@ -756,8 +769,9 @@ def membership_profile(
 
 def every_step_claimed_mu(contraction: float, steps: int) -> float:
     r"""The s-free mu of the allocation that claims a use at every step (an over-claim, valid for
-    every membership pattern: docs/decisions.md, section 19, part 2): the full-batch optimum of
-    section 14, part 2, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt T` at c = 1).
+    every membership pattern: docs/derivations/random-batch.md#rb-additive-allocation): the full-batch optimum of
+    docs/derivations/shifted-interpolation.md#si-full-batch, :math:`\sqrt{(1+c)/(1-c)\,(1-c^T)/(1+c^T)}` (:math:`\sqrt
+    T` at c = 1).
     Exact for q = 1, where every step uses the record."""
     c = contraction
     if c >= 1.0:
@@ -781,12 +795,13 @@ def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -
 _TINY_SHIFT = 1e-100
 _HUGE_SHIFT = 1e100
 
-#: Probability budget of the batch-size event of Poisson sampling (section 19, part 4) when it is set
+#: Probability budget of the batch-size event of Poisson sampling
+#: (docs/derivations/random-batch.md#rb-poisson-batch-sizes) when it is set
 #: by the tails alone: each tail gets half.
 SIZE_EVENT_BUDGET = 1e-12
 
 
-def step_contraction(
+def batch_step_contraction(
     r: float,
     *,
     learning_rate: float,
@@ -806,7 +821,7 @@ def step_contraction(
         lo, hi = lam, lam + ratio * (m - lam)
     else:
         lo, hi = lam * min(ratio, 1.0), m * max(ratio, 1.0)
-    return max(abs(1.0 - eta * lo), abs(1.0 - eta * hi))
+    return step_contraction(eta * lo, eta * hi)
 
 
 def _bisect(predicate, lo: int, hi: int, *, last_true: bool) -> int:
@@ -836,7 +851,8 @@ def poisson_size_events(
     smoothness: float,
     l2_outside_clip: bool,
 ) -> list[tuple[float, float]]:
-    r"""Candidate (contraction, event probability) pairs for Poisson sampling (section 19, part 4).
+    r"""Candidate (contraction, event probability) pairs for Poisson sampling
+    (docs/derivations/random-batch.md#rb-poisson-batch-sizes).
 
     The event ``G``: at every step the number O_t of OTHER records in the batch lies in
     [r_lo, r_hi]. Then every batch either world runs has between r_lo and r_hi + 1 examples, and
@@ -861,7 +877,7 @@ def poisson_size_events(
     r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
     r_q = _bisect(lambda r: special.bdtrc(r, n, q) <= half, 0, n, last_true=False)
     step = functools.partial(
-        step_contraction,
+        batch_step_contraction,
         learning_rate=learning_rate,
         strong_convexity=strong_convexity,
         smoothness=smoothness,
@@ -884,3 +900,65 @@ def poisson_size_events(
         mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, q))) * (1.0 + 1e-6))
         out.append((c, mass))
     return out
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) -> profiles.GaussianMixtureProfile:
+    c = batch_step_contraction(
+        cfg.batch_size,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        batch_size=cfg.batch_size,
+        l2_outside_clip=a.l2_outside_clip,
+    )
+    return membership_profile(
+        step_mu=replace_one_step_mu(cfg.noise_multiplier),
+        contraction=c,
+        use_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+    )
+
+
+def poisson_events(cfg: TrainingConfig, a: LossAssumptions) -> tuple[tuple[float, float], ...]:
+    """:func:`poisson_size_events` for this pipeline (empty: no batch-size range keeps the step non-expansive)."""
+    return _poisson_events(
+        dataset_size=cfg.dataset_size,
+        batch_size=cfg.batch_size,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+        smoothness=given(a.smoothness, "smoothness"),
+        l2_outside_clip=a.l2_outside_clip,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _poisson_events(
+    *,
+    dataset_size: int,
+    batch_size: int,
+    sampling_probability: float,
+    steps: int,
+    learning_rate: float,
+    strong_convexity: float,
+    smoothness: float,
+    l2_outside_clip: bool,
+) -> tuple[tuple[float, float], ...]:
+    # keyed on every input of poisson_size_events; its binomial-tail bisections cost ~35 ms, asked by the
+    # applicability of both Poisson rows at every evaluation (a calibration evaluates dozens)
+    return tuple(
+        poisson_size_events(
+            dataset_size=dataset_size,
+            batch_size=batch_size,
+            sampling_probability=sampling_probability,
+            steps=steps,
+            learning_rate=learning_rate,
+            strong_convexity=strong_convexity,
+            smoothness=smoothness,
+            l2_outside_clip=l2_outside_clip,
+        )
+    )

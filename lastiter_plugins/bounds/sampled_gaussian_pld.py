@@ -12,15 +12,16 @@ used throughout, so that every number can be compared with its ``PLDAccountant``
   accountant composes both and keeps the larger epsilon (Zhu, Dong & Wang 2022, Prop. 30).
 * ``replace`` (replace-one): :math:`\mu_{up} = (1-q)\mathcal N(0,z^2) + q\mathcal N(-1,z^2)`,
   :math:`\mu_{low} = (1-q)\mathcal N(0,z^2) + q\mathcal N(1,z^2)`. That this pair dominates
-  the step for every epsilon at once, hence composes, is proven in docs/decisions.md,
-  section 18 part 3 (dp-accounting 0.4.3 refuses this relation; 0.5 and later use the
+  the step for every epsilon at once, hence composes, is proven in
+  docs/derivations/baselines.md#poisson-replace-one-pair (dp-accounting 0.4.3 refuses this relation; 0.5 and later use
+  the
   same pair).
 * ``substitute`` (fixed-size random batches, replace-one, called with noise multiplier
   :math:`z/2`): one pair whose hockey-stick divergence is, at every :math:`e^\varepsilon`, the
   larger of the ``remove`` and ``add`` pairs' (the tradeoff function
   :math:`\mathrm{conv}(\min(f, f^{-1}))`, Dong, Roth & Su 2019, arXiv 1905.02383, Thm 4.2).
   That it dominates one step of sampling without replacement, and why composing ``remove``
-  and ``add`` separately would not be enough, is in docs/decisions.md, section 18 part 4.
+  and ``add`` separately would not be enough, is in docs/derivations/baselines.md#random-batch-pair.
 
 The single-step distribution is dp-accounting's pessimistic connect-the-dots
 discretisation (Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022, arXiv 2207.04380) on
@@ -28,11 +29,11 @@ the host's own grid (noise truncated at :math:`\tfrac12 e^{-50}`, lower end shif
 sensitivity, interval ``1e-4``), built from the closed-form hockey-stick divergence
 :math:`\delta(\varepsilon) = \mu_{up}(X \le x_\varepsilon) - e^\varepsilon \mu_{low}(X \le x_\varepsilon)`
 evaluated vectorised in log space; dp-accounting's ``pld_pmf`` builds the distribution
-and composes it (docs/decisions.md, section 18 part 2).
+and composes it (docs/derivations/baselines.md#poisson-add-or-remove).
 
 :func:`binarised_lower_epsilon` is a proven lower bound on the exact epsilon of the T-fold
 composition (data processing: each step's output thresholded to one bit), used to skip
-the composition when it cannot change a minimum (section 18 part 5).
+the composition when it cannot change a minimum (docs/derivations/baselines.md#skip-pld-rows).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def hockey_stick(eps, *, sampling_probability: float, noise_multiplier: float, a
 
 
 def _hockey_stick(eps: np.ndarray, q: float, z: float, adjacency: str) -> np.ndarray:
-    if adjacency == SUBSTITUTE:  # the larger of the two pairs' at each epsilon (section 18 part 4)
+    if adjacency == SUBSTITUTE:  # the larger of the two pairs' at each epsilon
+        # (docs/derivations/baselines.md#random-batch-pair)
         return np.maximum(_hockey_stick(eps, q, z, REMOVE), _hockey_stick(eps, q, z, ADD))
     delta = np.zeros(eps.shape)
     if adjacency == REMOVE:
@@ -160,9 +162,15 @@ def _loss_range(q: float, z: float, adjacency: str) -> tuple[float, float]:
         (lo_r, hi_r), (lo_a, hi_a) = _loss_range(q, z, REMOVE), _loss_range(q, z, ADD)
         return min(lo_r, lo_a), max(hi_r, hi_a)
     lower_x, upper_x = _truncation(z, adjacency)
-    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        return float(privacy_loss(np.array([upper_x]), **kw)[0]), float(privacy_loss(np.array([lower_x]), **kw)[0])
+        return (
+            float(
+                privacy_loss(np.array([upper_x]), sampling_probability=q, noise_multiplier=z, adjacency=adjacency)[0]
+            ),
+            float(
+                privacy_loss(np.array([lower_x]), sampling_probability=q, noise_multiplier=z, adjacency=adjacency)[0]
+            ),
+        )
 
 
 def _limit_pmf(q: float, adjacency: str, discretization: float) -> pld_pmf.PLDPmf:
@@ -194,11 +202,12 @@ def single_step_pmf(
 ) -> pld_pmf.PLDPmf:
     """dp-accounting's pessimistic connect-the-dots distribution of one step on the host's grid."""
     q, z = float(sampling_probability), float(noise_multiplier)
-    kw = {"sampling_probability": q, "noise_multiplier": z, "adjacency": adjacency}
     eps_lower, eps_upper = _loss_range(q, z, adjacency)
     lo, hi = math.floor(eps_lower / discretization), math.ceil(eps_upper / discretization)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        deltas = hockey_stick(np.arange(lo, hi + 1) * discretization, **kw)
+        deltas = hockey_stick(
+            np.arange(lo, hi + 1) * discretization, sampling_probability=q, noise_multiplier=z, adjacency=adjacency
+        )
     # rounding can break monotonicity by an ulp: repair upwards (only more pessimistic)
     deltas = np.maximum.accumulate(deltas[::-1])[::-1]
     return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, lo, hi, deltas)
@@ -219,7 +228,7 @@ def composed(sampling_probability: float, noise_multiplier: float, steps: int, a
 def composed_pairs(sampling_probability: float, noise_multiplier: float, steps: int, adjacencies: tuple[str, ...]):
     """The T-fold composition of the pairs ``adjacencies`` (one PMF each, the larger epsilon of them
     reported: dp-accounting's remove and add PMFs), cached on every input; the discretisation is pinned.
-    ``(SUBSTITUTE,)`` is the random-batch pair (docs/decisions.md, section 18 part 4)."""
+    ``(SUBSTITUTE,)`` is the random-batch pair (docs/derivations/baselines.md#random-batch-pair)."""
     q, z = float(sampling_probability), min(float(noise_multiplier), MAX_NOISE)
     h = _discretization(q, z, adjacencies)
     if h is None:
@@ -240,7 +249,7 @@ def composed_pairs(sampling_probability: float, noise_multiplier: float, steps: 
 # (``np.cumsum`` adds sequentially, as the loop does), so every value is the host's to the last bit.
 
 
-def _host_pmfs(pld) -> tuple:
+def _host_pmfs(pld) -> tuple | None:
     """The remove and add PMFs of a dp-accounting ``PrivacyLossDistribution`` (one when symmetric).
 
     Host internals (``_pmf_remove``, ``_pmf_add``, ``_symmetric``: dp-accounting 0.4.3 to 0.6); None when
@@ -376,8 +385,11 @@ def _pmf_epsilon(pmf: _HostPmf, delta: float) -> float:
 
 def _host_tables(pld) -> list[_HostPmf] | None:
     pmfs = _host_pmfs(pld)
-    tables = None if pmfs is None else [_host_pmf(pmf) for pmf in pmfs]
-    return None if tables is None or any(t is None for t in tables) else tables
+    if pmfs is None:
+        return None
+    tables = [_host_pmf(pmf) for pmf in pmfs]
+    readable = [t for t in tables if t is not None]
+    return readable if len(readable) == len(tables) else None
 
 
 def negative_mass(pld) -> float:
@@ -459,7 +471,7 @@ def binarised_lower_epsilon(
     lowers it. It is below the profile of the full release (data processing), so where it
     exceeds ``delta`` the exact epsilon, and every upper bound on it, is larger. Returns the
     largest epsilon found with profile above ``delta`` (bisection, relative margin 1e-9);
-    0 when none. docs/decisions.md, section 18 part 5.
+    0 when none. docs/derivations/baselines.md#skip-pld-rows.
 
     ``beat``: only whether the bound exceeds ``beat`` is wanted (``best`` skips a row whose bound
     does): as soon as one threshold's profile exceeds ``delta`` just above ``beat``, that point,

@@ -310,7 +310,7 @@ def _fractional_log_moment(q: float, orders: np.ndarray, noise: np.ndarray) -> t
     capped = _DPA_SERIES_CAP is not None
     log_q = math.log(q)
     log_1mq = math.log1p(-q) if capped else math.log(1 - q)
-    limit = _DPA_SERIES_CAP if capped else _MAX_TERMS
+    limit = _MAX_TERMS if _DPA_SERIES_CAP is None else _DPA_SERIES_CAP
     carry = np.full((n, 4), -np.inf)  # capped: running sums a0, a1 and the previous terms s0, s1
     pieces: list[list[tuple[np.ndarray, ...]]] = [[] for _ in range(n)]  # signed: terms up to the stop
     lo, width = 0, _FIRST_TERMS
@@ -323,7 +323,7 @@ def _fractional_log_moment(q: float, orders: np.ndarray, noise: np.ndarray) -> t
         j = a - i
         if capped:
             log_coef = special.gammaln(a + 1) - special.gammaln(i + 1) - special.gammaln(j + 1)
-            positive = None
+            positive = np.zeros((0, 0), dtype=bool)  # the capped series has no signs
         else:
             coef = special.binom(a, i)
             positive = coef > 0

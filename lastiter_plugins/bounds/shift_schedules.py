@@ -1,11 +1,11 @@
 r"""The optimal shift allocation of shifted interpolation for a fixed batch schedule.
 
 Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, in the form of Theorem A
-of docs/decisions.md (section 14): for a fixed schedule (the steps at which the
+of docs/derivations/shifted-interpolation.md#shifted-interpolation: for a fixed schedule (the steps at which the
 differing example is used, the per-step contractions :math:`c_t`), every shift
 allocation :math:`a_t \ge 0` with :math:`z_{t+1} = c_t z_t + s_t - a_t \ge 0`,
 :math:`z_T = 0` gives :math:`\mu^2 = \sum_t a_t^2`. This module computes the
-optimum over allocations exactly (docs/decisions.md, section 17, Lemma 1: the
+optimum over allocations exactly (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma 1: the
 least concave majorant of the schedule's corners), for any use times
 (:func:`schedule_mu`, a reference in O(uses^2)) and, vectorised, for the family
 every epoch scheme reduces to: equally spaced uses followed by one last use
@@ -68,25 +68,25 @@ def _log_run(log_c: float, u: _Corner, v: _Corner) -> np.ndarray:
 def _majorant_cost(log_c: float, corners: list[_Corner]) -> np.ndarray:
     r"""Cost of the least concave majorant of ``corners`` (sorted outwards, the first the
     origin, the last the endpoint): the cheapest path through a subset of them that passes
-    on or above every corner left out (docs/decisions.md, section 17, Lemma 1)."""
-    pairs = {}
+    on or above every corner left out (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma 1)."""
+    pairs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for i, j in itertools.combinations(range(len(corners)), 2):
-        u, v = corners[i], corners[j]
-        rise, run = _log_rise(u, v), _log_run(log_c, u, v)
+        start, end = corners[i], corners[j]
+        rise, run = _log_rise(start, end), _log_run(log_c, start, end)
         with np.errstate(over="ignore", invalid="ignore"):
             cost = np.where(rise == -np.inf, 0.0, np.exp(2.0 * rise - run))  # nothing to remove costs nothing
             slope = np.where(rise == -np.inf, -np.inf, rise - run)
         pairs[i, j] = cost, slope
     last = len(corners) - 1
-    best = None
+    costs = []
     for keep in itertools.product((True, False), repeat=last - 1):
         path = [0] + [i + 1 for i, k in enumerate(keep) if k] + [last]
-        cost = sum(pairs[u, v][0] for u, v in itertools.pairwise(path))
+        cost = np.asarray(sum(pairs[u, v][0] for u, v in itertools.pairwise(path)))
         for u, v in itertools.pairwise(path):
             for p in range(u + 1, v):  # a corner left out must lie on or below the segment u -> v
                 cost = np.where(pairs[u, p][1] <= pairs[u, v][1], cost, np.inf)
-        best = cost if best is None else np.minimum(best, cost)
-    return best
+        costs.append(cost)
+    return functools.reduce(np.minimum, costs)
 
 
 def _restart_grid(max_count: int, diameter_ratio: float, step_mu: float) -> np.ndarray:
@@ -102,7 +102,7 @@ def _restart_grid(max_count: int, diameter_ratio: float, step_mu: float) -> np.n
 
 class _SpacedUses:
     """The corners of 'N - 1 uses spaced by l, then a last use g steps later, r steps before the
-    end' for a 1-D array of schedules (docs/decisions.md, section 17, part 3)."""
+    end' for a 1-D array of schedules (docs/derivations/schedule-mixtures.md#sm-spaced-uses)."""
 
     def __init__(self, log_c, log_s, spacing, uses, gap, after):
         self.log_c, self.log_s, self.spacing = log_c, log_s, spacing
@@ -196,7 +196,7 @@ def spaced_uses_mu2(
     r""":math:`\mu^2` of the optimal shift allocation when the differing example is used
     ``uses`` = N times: N - 1 uses equally spaced by ``spacing`` (l), then a last use
     ``gap`` (g >= 1) steps after the last of them and ``after`` (r) steps before the end;
-    one contraction c <= 1 at every step (docs/decisions.md, section 17, part 3).
+    one contraction c <= 1 at every step (docs/derivations/schedule-mixtures.md#sm-spaced-uses).
 
     The chain of equally spaced corners is convex, so the majorant is that of four
     corners (origin, last use, the chain's two ends), minimised with a projection over
@@ -252,7 +252,8 @@ def schedule_mu(
     diameter_ratio: float | None = None,
 ) -> float:
     r"""mu-GDP of the last iterate for ONE fixed schedule: the exact optimum of the shift
-    allocation (docs/decisions.md, section 17, Lemma 1), with a projection also minimised
+    allocation (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma 1), with a projection also
+    minimised
     over every restart after a use (L4).
 
     A reference implementation (O(uses^2) with a projection, O(uses) without) for any use

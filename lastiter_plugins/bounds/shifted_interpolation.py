@@ -4,7 +4,7 @@ noisy (cyclic) gradient descent.
 
 Everything here is in units of the per-step noise std
 :math:`\sigma_p = \eta z C / b`. Our mapping (derivation in
-docs/decisions.md, section 14, part 0):
+docs/derivations/shifted-interpolation.md#si-notation):
 
 * ``step_mu`` :math:`s = 2/z`: replace-one changes the clipped-gradient sum by
   at most 2C, so one use of the differing example moves the update by at most
@@ -29,10 +29,15 @@ subset of candidates is valid (never below the true minimum's validity).
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import numpy as np
 
 from lastiter_plugins.bounds import shift_schedules
+from lastiter_plugins.bounds._common import batch_sizes, step_contraction
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
+from lastiter_plugins.profiles import GaussianMixtureProfile
 
 _MIN_CONTRACTION = 1e-12  # c is raised to this: a c-Lipschitz map is c'-Lipschitz for c' >= c (sound)
 
@@ -64,12 +69,9 @@ def worst_batch_contraction(
     arXiv 1509.01240, Lemma 3.7, for the batch objective, (r lam/b)-strongly convex
     and (r M/b)-smooth). A c_r-Lipschitz map is c-Lipschitz for c >= c_r, so using
     the weakest factor at every step is sound. Unclipped gradients only."""
-    sizes = {batch_size, dataset_size - (-(-dataset_size // batch_size) - 1) * batch_size}
+    sizes = {batch_size, batch_sizes(dataset_size, batch_size)[1]}
     return max(
-        max(
-            abs(1.0 - learning_rate * strong_convexity * r / batch_size),
-            abs(1.0 - learning_rate * smoothness * r / batch_size),
-        )
+        step_contraction(learning_rate * strong_convexity * r / batch_size, learning_rate * smoothness * r / batch_size)
         for r in sizes
     )
 
@@ -103,7 +105,7 @@ def _geometric_ratio(log_c: float, steps: np.ndarray | float) -> np.ndarray:
     return np.expm1(steps * log_c) / math.expm1(log_c)
 
 
-def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray) -> np.ndarray:
+def _window_cost(log_c: float, removed: np.ndarray, steps: np.ndarray | float) -> np.ndarray:
     r"""Minimal :math:`\sum a_t^2` to remove ``removed`` (measured at the window's
     end) over ``steps`` noise steps: :math:`R^2 (1-c^2)/(1-c^{2m})` (c = 1: R^2/m)."""
     steps = np.asarray(steps, dtype=float)
@@ -210,7 +212,8 @@ def _schedule_mus(
     step_mu: float, c: float, steps_per_epoch: int, uses: np.ndarray, gaps, after: np.ndarray, d: float | None
 ) -> np.ndarray:
     """mu of schedules of ``uses`` uses: all but the last spaced by l, the last ``gaps`` steps later and
-    ``after`` steps before the end (the engine of docs/decisions.md, section 17); 0 where unused."""
+    ``after`` steps before the end (the engine of docs/derivations/schedule-mixtures.md#schedule-mixtures); 0 where
+    unused."""
     mus = np.zeros(np.shape(uses))
     used = uses > 0
     if not used.any() or step_mu == 0.0:
@@ -246,14 +249,15 @@ def cyclic_position_mus(
     Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4, NoisyCGD
     (strongly convex c < 1, convex c = 1), refined per position: the exact optimum of
     the shift allocation for the position's N_j uses, the last r_j steps before the end
-    (docs/decisions.md, section 17, part 3). It is never above the closed form
+    (docs/derivations/schedule-mixtures.md#sm-spaced-uses). It is never above the closed form
 
     .. math:: \mu_j^2 \le s^2\Big[\theta_c(r_j+1) + \frac{c^{2l-2}(1-c^2)}{(1-c^l)^2}
        \cdot\frac{1-c^{l(N_j-1)}}{1+c^{l(N_j-1)}}\Big],
 
     :math:`\theta_c(m) = c^{2(m-1)}/\sum_{u<m}c^{2u}` (one feasible allocation), and
     equal to it at the worst position. With a projection (``diameter_ratio``), the
-    minimum with the restart schedules (section 17, part 2). Unused positions (T < l) get 0.
+    minimum with the restart schedules (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum). Unused positions
+    (T < l) get 0.
 
     Assumptions: each f_i convex (lam-strongly convex for c < 1) and M-smooth,
     c the worst gradient-step Lipschitz constant over the batch sizes, c <= 1;
@@ -268,7 +272,8 @@ def cyclic_position_mus(
       positions: batch indices j (default: all 0..l-1).
 
     Returns:
-      mu_j for each requested position. O(l) time (with a projection, times the restarts tried: section 17, part 3).
+      mu_j for each requested position. O(l) time (with a projection, times the restarts tried:
+      docs/derivations/schedule-mixtures.md#sm-spaced-uses).
     """
     c = _check(step_mu, contraction, diameter_ratio)
     if steps_per_epoch < 1 or steps < 0:
@@ -314,9 +319,9 @@ def batch_position_weights(dataset_size: int, batch_size: int) -> np.ndarray:
     in batch j (the last batch may be short)."""
     if dataset_size < 1 or batch_size < 1:
         raise ValueError(f"dataset_size and batch_size must be >= 1. Found {dataset_size}, {batch_size}.")
-    batches = -(-dataset_size // batch_size)
+    batches, last = batch_sizes(dataset_size, batch_size)
     sizes = np.full(batches, float(batch_size))
-    sizes[-1] = dataset_size - (batches - 1) * batch_size
+    sizes[-1] = last
     return sizes / dataset_size
 
 
@@ -365,7 +370,8 @@ def shuffle_once_profile(
     and :math:`r_j = k - 1 - j` (r over 0..k-1), the others :math:`N_j = E` and
     :math:`r_j = l + k - 1 - j` (r over k..l-1; the short last batch, j = l - 1, has
     r = k, the first of its group). Within a group :math:`\mu_j` depends on
-    :math:`r_j` only and is non-increasing in it (docs/decisions.md, section 17, Lemma 2:
+    :math:`r_j` only and is non-increasing in it (docs/derivations/schedule-mixtures.md#sm-per-schedule-optimum, Lemma
+    2:
     a smaller r_j moves every use later). Blocks of
     consecutive r (:func:`_block_starts`) are therefore given their largest
     :math:`\mu`, the one at their smallest r, with the block's total weight. This
@@ -380,7 +386,7 @@ def shuffle_once_profile(
       (weights, mus): for l <= EXACT_POSITIONS one component per batch position j
       (in order); otherwise one per block, O(EXACT_POSITIONS + log l) of them.
     """
-    per_epoch = -(-dataset_size // batch_size)
+    per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
     if per_epoch <= EXACT_POSITIONS:
         weights = batch_position_weights(dataset_size, batch_size)
         mus = cyclic_position_mus(
@@ -395,20 +401,21 @@ def shuffle_once_profile(
     if steps < 0:
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     full, rest = divmod(steps, per_epoch)
-    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
     groups = [(full + 1, 0, rest - 1)] if rest > 0 else []
     groups.append((full, rest, per_epoch - 1))
-    weights, uses, after = [], [], []
-    for n_uses, first, last in groups:
+    weight_parts: list[np.ndarray] = []
+    use_parts: list[np.ndarray] = []
+    after_parts: list[np.ndarray] = []
+    for group_uses, first, last in groups:
         starts = _block_starts(first, last)
         counts = np.diff(np.append(starts, last + 1)).astype(float)
         examples = counts * batch_size
-        if n_uses == full:
+        if group_uses == full:
             examples[0] -= batch_size - short  # the short last batch is at r = rest, the first of this group
-        weights.append(examples / dataset_size)
-        uses.append(np.full(starts.size, n_uses, dtype=np.int64))
-        after.append(starts)
-    w, n_uses, r = np.concatenate(weights), np.concatenate(uses), np.concatenate(after)
+        weight_parts.append(examples / dataset_size)
+        use_parts.append(np.full(starts.size, group_uses, dtype=np.int64))
+        after_parts.append(starts)
+    w, n_uses, r = np.concatenate(weight_parts), np.concatenate(use_parts), np.concatenate(after_parts)
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, per_epoch, r, diameter_ratio)
 
 
@@ -427,7 +434,7 @@ def reshuffle_profile(
     differing example's position p in the last pass started.
 
     Our extension of Bok, Su & Altschuler 2024 (arXiv 2403.00278), section 4
-    (docs/decisions.md, section 17, part 4): the positions of the differing example in
+    (docs/derivations/schedule-mixtures.md#sm-reshuffle): the positions of the differing example in
     the passes are independent of each other and of the data, and the same in both
     datasets (replace-one), so the released laws are mixtures over them with the same
     weights (joint convexity). Every pass but the last one started is relaxed to its
@@ -444,12 +451,11 @@ def reshuffle_profile(
       positions, given the block's largest mu, when there are more than
       EXACT_POSITIONS), plus one for the positions a partial last pass does not reach.
     """
-    per_epoch = -(-dataset_size // batch_size)
+    per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
     c = _check(step_mu, contraction, diameter_ratio)
     if steps < 0:
         raise ValueError(f"steps must be >= 0. Found {steps}.")
     full, rest = divmod(steps, per_epoch)
-    short = dataset_size - (per_epoch - 1) * batch_size  # examples in the last batch
     window = rest if rest > 0 else per_epoch  # positions used in the last pass started
     # blocks of consecutive r = window - 1 - p, each given its smallest r (the largest mu)
     starts = _block_starts(0, window - 1) if window > EXACT_POSITIONS else np.arange(window)
@@ -467,3 +473,58 @@ def reshuffle_profile(
         after.append(np.array([rest]))
     w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, g, r, diameter_ratio)
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+class _Inputs(TypedDict):
+    step_mu: float
+    contraction: float
+    diameter_ratio: float | None
+
+
+def _inputs(cfg: TrainingConfig, a: LossAssumptions) -> _Inputs:
+    """Our parameters in the units of Bok, Su & Altschuler: per-step mu s = 2/z, the
+    weakest contraction over the batch sizes of a pass, the diameter over sigma_p."""
+    learning_rate = given(cfg.learning_rate, "learning_rate")
+    return {
+        "step_mu": replace_one_step_mu(cfg.noise_multiplier),
+        "contraction": worst_batch_contraction(
+            learning_rate=learning_rate,
+            strong_convexity=a.strong_convexity,
+            smoothness=given(a.smoothness, "smoothness"),
+            dataset_size=cfg.dataset_size,
+            batch_size=cfg.batch_size,
+        ),
+        "diameter_ratio": diameter_in_noise_units(
+            a.diameter,
+            batch_size=cfg.batch_size,
+            learning_rate=learning_rate,
+            noise_multiplier=cfg.noise_multiplier,
+            clip_norm=cfg.clip_norm,
+        ),
+    }
+
+
+def shifted_interpolation_full_batch(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    return GaussianMixtureProfile.gaussian(full_batch_mu(steps=cfg.steps, **_inputs(cfg, a)))
+
+
+def shifted_interpolation_cyclic(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    mu = cyclic_mu(steps_per_epoch=cfg.steps_per_epoch, steps=cfg.steps, **_inputs(cfg, a))
+    return GaussianMixtureProfile.gaussian(mu)
+
+
+def shifted_interpolation_shuffle(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    weights, mus = shuffle_once_profile(
+        dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_inputs(cfg, a)
+    )
+    return GaussianMixtureProfile.mixture(weights, mus)
+
+
+def shifted_interpolation_reshuffle(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
+    weights, mus = reshuffle_profile(
+        dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_inputs(cfg, a)
+    )
+    return GaussianMixtureProfile.mixture(weights, mus)

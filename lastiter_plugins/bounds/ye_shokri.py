@@ -26,7 +26,9 @@ import math
 import numpy as np
 from scipy import special
 
-from lastiter_plugins.bounds._common import inverse, inverse_square, log_theta, theta
+from lastiter_plugins.bounds._common import batch_sizes, inverse, inverse_square, log_theta, theta
+from lastiter_plugins.bounds._glue import given
+from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
 
 def max_learning_rate(strong_convexity: float, smoothness: float) -> float:
@@ -386,7 +388,7 @@ def random_batch_rdp(
 
     ``lower_end=True`` returns the lower end instead: never above the exact recursion, hence
     below the curve this function reports at any tolerance. Only for lower estimates
-    (docs/decisions.md, section 22, part 5), with a loose ``tolerance`` (fewer steps).
+    (docs/derivations/lower-estimates.md#cheaper-curve), with a loose ``tolerance`` (fewer steps).
     """
     orders = np.asarray(orders, dtype=float).reshape(-1)
     q = sampling_probability
@@ -493,3 +495,92 @@ def full_batch_rdp(
     total = float(epochs) if a == 1.0 else a * -math.expm1(epochs * math.log(a)) / (1.0 - a)
     with np.errstate(over="ignore"):
         return orders * (4.0 * inverse_square(noise_multiplier) * total)
+
+
+# ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
+
+
+def _rho(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    return contraction(given(cfg.learning_rate, "learning_rate"), a.strong_convexity)
+
+
+def _last_batch_fraction(cfg: TrainingConfig) -> float:
+    """r/b, r the size of the last batch of an epoch (1 when b divides n)."""
+    return batch_sizes(cfg.dataset_size, cfg.batch_size)[1] / cfg.batch_size
+
+
+def ye_shokri_step_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    """2/(lam+M) (strict), the limit of Lemma D.3's rho-contraction."""
+    return max_learning_rate(a.strong_convexity, given(a.smoothness, "smoothness"))
+
+
+def ye_shokri_convex_step_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    """2/M (strict), Theorem D.4's limit (lam = 0)."""
+    return max_learning_rate(0.0, given(a.smoothness, "smoothness"))
+
+
+def ye_shokri_full_batch_step_limit(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    """1/M (strict), Theorem D.6's limit."""
+    return full_batch_max_learning_rate(given(a.smoothness, "smoothness"))
+
+
+def ye_shokri_cyclic(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return cyclic_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        steps_per_epoch=cfg.steps_per_epoch,
+        epochs=cfg.epochs_started,
+        contraction=_rho(cfg, a),
+        last_batch_fraction=_last_batch_fraction(cfg),
+    )
+
+
+def ye_shokri_shuffle(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return shuffle_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        steps_per_epoch=cfg.steps_per_epoch,
+        epochs=cfg.epochs_started,
+        contraction=_rho(cfg, a),
+        last_batch_fraction=_last_batch_fraction(cfg),
+    )
+
+
+def ye_shokri_random(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return random_batch_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        contraction=_rho(cfg, a),
+    )
+
+
+def ye_shokri_random_lower(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    """The recursion's lower end at a loose tolerance: below :func:`ye_shokri_random` at every order
+    (docs/derivations/lower-estimates.md#cheaper-curve)."""
+    return random_batch_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        sampling_probability=cfg.sampling_probability,
+        steps=cfg.steps,
+        contraction=_rho(cfg, a),
+        tolerance=1e-2,
+        lower_end=True,
+    )
+
+
+def ye_shokri_convex(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return convex_rdp(
+        orders, noise_multiplier=cfg.noise_multiplier, steps_per_epoch=cfg.steps_per_epoch, epochs=cfg.epochs_started
+    )
+
+
+def ye_shokri_full_batch(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
+    return full_batch_rdp(
+        orders,
+        noise_multiplier=cfg.noise_multiplier,
+        epochs=cfg.steps,  # b = n: every step is an epoch
+        learning_rate=given(cfg.learning_rate, "learning_rate"),
+        strong_convexity=a.strong_convexity,
+    )

@@ -1,6 +1,6 @@
 r"""What the host libraries report for the pipeline, as a user would call them: display only.
 
-These rows are never counted in a best line (docs/decisions.md, section 18 part 6):
+These rows are never counted in a best line (docs/derivations/baselines.md#host-accountants):
 
 * Opacus' ``RDPAccountant`` (the Poisson RDP of ``composition`` on Opacus' coarser
   default orders: never below it), ``PRVAccountant`` (valid under add-or-remove, but
@@ -221,7 +221,8 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
     if not acc.guarantee:
         why_not.append(acc.caveat)
         first_unmet = first_unmet or acc.caveat
-    eps = order = None
+    eps: float | None = None
+    order: float | None = None
     notes: tuple[str, ...] = ()
     if acc.max_steps is not None and cfg.steps > acc.max_steps:
         notes = (

@@ -84,7 +84,7 @@ def _best_text(b: BestLine) -> str:
 
 
 def _tightness_text(b: BestLine) -> str:
-    """The lower bound next to best (docs/decisions.md, section 20); empty when not computed."""
+    """The lower bound next to best (docs/derivations/lower-end.md#lower-end); empty when not computed."""
     if not b.lower_bound_note or b.epsilon is None:
         return ""
     if b.lower_bound is None:

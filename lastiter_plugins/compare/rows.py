@@ -95,7 +95,7 @@ class BestLine:
     every_iterate_epsilon: float | None = None  # smallest valid every-iterate number, same relation
     every_iterate_winner: str | None = None
     notes: tuple[str, ...] = ()
-    # the exact epsilon of an instance meeting every declaration (docs/decisions.md, section 20), or
+    # the exact epsilon of an instance meeting every declaration (docs/derivations/lower-end.md#lower-end), or
     # None, and why (empty when not computed)
     lower_bound: float | None = None
     lower_bound_note: str = ""

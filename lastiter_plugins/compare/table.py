@@ -77,7 +77,8 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         order=e.order,
         protects=e.protects.value,
         reference=e.reference,
-        counted=evaluation.counts_for_best(e, e.relation) and e.result is not None,  # in its relation's best line
+        # in its relation's best line (a row with no relation covers no sampling here: it does not apply)
+        counted=e.relation is not None and evaluation.counts_for_best(e, e.relation) and e.result is not None,
         proof=str(e.proof),
         provenance=e.provenance,
         notes=e.notes + notes,
@@ -162,22 +163,22 @@ def best_lines(
         lower = (
             None
             if assumptions is None or not lower_bound
-            else evaluation.with_lower_bound(winner.result, at_relation, assumptions)
+            else evaluation.with_lower_bound(winner, at_relation, assumptions)
         )
-        published = "" if assumptions is None else evaluation.published_note(winner.result, at_relation, assumptions)
+        published = "" if assumptions is None else evaluation.published_note(winner, at_relation, assumptions)
         out.append(
             BestLine(
                 lower_bound=None if lower is None else lower.lower_bound,
                 lower_bound_note="" if lower is None else lower.lower_bound_note,
                 relation=relation.value,
                 declared=relation is config.relation,
-                epsilon=winner.result.epsilon,
-                winner=winner.bound,
-                order=winner.result.order,
+                epsilon=winner.epsilon,
+                winner=winner.winner,
+                order=winner.order,
                 protects=winner.protects.value,
                 how="smallest epsilon of " + ", ".join(counted),
-                every_iterate_epsilon=None if every is None else every.result.epsilon,
-                every_iterate_winner=None if every is None else every.bound,
+                every_iterate_epsilon=None if every is None else every.epsilon,
+                every_iterate_winner=None if every is None else every.winner,
                 provenance=winner.provenance,
                 published_note=published,
             )
@@ -199,7 +200,7 @@ def compare(
     Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
     unproven bounds whose numbers are shown (marked, never counted). ``lower_bound``: each
     best line carries the exact epsilon of an instance meeting the declarations (up to about
-    a second per relation; docs/decisions.md, section 20).
+    a second per relation; docs/derivations/lower-end.md#lower-end).
     """
     config, assumptions = api.build(**params)
     delta = validate_delta(delta)

@@ -1,5 +1,5 @@
 r"""The lower end of a certified interval: the exact epsilon of an explicit instance that meets every
-declaration of a pipeline (docs/decisions.md, section 20).
+declaration of a pipeline (docs/derivations/lower-end.md#lower-end).
 
 * :mod:`~lastiter_plugins.lower_end.instances`: which instance fits a pipeline and its declarations
   (:func:`lower_bound`), and its exact epsilon, rounded downward.

@@ -1,6 +1,6 @@
 r"""Exact Renyi divergences (and privacy profiles) of the last iterate on instances
 with computable laws: the ground truths G1, G2, G3 of docs/verification.md, and the
-instances of the lower end (docs/decisions.md, section 20).
+instances of the lower end (docs/derivations/lower-end.md#lower-end).
 
 Every bound of the library claims ``rdp(alpha) >= D_alpha(X_T || X'_T)`` for
 ALL instances meeting its assumptions. The three families below have laws we can
@@ -62,9 +62,10 @@ from typing import Any
 import numpy as np
 from scipy import special, stats
 
+from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 
-_UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
+_UNIT_ROUNDOFF = float(np.finfo(float).eps) / 2.0
 _LARGEST_EPSILON = 1e300  # the profile's epsilon search stops doubling here
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
@@ -223,8 +224,21 @@ def gaussian_mixture_renyi(
     pw, pm = np.asarray(p_weights, float), np.asarray(p_means, float)
     qw, qm = np.asarray(q_weights, float), np.asarray(q_means, float)
     if per_order and orders.size > 1:
-        kw = dict(missing_mass=missing_mass, cells=cells, max_work=max_work, both_directions=both_directions)
-        pairs = [gaussian_mixture_renyi(orders[i : i + 1], pw, pm, qw, qm, variance, **kw) for i in range(orders.size)]
+        pairs = [
+            gaussian_mixture_renyi(
+                orders[i : i + 1],
+                pw,
+                pm,
+                qw,
+                qm,
+                variance,
+                missing_mass=missing_mass,
+                cells=cells,
+                max_work=max_work,
+                both_directions=both_directions,
+            )
+            for i in range(orders.size)
+        ]
         return np.concatenate([lo for lo, _ in pairs]), np.concatenate([up for _, up in pairs])
     if pm.size == 1 and qm.size == 1 and missing_mass == 0.0:
         value = orders * (pm[0] - qm[0]) ** 2 / (2.0 * variance)
@@ -334,8 +348,9 @@ def _params(params: Mapping[str, Any]) -> tuple[TrainingConfig, LossAssumptions]
 
 def _batch_sizes(cfg: TrainingConfig) -> np.ndarray:
     """Sizes of the l batches of a pass (the last one may be short)."""
-    sizes = np.full(cfg.steps_per_epoch, cfg.batch_size, dtype=float)
-    sizes[-1] = cfg.dataset_size - (cfg.steps_per_epoch - 1) * cfg.batch_size
+    per_epoch, last = batch_sizes(cfg.dataset_size, cfg.batch_size)
+    sizes = np.full(per_epoch, cfg.batch_size, dtype=float)
+    sizes[-1] = last
     return sizes
 
 
@@ -391,13 +406,20 @@ def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = N
     return g1_laws(params, position=position).divergence(orders, **kw)
 
 
+def _g2_learning_rate(cfg: TrainingConfig) -> float:
+    """G2's step size eta (the instance is defined by its steps)."""
+    if cfg.learning_rate is None:
+        raise ValueError("learning_rate is required for G2 (the instance's step size). Found None.")
+    return cfg.learning_rate
+
+
 def _g2_contractions(cfg: TrainingConfig, lam: float) -> np.ndarray:
     """P_t = prod_{s>t} rho_s for t = 1..T (P_T = 1), rho_s = 1 - eta lam |B_s| / b."""
     if cfg.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         sizes = _batch_sizes(cfg)[np.arange(cfg.steps) % cfg.steps_per_epoch]
     else:
         sizes = np.full(cfg.steps, float(cfg.batch_size))
-    rho = 1.0 - cfg.learning_rate * lam * sizes / cfg.batch_size
+    rho = 1.0 - _g2_learning_rate(cfg) * lam * sizes / cfg.batch_size
     tail = np.cumprod(rho[::-1])[::-1]  # prod_{s>=t}
     return np.append(tail[1:], 1.0)
 
@@ -408,14 +430,15 @@ def g2_position_shifts(params: Mapping[str, Any]) -> tuple[np.ndarray, float]:
     sit at ``+-m_j``), and the common variance."""
     cfg, assumptions = _params(params)
     prods = _g2_contractions(cfg, assumptions.strong_convexity)
-    a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
-    sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+    lr = _g2_learning_rate(cfg)
+    a = lr * cfg.clip_norm / cfg.batch_size
+    sigma_p = lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
     shifts = a * np.bincount(np.arange(cfg.steps) % cfg.steps_per_epoch, weights=prods, minlength=cfg.steps_per_epoch)
     return shifts, sigma_p**2 * float(np.sum(prods**2))
 
 
 def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12) -> GaussianLaws:
-    r"""Poisson sampling, both relations (docs/decisions.md, section 19, part 5): linear losses with
+    r"""Poisson sampling, both relations (docs/derivations/random-batch.md#rb-ground-truth): linear losses with
     gradient ``+-C`` for the differing record and 0 for the others, plus an l2 term ``lam x`` outside
     the clip (``l2_outside_clip=True``; the step contracts by ``rho = 1 - eta lam`` whatever the batch
     size). Given the memberships u the last iterate is Gaussian with mean
@@ -426,7 +449,7 @@ def g2_poisson_laws(params: Mapping[str, Any], *, max_enumerated_steps: int = 12
         raise ValueError("g2_poisson_laws needs sampling=poisson and l2_outside_clip=True.")
     if cfg.steps > max_enumerated_steps:
         raise ValueError(f"steps must be <= {max_enumerated_steps} (2^T enumeration). Found {cfg.steps}.")
-    rho = 1.0 - cfg.learning_rate * assumptions.strong_convexity
+    rho = 1.0 - _g2_learning_rate(cfg) * assumptions.strong_convexity
     prods = rho ** np.arange(cfg.steps - 1, -1, -1, dtype=float)  # step t contracted to the end
     w, m, variance = _membership_patterns(cfg, prods)
     if cfg.relation is Relation.REPLACE_ONE:
@@ -439,8 +462,9 @@ def _membership_patterns(cfg: TrainingConfig, prods: np.ndarray) -> tuple[np.nda
     """Every inclusion pattern of the differing record over T steps (each step independently with
     probability q): its probability (patterns of probability 0 left out), the mean displacement
     ``(eta C / b) sum_t u_t prods_t``, and the common variance of the last iterate."""
-    a = cfg.learning_rate * cfg.clip_norm / cfg.batch_size
-    sigma_p = cfg.learning_rate * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+    lr = _g2_learning_rate(cfg)
+    a = lr * cfg.clip_norm / cfg.batch_size
+    sigma_p = lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
     variance = sigma_p**2 * float(np.sum(prods**2))
     patterns = (np.arange(2**cfg.steps)[:, None] >> np.arange(cfg.steps)[None, :]) & 1
     q = cfg.sampling_probability
@@ -468,7 +492,7 @@ def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enume
             m = shifts[j]
             one = np.array([1.0])
             return GaussianLaws(one, np.array([m]), one, np.array([-m]), variance, detail=f"G2 cyclic, position {j}")
-        weights = _batch_sizes(cfg) / cfg.dataset_size
+        weights: np.ndarray = _batch_sizes(cfg) / cfg.dataset_size  # (reshuffle: float masses from bincount)
         return GaussianLaws(weights, shifts, weights, -shifts, variance, detail="G2 shuffle_once mixture")
     if cfg.sampling is Sampling.RESHUFFLE:
         # one independent position per pass: the mean is a sum of independent per-pass terms

@@ -6,7 +6,7 @@ position of the differing record) that satisfy every declaration for the same ru
 and returns the largest LOWER end of their exact epsilons at the same delta. The worst case
 over all models meeting the declarations is therefore at least that number, and every valid
 upper bound (``best``) at least as large: the truth lies in ``[lower, upper]``.
-docs/decisions.md, section 20 has the derivation.
+docs/derivations/lower-end.md#lower-end has the derivation.
 
 Instances (the same update, ``x <- Pi(x - eta (mean of clipped gradients + noise))``), all
 one-dimensional, the differing record's loss ``gamma x`` (its neighbour's ``-gamma x``, or absent):
@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.lower_end import exact, mixture
 
@@ -132,7 +133,7 @@ def _params(config: TrainingConfig, props: InstanceProperties) -> dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class LinearInstance:
-    r"""A one-dimensional linear-loss instance (docs/decisions.md, section 20, part 2).
+    r"""A one-dimensional linear-loss instance (docs/derivations/lower-end.md#exact-linear-instances).
 
     Every record's loss is ``lam_in/2 x^2``, the differing record's adds ``gamma x`` (replace-one:
     ``-gamma x`` in the other dataset; add-or-remove: absent), the update adds ``lam_out x`` after the
@@ -212,10 +213,11 @@ def _no_instance(config: TrainingConfig, a: LossAssumptions) -> str | None:
 
 def _rhos(config: TrainingConfig, lam_in: float, lam_out: float) -> np.ndarray:
     """rho_t = 1 - eta (lam_in |B_t| / b + lam_out), t = 0..T-1 (fixed batch sizes: Poisson has lam_in = 0)."""
-    steps, per_epoch, b = config.steps, config.steps_per_epoch, config.batch_size
+    steps, b = config.steps, config.batch_size
+    per_epoch, last = batch_sizes(config.dataset_size, b)
     if config.sampling in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         sizes = np.full(per_epoch, float(b))
-        sizes[-1] = config.dataset_size - (per_epoch - 1) * b
+        sizes[-1] = last
         sizes = sizes[np.arange(steps) % per_epoch]
     else:
         sizes = np.full(steps, float(b))
@@ -230,8 +232,9 @@ def _contractions(rhos: np.ndarray) -> np.ndarray:
 
 
 def _batch_weights(config: TrainingConfig) -> np.ndarray:
-    sizes = np.full(config.steps_per_epoch, float(config.batch_size))
-    sizes[-1] = config.dataset_size - (config.steps_per_epoch - 1) * config.batch_size
+    per_epoch, last = batch_sizes(config.dataset_size, config.batch_size)
+    sizes = np.full(per_epoch, float(config.batch_size))
+    sizes[-1] = last
     return sizes / config.dataset_size
 
 
@@ -296,7 +299,7 @@ def _spacing(config: TrainingConfig, c: np.ndarray) -> float:
 
 def _rho_max(config: TrainingConfig, lam_in: float, lam_out: float) -> float:
     """The largest rho_t (the smallest batch contracts least)."""
-    smallest = config.dataset_size - (config.steps_per_epoch - 1) * config.batch_size
+    smallest = batch_sizes(config.dataset_size, config.batch_size)[1]
     if config.sampling not in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
         smallest = config.batch_size
     lr = config.learning_rate if config.learning_rate is not None else 0.0
@@ -351,7 +354,7 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
         lam_out = lam if a.l2_outside_clip else 0.0
         out = [LinearInstance(clip, 0.0, lam_out, half)]
         if lam == 0 and half is not None and not a.l2_outside_clip and config.sampling is not Sampling.POISSON:
-            out += _contracting_candidates(config, a)
+            out += _contracting_candidates(config, a, half)
         return out
     if half is not None:  # per-example l2 on a segment: gradients <= C on the whole domain
         gamma = clip - lam * half
@@ -361,11 +364,13 @@ def _candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstan
     return [LinearInstance(gamma, lam, 0.0, radius)] if gamma > 0 else []
 
 
-def _contracting_candidates(config: TrainingConfig, a: LossAssumptions) -> list[LinearInstance]:
-    """Convex declarations on a segment: a per-example l2 term lam' (allowed: strong convexity >= 0, and
-    lam' <= M) just strong enough that the walk stays inside the segment but with probability 1e-30."""
-    half, clip = a.diameter / 2.0, config.clip_norm
-    top = min(1.0 / config.learning_rate, clip / (2.0 * half))  # keeps gamma >= C/2
+def _contracting_candidates(config: TrainingConfig, a: LossAssumptions, half: float) -> list[LinearInstance]:
+    """Convex declarations on a segment of half-length ``half``: a per-example l2 term lam' (allowed: strong
+    convexity >= 0, and lam' <= M) just strong enough that the walk stays inside the segment but with
+    probability 1e-30."""
+    lr, clip = config.learning_rate, config.clip_norm
+    assert lr is not None  # _no_instance refuses a projection without the learning rate
+    top = min(1.0 / lr, clip / (2.0 * half))  # keeps gamma >= C/2
     if a.smoothness is not None:
         top = min(top, a.smoothness)
     if top <= 0:
@@ -430,6 +435,7 @@ def _g3_epsilon(config: TrainingConfig, a: LossAssumptions, delta: float) -> flo
         )
     except ValueError:
         return None
+    assert ex.hockey_stick is not None  # asked for (hockey_stick=True)
     return float(ex.hockey_stick.epsilon(delta)[0])
 
 
@@ -438,7 +444,8 @@ def _g3_props(config: TrainingConfig, a: LossAssumptions) -> InstanceProperties:
 
 
 def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: float) -> LowerBound:
-    r"""The exact epsilon at ``delta`` of an instance meeting every declaration (docs/decisions.md, section 20).
+    r"""The exact epsilon at ``delta`` of an instance meeting every declaration
+    (docs/derivations/lower-end.md#lower-end).
 
     Returns a :class:`LowerBound`: ``epsilon`` is the lower end of the certified interval of the
     instance's exact epsilon (so a lower bound on the truth of that instance, hence on the worst

@@ -1,5 +1,5 @@
 r"""The exact epsilon, rounded downward, of a one-dimensional Gaussian location mixture against its
-reflection or against the centred Gaussian (docs/decisions.md, section 20, part 2).
+reflection or against the centred Gaussian (docs/derivations/lower-end.md#exact-linear-instances).
 
 Every linear-loss instance of :mod:`lastiter_plugins.lower_end.instances` has, along the gradient's
 direction, the last iterate ``X = a S + N(0, s^2)`` in one dataset, with ``S >= 0`` the (contracted)
@@ -33,7 +33,7 @@ import math
 import numpy as np
 from scipy import special, stats
 
-_UNIT_ROUNDOFF = np.finfo(float).eps / 2.0
+_UNIT_ROUNDOFF = float(np.finfo(float).eps) / 2.0
 #: Total mass dropped from the tails of a mixing law (counted, never ignored).
 TRIM = 1e-40
 #: Allowance for the relative error of one binomial pmf value from scipy (typically 1e-15).

@@ -4,7 +4,7 @@ r"""Verification suite: exact divergences on instances with computable laws
 Nothing in the product imports this subpackage; it imports the public API
 (``import lastiter_plugins as lp``), the math modules (bounds, profiles) and the
 exact laws of :mod:`lastiter_plugins.lower_end.exact`, which the product's lower
-end (``lower_bound=True``, docs/decisions.md, section 20) shares with it; timings
+end (``lower_bound=True``, docs/derivations/lower-end.md#lower-end) shares with it; timings
 against host libraries live in benchmarks/. See docs/verification.md for the
 mathematics and the commands.
 

@@ -38,7 +38,8 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ def is_profile_bound(bound: str) -> bool:
     return bound in lp.BOUNDS and lp.BOUNDS[bound].kind in (lp.Kind.GDP, lp.Kind.PLD)
 
 
-def _renyi_values(bound: str, orders: np.ndarray, params: dict) -> np.ndarray:
+def _renyi_values(bound: str, orders: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
     """The bound's RDP curve at ``orders``; for a PLD bound (no Renyi curve; checked by its profile only),
     and for ``best`` where only a PLD bound applies, ``inf``, which no Renyi check can fail."""
     if bound in lp.BOUNDS and not lp.BOUNDS[bound].has_renyi_curve:
@@ -97,6 +98,15 @@ class Check:
     exact_delta_upper: np.ndarray | None = None
 
     @property
+    def profile_check(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """(eps, the bound's delta, the exact delta's certified lower and upper ends) of the hockey-stick
+        check; None for a bound without a privacy profile."""
+        eps, bound, lower, upper = self.eps, self.bound_delta, self.exact_delta_lower, self.exact_delta_upper
+        if eps is None or bound is None or lower is None or upper is None:
+            return None
+        return eps, bound, lower, upper
+
+    @property
     def violations(self) -> np.ndarray:
         """Orders where the bound is below the certified lower end of the truth."""
         slack = RELATIVE_SLACK * np.maximum(1.0, np.abs(self.bound_values))
@@ -105,9 +115,10 @@ class Check:
     @property
     def delta_violations(self) -> np.ndarray:
         """Epsilons where the bound's delta(eps) is below the certified lower end of the exact one."""
-        if self.eps is None:
+        if self.profile_check is None:
             return np.array([])
-        return self.eps[self.bound_delta < self.exact_delta_lower - RELATIVE_SLACK * self.bound_delta]
+        eps, bound_delta, lower, _ = self.profile_check
+        return eps[bound_delta < lower - RELATIVE_SLACK * bound_delta]
 
     @property
     def failed(self) -> bool:
@@ -123,19 +134,19 @@ class Check:
     def delta_ratios(self) -> np.ndarray:
         """bound delta / certified lower end of the exact delta, where the latter is >= 1e-12
         (>= 1 is what soundness needs; close to 1: the bound is attained there)."""
-        if self.eps is None:
+        if self.profile_check is None:
             return np.array([])
-        keep = self.exact_delta_lower >= 1e-12
-        return self.bound_delta[keep] / self.exact_delta_lower[keep]
+        _, bound_delta, lower, _ = self.profile_check
+        keep = lower >= 1e-12
+        return bound_delta[keep] / lower[keep]
 
     def describe(self) -> str:
         lines = [f"{self.bound} on {self.instance.describe()}"]
         for a, b, lo, up in zip(self.orders, self.bound_values, self.exact.lower, self.exact.upper, strict=True):
             flag = "  <-- VIOLATION" if a in self.violations else ""
             lines.append(f"  alpha={a:g}: bound={b:.10g}  exact in [{lo:.10g}, {up:.10g}]{flag}")
-        if self.eps is not None:
-            for e, b, lo, up in zip(self.eps, self.bound_delta, self.exact_delta_lower, self.exact_delta_upper,
-                                    strict=True):  # fmt: skip
+        if self.profile_check is not None:
+            for e, b, lo, up in zip(*self.profile_check, strict=True):
                 flag = "  <-- VIOLATION" if e in self.delta_violations else ""
                 lines.append(f"  eps={e:.6g}: bound delta={b:.10g}  exact delta in [{lo:.10g}, {up:.10g}]{flag}")
         lines.append(f"  ({self.exact.detail})")
@@ -168,18 +179,22 @@ def check_instance(
     ]
     if not ids:
         return []
-    profiles = {}
-    if any(is_profile_bound(bid) for bid in ids):
-        config, assumptions = lp.build(**instance.params)
-        profiles = {bid: lp.BOUNDS[bid].profile(config, assumptions) for bid in ids if is_profile_bound(bid)}
+    profiles: dict[str, Any] = {}  # bound id -> its privacy profile
+    config, assumptions = lp.build(**instance.params)
+    for bid in filter(is_profile_bound, ids):
+        make = lp.BOUNDS[bid].profile
+        assert make is not None, f"{bid} is a {lp.BOUNDS[bid].kind} row without a privacy profile"
+        profiles[bid] = make(config, assumptions)
     exact = instance.exact(orders, hockey_stick=bool(profiles), **(exact_options or {}))
     checks = []
-    eps = _profile_epsilons(profiles) if profiles else None
+    eps = delta_lower = delta_upper = None
     if profiles:
+        assert exact.hockey_stick is not None  # asked for (hockey_stick=True)
+        eps = _profile_epsilons(profiles)
         delta_lower, delta_upper = exact.hockey_stick.delta(eps)
     for bid in ids:
         values = _renyi_values(bid, orders, instance.params)
-        if bid in profiles:
+        if bid in profiles and eps is not None:
             bound_delta = np.array([profiles[bid].delta(float(e)) for e in eps])
             checks.append(Check(instance, bid, orders, values, exact, eps, bound_delta, delta_lower, delta_upper))
         else:

@@ -136,6 +136,7 @@ def compute(panels=PANELS, progress: bool = False) -> list[Row]:
             instance = Instance(panel.family, params, x0=panel.x0)
             options = G3_GRID if panel.family == "G3" else {"per_order": True}
             exact = instance.exact(orders, hockey_stick=True, **options)
+            assert exact.hockey_stick is not None  # asked for
             exact_eps = exact.hockey_stick.epsilon(DELTA)
             est = exact.estimate
             width = float(np.max(exact.width / np.where(est > 0, est, 1.0)))

@@ -113,3 +113,40 @@ def test_poisson_refuses_a_repeated_pass_and_accepts_broken_ones():
     assert _feed(derivation, repeated) is None
     again = [DrawnBatch(4, b.position, b.indices) for b in repeated]
     assert "equal to an earlier pass's" in _feed(derivation, again)
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "shuffle_once"])
+def test_fixed_order_compares_batches_exactly_not_by_hash(sampling, monkeypatch):
+    # Every batch hashing alike must not let a second epoch with other batches pass as the first's order
+    # (a hash collision may only refuse a genuine run, never accept a different one).
+    from lastiter_plugins.adapters import _derivation
+
+    monkeypatch.setattr(_derivation, "hash", lambda _: 0, raising=False)
+    order = list(range(N))
+    derivation = _epochs(sampling)
+    assert _feed(derivation, _pass(1, order) + _pass(2, order)) is None
+    assert "different from the first epoch's" in _feed(derivation, _pass(3, order[::-1]))
+
+
+def test_fixed_order_checkpoint_keeps_the_first_pass_exactly():
+    order = list(range(N))
+    derivation = _epochs("cyclic")
+    assert _feed(derivation, _pass(1, order)) is None
+    state = derivation.state()
+    assert state["first"] == [order[k * B : (k + 1) * B] for k in range(L)]
+    resumed = _epochs("cyclic")
+    resumed.restore(state)
+    assert _feed(resumed, _pass(7, order)) is None
+    assert "different from the first epoch's" in _feed(resumed, _pass(8, order[::-1]))
+    old = {"steps": state["steps"], "passes": state["passes"]}
+    with pytest.raises(ValueError, match="no first pass"):
+        _epochs("cyclic").restore(old)
+
+
+def test_a_later_fixed_order_pass_is_a_permutation_without_the_seen_check():
+    # After the first pass, equality with it position by position is what makes a pass a permutation.
+    order = list(range(N))
+    derivation = _epochs("cyclic")
+    assert _feed(derivation, _pass(1, order)) is None
+    repeated = [DrawnBatch(2, 0, (0, 1, 2, 3)), DrawnBatch(2, 1, (0, 1, 2, 3))]
+    assert "different from the first epoch's" in _feed(derivation, repeated)

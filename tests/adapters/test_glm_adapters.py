@@ -50,7 +50,8 @@ def _data(classes: int = 0, scale: float = 3.0, n: int = N):
 
 
 def _hand_constants(loss: str, clip_norm: float, *, bias: bool = True, w: float = 0.0) -> lp.LossAssumptions:
-    """The constants derived by hand (docs/decisions.md, sections 15.1-15.2, 15.4, 15.6), not by the code under test."""
+    """The constants derived by hand (docs/derivations/glm.md#glm-binary, #glm-softmax, #glm-l2-contraction and
+    #glm-never-active), not by the code under test."""
     a2 = A**2 + (1.0 if bias else 0.0)
     if loss == "logistic":
         m, g, scalar = a2 / 4.0, math.sqrt(a2), True
@@ -211,7 +212,7 @@ def test_opacus_epsilon_equals_core_for_hand_derived_constants(request, loss, ou
         learning_rate=LR,
         clip_norm=clip,
     )
-    expected = lp.compute_epsilon("best", config, expected_assumptions, DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=expected_assumptions)
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
     assert engine.accountant.epsilon_result(DELTA).winner == expected.winner
 
@@ -576,7 +577,7 @@ def test_opacus_custom_engine_binds_the_model_and_derives_at_the_first_step(requ
         dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=N // B, sampling="cyclic", learning_rate=LR,
         clip_norm=0.5,
     )  # fmt: skip
-    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 0.5), DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants("logistic", 0.5))
     assert accountant.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
 
 
@@ -614,7 +615,7 @@ def test_opacus_weight_decay_is_folded_into_the_constants(request):
     config = lp.TrainingConfig(
         dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=2 * N // B, sampling="cyclic", learning_rate=LR
     )
-    expected = lp.compute_epsilon("best", config, _hand_constants("logistic", 1.0, w=w), DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants("logistic", 1.0, w=w))
     assert engine.get_epsilon(DELTA) == pytest.approx(expected.epsilon, rel=1e-12)
     # a bias without weight decay: the l2 term no longer covers every parameter, lam = 0
     engine, *_ = _private(
@@ -649,7 +650,8 @@ def test_opacus_examples_run_with_their_defaults(name, capsys):
 
 
 # Opacus' default sampling (make_private(poisson_sampling=True)) under add-or-remove-one: the
-# shifted-interpolation Poisson row (docs/decisions.md, section 19) on a certified logistic regression
+# shifted-interpolation Poisson row (docs/derivations/random-batch.md#random-batch-poisson) on a certified logistic
+# regression
 # whose weight decay is the l2 term added after the noisy clipped mean (l2_outside_clip).
 POISSON_W, POISSON_Z, POISSON_EPOCHS, POISSON_BATCHES = 0.05, 2.0, 40, 10
 
@@ -696,7 +698,7 @@ def _poisson_params(n: int, lr: float, steps: int) -> dict:
 @needs_sklearn
 def test_opacus_poisson_weight_decay_gets_the_shifted_interpolation_poisson_row(request):
     w = POISSON_W
-    m = A**2 / 4.0 + w  # logistic, no bias (docs/decisions.md, section 15)
+    m = A**2 / 4.0 + w  # logistic, no bias (docs/derivations/glm.md#glm-route)
     lr = 1.0 / (m + w)
     name = lo.register(
         "glm-" + request.node.name, force=True, sampling="poisson", relation="add_or_remove_one",
@@ -833,7 +835,7 @@ def test_keras_epsilon_equals_core_for_hand_derived_constants(loss, units, clip)
         learning_rate=LR,
         clip_norm=clip,
     )
-    expected = lp.compute_epsilon("best", config, hand, DELTA)
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=hand)
     assert callback.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
 
 
@@ -1007,7 +1009,7 @@ def _epsilon_for(clip: float, loss: str = "logistic", steps: int = 2 * TF_N // T
         learning_rate=LR,
         clip_norm=clip,
     )
-    return lp.compute_epsilon("best", config, _hand_constants(loss, clip), DELTA).epsilon
+    return lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants(loss, clip)).epsilon
 
 
 @needs_tf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -146,7 +147,8 @@ def test_applicable_bounds_lists_every_bound_with_reasons_and_relations():
         "shifted-interpolation-cyclic",
         "shifted-interpolation-shuffle",
         "composition",
-        "composition-gdp-epochs",  # one Gaussian mechanism per epoch, composed exactly (decisions section 18)
+        "composition-gdp-epochs",  # one Gaussian mechanism per epoch, composed exactly
+        # (docs/derivations/baselines.md#baselines)
         "best",
     }
     assert table["liang-bounded"].relation is lp.Relation.ADD_OR_REMOVE_ONE
@@ -190,15 +192,16 @@ AT_PARAMS = pipeline(
 
 
 def test_unproven_bound_never_enters_best_and_is_computed_only_by_name():
-    table = lp.evaluate_all(*lp.build(**AT_PARAMS), delta=1e-5)
+    table = lp.applicable_bounds(delta=1e-5, **AT_PARAMS)
     assert table["altschuler-talwar"].applies and table["altschuler-talwar"].result is None  # not asked for
-    asked = lp.evaluate_all(*lp.build(**AT_PARAMS), delta=1e-5, unproven=["altschuler-talwar"])
+    config, assumptions = lp.build(**AT_PARAMS)  # the same pipeline, given as objects
+    asked = lp.applicable_bounds(delta=1e-5, unproven=["altschuler-talwar"], config=config, assumptions=assumptions)
     at = asked["altschuler-talwar"].result
     assert at is not None and not at.proof.proven
     best = lp.epsilon("best", 1e-5, **AT_PARAMS)
     assert best.winner != "altschuler-talwar" and best.proof.proven
-    proven = [e.epsilon for e in asked.values() if e.result is not None and e.proof.proven]
-    assert best.epsilon == min(proven)
+    proven = [e.epsilon for b, e in asked.items() if b != lp.BEST and e.result is not None and e.proof.proven]
+    assert best.epsilon == min(proven) == asked[lp.BEST].epsilon and asked[lp.BEST].result.winner == best.winner
 
 
 def test_epsilon_result_is_labelled():
@@ -259,7 +262,7 @@ def test_typed_config_objects_round_trip_and_are_frozen():
         config.steps = 3
     with pytest.raises(ValueError):
         config.replace(steps=0)
-    assert lp.compute_epsilon("ye-shokri-cyclic", config, assumptions, 1e-5).epsilon == pytest.approx(
+    assert lp.epsilon("ye-shokri-cyclic", 1e-5, config=config, assumptions=assumptions).epsilon == pytest.approx(
         lp.epsilon("ye-shokri-cyclic", 1e-5, **strongly_convex(sampling="cyclic")).epsilon
     )
     assert lp.Relation.parse("ADD-OR-REMOVE-ONE") is lp.Relation.ADD_OR_REMOVE_ONE
@@ -327,12 +330,23 @@ def test_parameters_typed_dict_is_the_single_list_of_parameters():
 
 
 @pytest.mark.parametrize(
-    "function", [lp.build, lp.rdp, lp.epsilon, lp.applicable_bounds, lp.calibrate_noise], ids=lambda f: f.__name__
+    "function",
+    [lp.build, lp.rdp, lp.epsilon, lp.applicable_bounds, lp.calibrate_noise, lp.advise],
+    ids=lambda f: f.__name__,
 )
 def test_public_functions_type_their_keyword_parameters(function):
-    hint = typing_extensions.get_type_hints(function, include_extras=True)["params"]
+    """``**params: Unpack[Parameters]``; a function that also takes the objects has two overloads: the keyword
+    parameters, or ``config`` (a TrainingConfig) and ``assumptions`` without them."""
+    overloads = typing_extensions.get_overloads(function)
+    keyword, objects = overloads or (function, None)
+    hint = typing_extensions.get_type_hints(keyword, include_extras=True)["params"]
     assert typing_extensions.get_origin(hint) is typing_extensions.Unpack
     assert typing_extensions.get_args(hint) == (lp.Parameters,)
+    assert (objects is None) == (function is lp.build)
+    if objects is not None:
+        hints = typing_extensions.get_type_hints(objects, include_extras=True)
+        assert hints["config"] is lp.TrainingConfig and "params" not in hints
+        assert hints["assumptions"] == lp.LossAssumptions | None
 
 
 def test_numpy_bool_flags_are_accepted_and_other_values_refused():
@@ -360,3 +374,66 @@ def test_using_a_result_as_the_old_pair_is_deprecated():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert float(result) == result.epsilon and result.to_dict()["epsilon"] == result.epsilon
+
+
+def test_every_public_function_takes_the_pipeline_as_keywords_or_as_objects_never_both():
+    """epsilon, rdp, applicable_bounds, calibrate_noise and advise give the same answer for the pipeline as
+    keyword parameters and as the objects build makes (what the adapters hold); both at once, assumptions
+    without config, or an object of another type are refused."""
+    params = strongly_convex(sampling="shuffle_once")
+    config, assumptions = lp.build(**params)
+    objects = dict(config=config, assumptions=assumptions)
+    assert lp.epsilon("best", 1e-5, **params) == lp.epsilon("best", 1e-5, **objects)
+    np.testing.assert_array_equal(lp.rdp("best", [2.0, 8.0], **params), lp.rdp("best", [2.0, 8.0], **objects))
+    assert lp.applicable_bounds(delta=1e-5, **params) == lp.applicable_bounds(delta=1e-5, **objects)
+    assert lp.advise(1e-5, top=2, **params) == lp.advise(1e-5, top=2, **objects)
+    without_noise = {k: v for k, v in params.items() if k != "noise_multiplier"}
+    calibrated = lp.calibrate_noise("composition", 2.0, 1e-5, **without_noise)
+    assert calibrated == lp.calibrate_noise("composition", 2.0, 1e-5, **objects)  # its noise multiplier ignored
+    # nothing declared by default: the same as LossAssumptions()
+    assert lp.epsilon("composition", 1e-5, config=config) == lp.epsilon(
+        "composition", 1e-5, config=config, assumptions=lp.LossAssumptions()
+    )
+    with pytest.raises(ValueError, match=r"not both\. Found config= and dataset_size="):
+        lp.epsilon("best", 1e-5, config=config, dataset_size=10)
+    with pytest.raises(ValueError, match="assumptions= needs config="):
+        lp.applicable_bounds(assumptions=assumptions, **params)
+    with pytest.raises(ValueError, match=r"config must be a TrainingConfig\. Found dict\."):
+        lp.epsilon("best", 1e-5, config=params)
+    with pytest.raises(ValueError, match=r"assumptions must be a LossAssumptions\. Found dict\."):
+        lp.rdp("best", [2.0], config=config, assumptions={})
+
+
+def test_applicable_bounds_with_delta_carries_every_number_and_best():
+    params = strongly_convex(sampling="shuffle_once")
+    table = lp.applicable_bounds(delta=1e-5, **params)
+    best = lp.epsilon("best", 1e-5, **params)
+    assert list(table) == [*lp.BOUNDS, lp.BEST]
+    assert table[lp.BEST].result == best and table[best.winner].epsilon == best.epsilon
+    assert all(e.result is None for e in lp.applicable_bounds(**params).values())  # no delta: no numbers
+
+
+@pytest.mark.parametrize(
+    ("name", "replacement", "call"),
+    [
+        ("compute_epsilon", "epsilon(", lambda f, c, a: f("best", c, a, 1e-5)),
+        ("compute_rdp", "rdp(", lambda f, c, a: f("best", c, a, [2.0, 8.0]).tolist()),
+        ("evaluate_all", "applicable_bounds(", lambda f, c, a: f(c, a, 1e-5)),
+        ("advise_config", "advise(", lambda f, c, a: f(1e-5, c, a, top=2)),
+    ],
+)
+def test_the_overlapping_names_of_0_2_warn_and_name_their_replacement(name, replacement, call):
+    params = strongly_convex(sampling="shuffle_once")
+    config, assumptions = lp.build(**params)
+    with pytest.warns(DeprecationWarning, match=rf"lastiter_plugins.{name} is deprecated and will be removed in 1.0; "
+                      rf"use lastiter_plugins.{re.escape(replacement)}") as caught:  # fmt: skip
+        old = getattr(lp, name)
+    assert caught[0].filename == __file__  # the warning points at the code that used the name
+    assert name not in lp.__all__ and name not in dir(lp)
+    new = {
+        "compute_epsilon": lambda: lp.epsilon("best", 1e-5, **params),
+        "compute_rdp": lambda: lp.rdp("best", [2.0, 8.0], **params).tolist(),
+        "evaluate_all": lambda: {b: e for b, e in lp.applicable_bounds(delta=1e-5, **params).items() if b != lp.BEST},
+        "advise_config": lambda: lp.advise(1e-5, top=2, **params),
+    }[name]()
+    assert call(old, config, assumptions) == new

@@ -1,4 +1,4 @@
-"""The standard every-iterate baselines inside best (docs/decisions.md, section 18).
+"""The standard every-iterate baselines inside best (docs/derivations/baselines.md#baselines).
 
 Each row's number is pinned (to the formula, to dp-accounting's own accountant, and on
 the issue's settings) and checked against exact values on small instances: it is never
@@ -129,7 +129,8 @@ def test_poisson_rows_on_the_issue_setting():
 def test_poisson_rows_are_never_below_the_exact_last_iterate(relation, steps):
     """G1 (linear losses) with Poisson batches: the last iterate is a Binomial mixture of Gaussians, a
     post-processing of the release the rows certify. With one step the release is the row's own pair
-    (the replace-one pair of decisions section 18.3, the remove pair), so the row is tight there."""
+    (the replace-one pair of docs/derivations/baselines.md#poisson-replace-one-pair, the remove pair), so the row is
+    tight there."""
     row = PLD_ROW if relation == AOR else PLD_R1_ROW
     params = g1_params(dataset_size=20, batch_size=4, noise_multiplier=0.8, steps=steps, sampling="poisson",
                        relation=relation)  # fmt: skip
@@ -165,7 +166,8 @@ def _hockey(a: float, q: float, u: np.ndarray, v: np.ndarray) -> float:
 
 
 def test_replace_one_pair_dominates_every_configuration():
-    """The theorem of decisions section 18.3 on random configurations: for gradients u, v in the disk of
+    """The theorem of docs/derivations/baselines.md#poisson-replace-one-pair on random configurations: for gradients u,
+    v in the disk of
     radius s = 1/z (2-D covers every configuration) and any a = e^eps, H_a(P_u || P_v) <= H_a(P*, Q*),
     the pair's profile in closed form (what the row discretises; a < 1 by the pair's symmetry)."""
     rng = np.random.default_rng(19)
@@ -266,7 +268,8 @@ def test_vectorised_delta_and_epsilon_are_dp_accountings(case):
         q, z, steps, add_or_remove = case
         relation = lp.Relation.ADD_OR_REMOVE_ONE if add_or_remove else lp.Relation.REPLACE_ONE
         profile = lp.baselines.PoissonPldProfile(q, z, steps, relation)
-        # the row adds its FFT noise margin (decisions 18.7): at least 1e-12, ten times the negative mass
+        # the row adds its FFT noise margin (docs/derivations/baselines.md#fft-noise-margin): at least 1e-12, ten times
+        # the negative mass
         margin = lp.baselines.fft_noise_margin(pld)
         assert margin >= max(1e-12, 10 * noise)
         assert profile.epsilon(DELTA) == sgp.epsilon_for_delta(pld, DELTA - margin)
@@ -307,11 +310,13 @@ def test_best_skips_a_pld_row_that_cannot_win_and_keeps_the_minimum():
     lazy = evaluation.evaluate_for_best(config, assumptions, DELTA)
     assert lazy[PLD_R1_ROW].applies and lazy[PLD_R1_ROW].result is None
     assert "not computed: a proven lower bound on its epsilon" in lazy[PLD_R1_ROW].notes[0]
-    full = lp.evaluate_all(config, assumptions, DELTA)
-    candidates = [e for e in full.values() if e.applies and e.proof.proven and e.result is not None]
+    full = lp.applicable_bounds(delta=DELTA, config=config, assumptions=assumptions)
+    candidates = [e for b, e in full.items() if b != lp.BEST and e.applies and e.proof.proven and e.result is not None]
     best = lp.epsilon("best", DELTA, **params)
     assert best.winner == "bounded-domain-random"
-    assert best.epsilon == min(e.epsilon for e in candidates)  # the same minimum as computing everything
+    assert (
+        best.epsilon == min(e.epsilon for e in candidates) == full[lp.BEST].epsilon
+    )  # the same minimum as computing everything
     assert full[PLD_R1_ROW].epsilon > 2 * best.epsilon
 
 

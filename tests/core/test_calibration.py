@@ -86,7 +86,8 @@ def test_calibration_hits_the_target_and_one_percent_less_noise_misses_it(bound,
     assert _eps(bound, params, z) <= target  # the default conversion, as lp.epsilon computes it
     assert _eps(bound, params, 0.99 * z) > target
     # the winner of best is a last-iterate bound the cases are about (on the random-batch run, the schedule
-    # mixture of section 19 now beats bounded-domain-random), not a composition baseline
+    # mixture of docs/derivations/random-batch.md#random-batch-poisson now beats bounded-domain-random), not a
+    # composition baseline
     if bound == "best":
         winner = lp.epsilon("best", DELTA, noise_multiplier=z, **params).winner
         assert winner in {b for b, _, _ in CASES if b != "best"} | {"shifted-interpolation-random-batch"}
@@ -198,7 +199,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
 
         def probe(self, z):
             config = self.config.replace(noise_multiplier=z)
-            eps = lp.compute_epsilon("best", config, self.assumptions, self.delta).epsilon
+            eps = lp.epsilon("best", self.delta, config=config, assumptions=self.assumptions).epsilon
             return eps <= self.target, eps
 
     monkeypatch.setattr(calibration, "_BestSearch", WholeBest)

@@ -394,11 +394,25 @@ def test_help_imports_no_numerics():
     assert "last-iterate privacy accountants" in proc.stdout.lower() and "Renyi-DP accountants" not in proc.stdout
 
 
+#: The public API (docs/api.md): one name per job. A name added or removed must be added or removed here too.
+PUBLIC_NAMES = (
+    # the pipeline
+    "TrainingConfig", "LossAssumptions", "Sampling", "Relation", "Parameters", "PARAMETERS", "DEFAULT_ORDERS", "build",
+    # what it gives
+    "epsilon", "rdp", "applicable_bounds", "calibrate_noise", "advise", "baseline_note", "is_standard_baseline",
+    "EpsilonResult", "BoundEvaluation", "Suggestion",
+    # the table of bounds
+    "BEST", "BOUNDS", "BOUND_IDS", "BoundSpec", "Kind", "Proof", "Protects",
+    # errors and warnings
+    "NotApplicableError", "CalibrationError", "PipelineChangedError", "UnsupportedHostError", "OrderGridWarning",
+)  # fmt: skip
+
+
 def test_importing_the_package_imports_no_numerics_and_every_public_name_resolves():
     script = f"import sys, lastiter_plugins as lp; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
-    assert sorted(lp.__all__) == sorted(lp._EXPORTS)
+    assert sorted(lp.__all__) == sorted(lp._EXPORTS) == sorted(PUBLIC_NAMES)  # docs/api.md lists the same
     for name in lp.__all__:
         assert getattr(lp, name) is getattr(importlib.import_module(f"lastiter_plugins.{lp._EXPORTS[name]}"), name)
     assert lp.profiles.__name__ == "lastiter_plugins.profiles"  # submodules as attributes, as before
@@ -573,7 +587,7 @@ def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_giv
                   epochs=100, sampling="shuffle_once", smoothness=0.26, strong_convexity=0.01, diameter=10.0,
                   gradient_norms_within_clip=True)  # fmt: skip
     published = lp.epsilon("best", 1e-5, published_only=True, **params)
-    assert "Proof: derived here: docs/decisions.md section 14" in out
+    assert "Proof: derived here: docs/derivations/shifted-interpolation.md#si-shuffle-once" in out
     assert f"over published theorems only (published_only=True): {published.epsilon:.4g} via {published.winner}" in out
     code, out, _ = run(capsys, "epsilon", "--published-only", *BUILTIN_FLAGS)
     assert code == 0 and f"({published.epsilon:.4g}, 1e-05)" in out and "Proof: published: Kong & Ribero" in out

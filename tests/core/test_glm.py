@@ -1,6 +1,6 @@
 """Certified linear models (lastiter_plugins.glm) and feature clipping (lastiter_plugins.feature_clip).
 
-Each test pins one claim of docs/decisions.md, section 15 ("Section N" in a docstring is 15.N):
+Each test pins one claim of docs/derivations/glm.md#glm-route ("Section N" in a docstring is part N there):
 bounds are checked over random and adversarial points, and their tightness is
 checked too, so a wrong constant in either direction fails.
 """
@@ -396,13 +396,11 @@ def test_certificate_values_and_kwargs_logistic_with_weight_decay():
     assumptions = LossAssumptions(**kwargs)
     # the scalar-GLM route opens the bounds that need a gradient step, with clipping possibly active
     params = dict(dataset_size=1000, batch_size=10, noise_multiplier=2.0, learning_rate=1.0, epochs=5)
-    table = lp.evaluate_all(*lp.build(sampling="shuffle_once", **params, **kwargs))
+    table = lp.applicable_bounds(sampling="shuffle_once", **params, **kwargs)
     assert table["ye-shokri-shuffle"].applies and table["shifted-interpolation-shuffle"].applies
     assert assumptions.update_is_gradient_step
     softmax_like = {**kwargs, "clipped_loss_convex_smooth": False}
-    assert not lp.evaluate_all(*lp.build(sampling="shuffle_once", **params, **softmax_like))[
-        "ye-shokri-shuffle"
-    ].applies
+    assert not lp.applicable_bounds(sampling="shuffle_once", **params, **softmax_like)["ye-shokri-shuffle"].applies
     within = glm.certify_linear_model("binary_logistic", feature_norm_bound=1.0, clip_norm=1.002, bias=False, l2=0.01)
     assert within.loss_assumption_kwargs()["gradient_norms_within_clip"] is True
 

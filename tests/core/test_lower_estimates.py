@@ -1,4 +1,4 @@
-"""Lower estimates from a few orders (docs/decisions.md, section 22): the envelope of a Renyi curve,
+"""Lower estimates from a few orders (docs/derivations/lower-estimates.md#few-orders): the envelope of a Renyi curve,
 the estimate of the epsilon refined from it, and `best` skipping the rows the estimate rules out."""
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _random_pipeline(rng: np.random.Generator, i: int) -> dict:
 
 
 def _estimated_rows(config, assumptions):
-    """The proven rows that apply and whose epsilon section 22's estimate bounds (default grid)."""
+    """The proven rows that apply and whose epsilon docs/derivations/lower-estimates.md#few-orders's estimate bounds
+    (default grid)."""
     for bid, spec in registry.BOUNDS.items():
         proven_with_estimate = spec.proof.proven and evaluation._has_grid_estimate(spec, True)
         if proven_with_estimate and registry.applicability(spec, config, assumptions).applies:
@@ -127,7 +128,8 @@ def test_every_estimated_row_computes_its_curve_order_by_order():
 
 
 def test_every_estimate_curve_is_at_or_below_the_curve():
-    """A row's cheaper curve for its estimate (section 22, part 5) lies at or below its curve at every order;
+    """A row's cheaper curve for its estimate (docs/derivations/lower-estimates.md#cheaper-curve) lies at or below its
+    curve at every order;
     ye-shokri-random has one, and it is not the curve itself (else the check tests nothing)."""
     checked, below = 0, 0
     for _params, config, assumptions, _delta in _draws(120, seed=7):
@@ -185,7 +187,7 @@ def test_best_with_skipping_is_the_minimum_over_every_row():
         a, b = evaluation.best_of(fast.values(), config.relation), evaluation.best_of(full.values(), config.relation)
         assert (a is None) == (b is None)
         if a is not None:
-            assert (a.bound, a.result.epsilon) == (b.bound, b.result.epsilon), (config, delta)
+            assert (a.winner, a.epsilon) == (b.winner, b.epsilon), (config, delta)
         skipped += sum(1 for e in fast.values() if e.notes and e.notes[0].startswith("not computed"))
     assert skipped >= 10, skipped
 
@@ -198,7 +200,7 @@ def test_best_skips_the_losing_renyi_rows_of_a_random_batch_pipeline():
                   sampling="random_batch")  # fmt: skip
     config, assumptions = lp.build(**params)
     rows = evaluation.evaluate_for_best(config, assumptions, 1e-5)
-    assert evaluation.best_of(rows.values(), config.relation).bound == "shifted-interpolation-random-batch"
+    assert evaluation.best_of(rows.values(), config.relation).winner == "shifted-interpolation-random-batch"
     for bid in ("bounded-domain-random", "ye-shokri-random", "composition"):
         assert rows[bid].result is None and "not computed" in rows[bid].notes[0], bid
 

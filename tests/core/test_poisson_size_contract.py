@@ -1,4 +1,5 @@
-"""The Poisson rows' batch-size condition (docs/decisions.md section 19, part 4) as the registry checks it.
+"""The Poisson rows' batch-size condition (docs/derivations/random-batch.md#rb-poisson-batch-sizes) as the registry
+checks it.
 
 The condition is looked at for Poisson pipelines only (any other scheme fails the Poisson rows on its
 sampling), and its size events are cached on every input of ``poisson_size_events``. Neither changes a
@@ -32,7 +33,7 @@ EXPANDS = dict(AOR, learning_rate=1.99)
 @pytest.mark.parametrize(
     ("changes", "epsilon", "applies"),
     [
-        # (the PLD rows' last digits: with their FFT noise margin, docs/decisions.md section 18 part 7)
+        # (the PLD rows' last digits: with their FFT noise margin, docs/derivations/baselines.md#fft-noise-margin)
         (AOR, 1.0564599301573407, {"composition", "composition-pld-poisson", "liang-unbounded",
                                   "shifted-interpolation-poisson"}),
         (EXPANDS, 1.0564599301573407, {"composition", "composition-pld-poisson", "liang-unbounded"}),

@@ -1,4 +1,4 @@
-"""The random-batch PLD baseline (docs/decisions.md, section 18 part 4) against exact instances.
+"""The random-batch PLD baseline (docs/derivations/baselines.md#random-batch-pair) against exact instances.
 
 Fixed-size random batches (b of n without replacement, independent across steps), replace-one.
 Every batch of small instances is enumerated: with 1-D linear losses the last iterate (a

@@ -14,7 +14,6 @@ from lastiter_plugins.api import build
 from tests.support import ROOT
 
 DELTA = 1e-5
-DECISIONS = ROOT / "docs" / "decisions.md"
 
 #: The built-in scenario: shuffle-once, strongly convex, projected (its best is our shuffle mixture).
 BUILTIN = dict(dataset_size=10000, batch_size=100, noise_multiplier=4.0, clip_norm=1.05, learning_rate=1.0,
@@ -26,17 +25,20 @@ POISSON_R1 = dict(dataset_size=1000, batch_size=50, noise_multiplier=4.0, steps=
 
 
 def test_every_row_names_a_published_theorem_or_a_derivation_with_its_checks():
-    sections = set(re.findall(r"^## (\d+)\.", DECISIONS.read_text(), flags=re.M))
     for spec in lp.BOUNDS.values():
         prov = spec.provenance
         assert prov is not None and (prov.published or prov.derived), spec.id
         if prov.published:
             assert re.search(r"(19|20)\d\d", prov.published) and ("arXiv" in prov.published), spec.id
         if prov.derived:
-            assert "docs/decisions.md section" in prov.derived and "checks:" in prov.derived, spec.id
-            cited = re.findall(r"sections? ([\d, and]+)", prov.derived.split(";")[0])
-            numbers = {n for group in cited for n in re.findall(r"\d+", group)}
-            assert numbers and numbers <= sections, (spec.id, numbers - sections)
+            assert prov.derived.startswith("docs/derivations/") and "checks:" in prov.derived, spec.id
+            # every page#anchor it cites before its checks is an explicit anchor there ("page#a, #b and #c")
+            cited = re.findall(r"(docs/derivations/[\w-]+\.md)((?:#[\w-]+(?:, | and )?)+)", prov.derived.split(";")[0])
+            assert cited, spec.id
+            for page, tags in cited:
+                explicit = set(re.findall(r'<a id="([^"]+)"></a>', (ROOT / page).read_text(encoding="utf-8")))
+                missing = set(re.findall(r"#([\w-]+)", tags)) - explicit
+                assert not missing, (spec.id, page, missing)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +65,9 @@ def test_a_published_row_is_derived_where_the_pipeline_leaves_its_statement(chan
 
 def test_best_over_published_theorems_only():
     full = lp.epsilon("best", DELTA, **BUILTIN)
-    assert not full.published and full.provenance.startswith("derived here: docs/decisions.md section 14")
+    assert not full.published and full.provenance.startswith(
+        "derived here: docs/derivations/shifted-interpolation.md#si-shuffle-once"
+    )
     published = lp.epsilon("best", DELTA, published_only=True, **BUILTIN)
     assert published.published and published.provenance.startswith("published: ")
     assert published.epsilon > full.epsilon  # the restriction costs something here
@@ -94,7 +98,10 @@ def test_the_note_says_when_the_restriction_would_change_the_number():
     full = lp.epsilon("best", DELTA, **BUILTIN)
     published = lp.epsilon("best", DELTA, published_only=True, **BUILTIN)
     note = evaluation.published_note(full, config, assumptions)
-    assert f"{published.epsilon:.4g} via {published.winner}" in note and "section 14" in note
+    assert (
+        f"{published.epsilon:.4g} via {published.winner}" in note
+        and "docs/derivations/shifted-interpolation.md#si-shuffle-once" in note
+    )
     assert evaluation.published_note(published, config, assumptions) == ""  # already published: nothing to say
     # compare's best line says it too
     line = lp.compare.compare(DELTA, lower_bound=False, **BUILTIN).best[0]

@@ -45,7 +45,7 @@ def test_epsilon_validates_delta_once(counted):
 
 def test_compute_epsilon_validates_delta_and_orders_once(counted):
     config, assumptions = lp.build(**PARAMS)
-    lp.compute_epsilon("best", config, assumptions, DELTA, orders=[2.0, 4.0, 8.0])
+    lp.epsilon("best", DELTA, [2.0, 4.0, 8.0], config=config, assumptions=assumptions)
     assert counted == {"validate_delta": 1, "validate_orders": 1}
 
 

@@ -1,6 +1,6 @@
 """The docs' code samples run (issue "One number on every route", item 6).
 
-The self-contained pages (README.md, docs/dp_accounting.md, docs/choosing.md) are run block by block,
+The self-contained pages (README.md, docs/api.md, docs/dp_accounting.md, docs/choosing.md) are run block by block,
 in order, in one namespace per page, as a reader pasting them into one session would. The host guides
 (docs/opacus.md, docs/tf_privacy.md) show fragments of a training loop that need your data and model;
 their complete runs are the scripts of examples/, which tests/adapters/test_glm_adapters.py and the adapters'
@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import ROOT
 
-SELF_CONTAINED = ("README.md", "docs/dp_accounting.md", "docs/choosing.md")
+SELF_CONTAINED = ("README.md", "docs/api.md", "docs/dp_accounting.md", "docs/choosing.md")
 _PYTHON = re.compile(r"```python\n(.*?)```", re.S)
 
 

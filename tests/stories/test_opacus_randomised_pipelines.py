@@ -137,7 +137,7 @@ def test_refuses_or_reports_the_epsilon_of_the_run(seed):
     truth = _truth(m, visited, loader_len, steps)
     assert truth is not None, f"{m}: the run is not one any configuration describes, yet {reported} was reported"
     assumptions = lp.LossAssumptions(smoothness=0.25)
-    expected = lp.compute_epsilon("best", truth, assumptions, DELTA, ORDERS).epsilon
+    expected = lp.epsilon("best", DELTA, ORDERS, config=truth, assumptions=assumptions).epsilon
     assert reported == pytest.approx(expected, rel=1e-12), m
 
 

@@ -384,7 +384,7 @@ def test_default_orders_agree_with_lastiter_epsilon():
     acc = LastIterateAccountant().compose(KR)
     np.testing.assert_array_equal(acc.orders, lp.DEFAULT_ORDERS)
     assert acc.neighboring_relation is R1
-    assert acc.get_epsilon(DELTA) == lp.epsilon("best", DELTA, **KR.to_params())[0]
+    assert acc.get_epsilon(DELTA) == lp.epsilon("best", DELTA, **KR.to_params()).epsilon
 
 
 def test_runs_compose_additively():

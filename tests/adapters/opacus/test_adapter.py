@@ -182,7 +182,7 @@ def test_attach_gives_the_engine_a_new_configured_accountant(request):
                                                    noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
     _train(model, optimizer, loader, epochs=2)
     expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
-                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=20)[0]  # fmt: skip
+                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=20).epsilon  # fmt: skip
     assert accountant.steps == 20
     assert engine.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
     # after make_private the optimizer reports to the accountant the engine held then: refused
@@ -610,7 +610,7 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     assert (result.order, result.relation) == (expected.order, expected.relation)
     # the mapping matters: Opacus' own lr (or "b = 1" for sum) would give another number
     naive = lp.epsilon("kong-ribero-cyclic", DELTA, **common, batch_size=core["batch_size"], learning_rate=LR * 0.9)
-    assert expected.epsilon != pytest.approx(naive[0], rel=1e-6)
+    assert expected.epsilon != pytest.approx(naive.epsilon, rel=1e-6)
 
 
 def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
@@ -624,12 +624,12 @@ def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
                                learning_rate=LR, relation="add_or_remove_one")  # fmt: skip
     assumptions = lp.LossAssumptions(smoothness=0.25)
     assert engine.accountant.training_config() == config
-    expected = lp.compute_epsilon("best", config, assumptions, DELTA, POISSON_ORDERS)
+    expected = lp.epsilon("best", DELTA, POISSON_ORDERS, config=config, assumptions=assumptions)
     assert engine.get_epsilon(DELTA) == expected.epsilon  # exactly the core's number
     # composition: the core's RDP curve is Opacus' sampled-Gaussian RDP (q = 1/len(loader) = b/n) at its orders
     q = engine.accountant.history[0][1]
     assert q == 10 / N
-    core_rdp = lp.compute_rdp("composition", config, assumptions, POISSON_ORDERS)
+    core_rdp = lp.rdp("composition", POISSON_ORDERS, config=config, assumptions=assumptions)
     opacus_rdp = compute_rdp(q=q, noise_multiplier=1.0, steps=steps, orders=POISSON_ORDERS)
     np.testing.assert_allclose(core_rdp, opacus_rdp, rtol=1e-9, atol=0)
     # the core converts that curve losslessly (refining between grid orders), so its epsilon is at most Opacus'
@@ -641,7 +641,7 @@ def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
     assert composition.epsilon <= opacus_eps
     order = composition.order
     assert min(POISSON_ORDERS) <= order <= max(POISSON_ORDERS)
-    core_at_order = lp.compute_rdp("composition", config, assumptions, [order])
+    core_at_order = lp.rdp("composition", [order], config=config, assumptions=assumptions)
     dp_eps, dp_order = dp_rdp.compute_epsilon([order], core_at_order, DELTA)
     assert dp_order == order
     assert composition.epsilon == pytest.approx(dp_eps, rel=1e-9)
@@ -761,7 +761,7 @@ def test_checkpoint_round_trip(request, tmp_path):
     assert engine2.accountant.history == engine.accountant.history
     _train(model2, optimizer2, loader2, epochs=1)
     expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
-                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=30)[0]  # fmt: skip
+                          smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=30).epsilon  # fmt: skip
     assert engine2.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
 
 

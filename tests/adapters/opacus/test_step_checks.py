@@ -170,7 +170,7 @@ def test_dp_optimizer_equal_value_in_a_new_object_is_accepted(request, attribute
     assert run.engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
     config = lp.TrainingConfig(dataset_size=N, batch_size=B, noise_multiplier=1.0, steps=EPOCH, sampling="cyclic",
                                learning_rate=LR, clip_norm=1.0)  # fmt: skip
-    computed = lp.compute_epsilon("best", config, lp.LossAssumptions(smoothness=0.25), DELTA).epsilon
+    computed = lp.epsilon("best", DELTA, config=config, assumptions=lp.LossAssumptions(smoothness=0.25)).epsilon
     assert run.engine.get_epsilon(DELTA) == pytest.approx(computed, rel=1e-12)
 
 

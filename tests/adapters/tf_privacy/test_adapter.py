@@ -81,7 +81,7 @@ def core(bound, steps, sampling, **assumptions):
     )
     defaults = dict(smoothness=0.25, gradient_norms_within_clip=True)
     defaults.update(assumptions)
-    return lp.compute_epsilon(bound, config, lp.LossAssumptions(**defaults), DELTA)
+    return lp.epsilon(bound, DELTA, config=config, assumptions=lp.LossAssumptions(**defaults))
 
 
 # ---------------------------------------------------------------- epsilon == core
@@ -546,11 +546,11 @@ def test_projection_keeps_every_iterate_in_the_ball(data):
     assert max(distances) <= diameter / 2
     assert max(distances) > 0.99 * diameter / 2  # the projection was active (lr 2 leaves the ball)
     assert cb.epsilon == pytest.approx(
-        lp.compute_epsilon(
+        lp.epsilon(
             "best",
-            cb.config,
-            lp.LossAssumptions(smoothness=0.25, diameter=diameter, gradient_norms_within_clip=True),
             DELTA,
+            config=cb.config,
+            assumptions=lp.LossAssumptions(smoothness=0.25, diameter=diameter, gradient_norms_within_clip=True),
         ).epsilon,
         rel=1e-12,
     )
@@ -711,7 +711,7 @@ def test_example_runs_and_prints_the_statement(capsys):
     accountant = accountants["cyclic"]
     # the constants were derived from the model (model="glm"), not declared
     assert accountant.assumptions.smoothness == pytest.approx(0.5) and accountant.assumptions.gradient_norms_within_clip
-    expected = lp.compute_epsilon("best", accountant.config, accountant.assumptions, 1e-5)
+    expected = lp.epsilon("best", 1e-5, config=accountant.config, assumptions=accountant.assumptions)
     assert f"({expected.epsilon:.3f}, 1e-05)-DP for the final model only [best via {expected.winner};" in out
     assert f"best {expected.epsilon:.3f} (via {expected.winner};" in out  # the statement names the same winner
     assert "protects the release of the FINAL model only" in out

@@ -68,7 +68,7 @@ def truth(steps, sampling="cyclic", batch_size=B, noise=Z_RUN, **assumptions):
     )
     a = dict(smoothness=0.25, gradient_norms_within_clip=True)
     a.update(assumptions)
-    return lp.compute_epsilon("best", config, lp.LossAssumptions(**a), DELTA).epsilon
+    return lp.epsilon("best", DELTA, config=config, assumptions=lp.LossAssumptions(**a)).epsilon
 
 
 def fit(model, x, y, callbacks, epochs=1, **kwargs):
@@ -379,5 +379,5 @@ def test_random_pipelines_report_exactly_the_core_epsilon_or_refuse():
             clip_norm=C,
         )
         a = lp.LossAssumptions(smoothness=0.25, gradient_norms_within_clip=True, diameter=diameter or None)
-        assert callbacks[0].epsilon == lp.compute_epsilon("best", config, a, DELTA).epsilon, case
+        assert callbacks[0].epsilon == lp.epsilon("best", DELTA, config=config, assumptions=a).epsilon, case
     assert outcomes["accounted"] >= 4 and outcomes["refused"] >= 2, outcomes

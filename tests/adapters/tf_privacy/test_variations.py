@@ -84,7 +84,7 @@ def truth(steps, sampling="cyclic", bound="best", **assumptions):
     )
     a = {} if bound == "composition" else dict(DECLARED)
     a.update(assumptions)
-    return lp.compute_epsilon(bound, config, lp.LossAssumptions(**a), DELTA).epsilon
+    return lp.epsilon(bound, DELTA, config=config, assumptions=lp.LossAssumptions(**a)).epsilon
 
 
 def fit(model, x, y, callbacks, epochs=1, **kwargs):

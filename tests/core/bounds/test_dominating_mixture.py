@@ -1,4 +1,5 @@
-"""A mixture against a law that does not mix (docs/decisions.md, section 25): Lemma M (the tradeoff
+"""A mixture against a law that does not mix (docs/derivations/poisson-amplification.md#amplification): Lemma M (the
+tradeoff
 function of a mixture against one law is at least the mixture of the tradeoff functions), Lemma P
 (two mixtures through a common pivot), the profile's numerics against certified quadrature, and the
 Poisson rows on the issue's settings."""
@@ -113,7 +114,7 @@ def test_lemma_p_two_mixtures_through_a_pivot():
 
 def test_never_above_joint_convexity():
     """H(M || N0) <= sum_u w_u delta_{mu_u} and H(M || M~) <= sum_u w_u delta_{2 mu_u} (joint
-    convexity): the new profile is never looser than section 19's."""
+    convexity): the new profile is never looser than docs/derivations/random-batch.md#random-batch-poisson's."""
     rng = np.random.default_rng(3)
     for _ in range(10):
         w, m = _random_mixture(rng, 8)
@@ -177,7 +178,7 @@ _GLM = dict(
 def test_glm_poisson_row_below_the_every_iterate_pld(epochs, relation):
     """On the GLM setting the last-iterate row is below the every-iterate PLD from E = 20 on (it was
     2.38 against 1.85 at E = 20 under add-or-remove, 5.66 against 3.78 under replace-one). Not below it
-    at E <= 10 (0.82 against 0.41 at E = 1): section 25, part 6."""
+    at E <= 10 (0.82 against 0.41 at E = 1): docs/derivations/poisson-amplification.md#pa-ground-truth."""
     suffix = "" if relation == "add_or_remove_one" else "-replace-one"
     params = {**_GLM, "epochs": epochs, "relation": relation}
     row = lp.epsilon(f"shifted-interpolation-poisson{suffix}", 1e-5, **params).epsilon
@@ -186,7 +187,8 @@ def test_glm_poisson_row_below_the_every_iterate_pld(epochs, relation):
 
 
 def test_the_poisson_pair_does_not_dominate_fixed_size_batches():
-    """Section 25, part 4: n = 3, b = 1, T = 6, linear 1-D losses (+1, 0, 0) against (-1, 0, 0): the last
+    """docs/derivations/poisson-amplification.md#pa-random-batch-fails: n = 3, b = 1, T = 6, linear 1-D losses (+1, 0,
+    0) against (-1, 0, 0): the last
     iterates' total variation exceeds that of (E_k N(2k, T), N(0, T)), the pair a random-batch row would
     reuse from Poisson sampling, so that shortcut is not a bound (and is not shipped)."""
     steps, n = 6, 3

@@ -1,6 +1,6 @@
 """Liang et al. (arXiv 2502.17772) under add-or-remove-one: the sampled-Gaussian term
 has sensitivity C (noise multiplier sqrt(beta)*z), derivation in
-docs/decisions.md, section 12. Known values against dp-accounting, and ground
+docs/derivations/liang.md#add-or-remove-sensitivity. Known values against dp-accounting, and ground
 truths G1 and G3 (Poisson, add_or_remove_one) that the tighter numbers must respect.
 """
 
@@ -98,7 +98,8 @@ def test_g3_poisson_bounded(diameter, z, q, lr, steps):
 
 @pytest.mark.filterwarnings("ignore:the optimal Renyi order")  # the small user grid
 def test_lower_estimate_never_above_the_reported_epsilon():
-    """liang-bounded's lower estimate (decisions section 21) lets best skip it: it must never exceed
+    """liang-bounded's lower estimate (docs/derivations/lower-estimates.md#liang-bounded-estimate) lets best skip it: it
+    must never exceed
     what the row reports, on the default grid or on any user grid, at any delta (it comes within 1% of
     it on most of these draws, so a wrong constant fails)."""
     import lastiter_plugins as lp
@@ -141,6 +142,5 @@ def test_best_skips_liang_bounded_when_its_estimate_cannot_win():
     everything = evaluation.evaluate_all(config, assumptions, 1e-5)
     assert everything["liang-bounded"].result.epsilon > 1e9
     assert (
-        lp.epsilon("best", 1e-5, **params).epsilon
-        == evaluation.best_of(everything.values(), config.relation).result.epsilon
+        lp.epsilon("best", 1e-5, **params).epsilon == evaluation.best_of(everything.values(), config.relation).epsilon
     )

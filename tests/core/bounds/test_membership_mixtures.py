@@ -1,7 +1,9 @@
-"""Random batches and Poisson sampling (docs/decisions.md, section 19): the schedule mixture over
+"""Random batches and Poisson sampling (docs/derivations/random-batch.md#random-batch-poisson): the schedule mixture
+over
 independent memberships with the additive allocation.
 
-Ground truth, from the inside out: (1) the allocation's cost (2) of section 19, computed here
+Ground truth, from the inside out: (1) the allocation's cost (2) of
+docs/derivations/random-batch.md#random-batch-poisson, computed here
 independently for every membership pattern, is never below the exact per-schedule optimum;
 (2) the module's lattice law stochastically dominates the exact law of that cost over all 2^T
 patterns; (3) the rows' privacy profiles are never below the certified hockey-stick divergence
@@ -30,7 +32,7 @@ def _capacity(c, m):
 
 
 def _allocation_mu2(layout: mm.Layout, u: np.ndarray, s: float, c: float) -> float:
-    """Section 19, (2), written out per pattern (no lattice)."""
+    """docs/derivations/random-batch.md#random-batch-poisson, (2), written out per pattern (no lattice)."""
     t = 0
     z = 0.0
     for step in range(layout.prefix):
@@ -240,7 +242,7 @@ def test_prefix_law_split_route_dominates_the_exact_shift():
 
 def test_every_step_claimed_is_the_full_batch_optimum():
     """The allocation claiming every step: the full-batch formula, equal to the schedule engine's
-    optimum with a use at every step (docs/decisions.md, section 14, part 2)."""
+    optimum with a use at every step (docs/derivations/shifted-interpolation.md#si-full-batch)."""
     for c, steps in ((0.5, 7), (0.9, 40), (0.998, 300), (1.0, 25)):
         expected = ss.schedule_mu(use_times=range(steps), steps=steps, contraction=c, step_mu=1.0)
         assert mm.every_step_claimed_mu(c, steps) == pytest.approx(expected, rel=1e-9)
@@ -459,7 +461,7 @@ def test_never_below_the_exact_mixture_over_every_pattern(bound, draw):
 
 def test_never_below_the_exact_mixture_where_most_steps_use_the_record():
     """As above with q = b/n close to 1 (and 1) and strong contractions: the regime of the split prefix
-    lattice and of the allocation claiming every step (docs/decisions.md, section 19, part 3). At q = 1
+    lattice and of the allocation claiming every step (docs/derivations/random-batch.md#rb-exact-law). At q = 1
     the bound is the exact value (the full-batch optimum is exact on these quadratics)."""
     rng = np.random.default_rng(30)
     for n_extra in (0, 1, 1, 2, 0, 1):

@@ -1,4 +1,4 @@
-"""Schedule mixtures (docs/decisions.md, section 17): the exact per-schedule optimum of the
+"""Schedule mixtures (docs/derivations/schedule-mixtures.md#schedule-mixtures): the exact per-schedule optimum of the
 shift allocation of shifted interpolation (Bok, Su & Altschuler 2024, arXiv 2403.00278),
 and the reshuffle bound built on it.
 
@@ -88,7 +88,8 @@ def test_schedule_optimum_equals_a_qp_solver():
 
 
 def test_one_use_is_theta():
-    # one use r steps before the end: s^2 theta_c(r + 1) (docs/decisions.md, section 14)
+    # one use r steps before the end: s^2 theta_c(r + 1)
+    # (docs/derivations/shifted-interpolation.md#shifted-interpolation)
     for c, steps, t in [(0.9, 20, 5), (1.0, 7, 0), (0.5, 3, 2)]:
         r = steps - 1 - t
         expected = 0.7**2 * c ** (2 * r) / sum(c ** (2 * u) for u in range(r + 1))
@@ -143,7 +144,7 @@ def test_spaced_uses_family_equals_the_reference():
 
 
 def _closed_form(s, c, per_epoch, uses, after):
-    """docs/decisions.md, section 14, (*): one feasible allocation per cyclic position."""
+    """docs/derivations/shifted-interpolation.md#si-cyclic, (*): one feasible allocation per cyclic position."""
     theta = c ** (2 * after) / sum(c ** (2 * u) for u in range(after + 1))
     if uses == 1:
         return s * s * theta
@@ -328,7 +329,8 @@ ISSUE_30_EXAMPLE = dict(dataset_size=60, batch_size=30, noise_multiplier=0.8, le
 
 
 def test_reshuffle_partial_epoch_cannot_be_made_monotone_by_conditioning():
-    """Issue 30, item 4 (docs/decisions.md, section 17, part 6): on the example the row is 19.70 at T = 3
+    """Issue 30, item 4 (docs/derivations/schedule-mixtures.md#sm-partial-last-epochs): on the example the row is 19.70
+    at T = 3
     (a partial second epoch) and 15.37 at T = 4. Every bound that conditions on the positions is at
     least the joint-convexity mixture of the exact per-schedule G2 values (quadratics, lam = M = 1:
     the same c = 0.7, and within the declared M = 2), 17.3 at T = 3: above the row at T = 4, so no

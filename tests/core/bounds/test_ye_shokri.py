@@ -2,8 +2,8 @@
 bounded-memory position sum of the shuffle bound.
 
 Ground truth G2 (strongly convex quadratics, exact Gaussian laws, the short last
-batch contracting by 1 - eta*lam*r/b): the re-derived bounds (docs/decisions.md,
-section 11) must be >= the exact divergence; the paper's formula with
+batch contracting by 1 - eta*lam*r/b): the re-derived bounds (docs/derivations/ye-shokri.md#short-last-batch) must be >=
+the exact divergence; the paper's formula with
 rho everywhere must be shown to fall below it.
 """
 

@@ -167,7 +167,8 @@ def test_best_line_is_a_minimum_within_one_relation(scenario_results):
 
 def test_random_batch_baseline_is_sampling_without_replacement(scenario_results):
     """Fixed-size random batches keep the RDP of sampling without replacement (pinned to dp-accounting's
-    RdpAccountant in tests/core/bounds/test_known_values.py); no epoch or Poisson baseline applies (decisions section 18.4)."""
+    RdpAccountant in tests/core/bounds/test_known_values.py); no epoch or Poisson baseline applies
+    (docs/derivations/baselines.md#random-batch-pair)."""
     result = scenario_results["random-batch-projected-glm"]
     comp = result.row("composition")
     assert comp.valid and comp.counted and comp.relation == "replace_one"

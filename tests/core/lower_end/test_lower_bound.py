@@ -1,5 +1,5 @@
 """How tight (issue 19, requirement 5): best's lower bound, the exact epsilon of an instance meeting
-every declaration (docs/decisions.md, section 20). It must never exceed best (a bug in a bound if it
+every declaration (docs/derivations/lower-end.md#lower-end). It must never exceed best (a bug in a bound if it
 does), it is None with a reason where no instance fits, and the instance must meet the declarations."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def test_compare_shows_the_interval():
 
 
 # ---------------------------------------------------------------- the exact linear-loss instance at any size
-# (issue 30, item 2; docs/decisions.md, section 20, part 2)
+# (issue 30, item 2; docs/derivations/lower-end.md#exact-linear-instances)
 
 
 def _certified(laws: exact.GaussianLaws) -> tuple[float, float]:
