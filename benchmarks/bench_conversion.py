@@ -1,6 +1,6 @@
 """RDP -> (epsilon, delta): how much the grid conversion loses, and what the exact one costs.
 
-On the seeded configurations of tests/test_conversion.py (1000 linear curves
+On the seeded configurations of tests/core/test_conversion.py (1000 linear curves
 rho*alpha, rho log-uniform in [1e-6, 1e3], delta log-uniform in [1e-12, 1e-2]; 1000
 non-linear curves, a fifth of them the sampled Gaussian composed T times), compares
 with the continuous optimum of the same curve, computed independently there:

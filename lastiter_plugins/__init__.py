@@ -35,7 +35,8 @@ _EXPORTS: dict[str, str] = {
 #: reachable as lastiter_plugins.NAME, with a DeprecationWarning naming the replacement; removed at 1.0.
 _DEPRECATED = ("advise_config", "compute_epsilon", "compute_rdp", "evaluate_all")
 
-__all__ = [  # what `from lastiter_plugins import *` gives; the keys of _EXPORTS (docs/api.md; tests/test_cli.py checks)
+# what `from lastiter_plugins import *` gives; the keys of _EXPORTS (docs/api.md; tests/core/test_cli.py checks)
+__all__ = [
     "BEST",
     "BOUNDS",
     "BOUND_IDS",

@@ -95,7 +95,7 @@ def _unproven_id(text: str) -> str:
 
 
 #: One command-line flag per keyword-API parameter (the keys are ``lastiter_plugins.api.PARAMETERS``, in
-#: its order: tests/test_cli.py checks it), as (group, argparse keywords). No defaults here: a flag not given
+#: its order: tests/core/test_cli.py checks it), as (group, argparse keywords). No defaults here: a flag not given
 #: leaves the value to the --config file, else to the API's default (named in the help).
 _TRAINING, _ASSUMPTIONS = "training run", "declared loss assumptions"
 PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -5,7 +5,7 @@ assertion that clipping is never active, derive them from what the user can
 check: the loss family, a bound A on the feature norm (guaranteed by a
 feature-clipping transform, :mod:`lastiter_plugins.feature_clip`), the l2
 coefficient w and where the optimizer applies it, an optional projection, and
-the clip norm C. Derivations (each pinned by a test in tests/test_glm.py):
+the clip norm C. Derivations (each pinned by a test in tests/core/test_glm.py):
 
 * Data term. Binary GLM f(x) = phi(<a~, x>) with a~ = a, or a~ = [a, 1] with a
   bias (then \|a~\| <= A~ = sqrt(A^2 + 1)): gradient phi'(u) a~, Hessian

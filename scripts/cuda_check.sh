@@ -15,4 +15,4 @@ print(f"torch {torch.__version__}, opacus {opacus.__version__}, numpy {numpy.__v
 PY
 python3 examples/opacus_logistic_regression.py --epochs 3
 python3 examples/opacus_softmax_regression.py --epochs 3
-LASTITER_TEST_DEVICE=cuda python3 -P -m pytest -q -p no:cacheprovider tests/test_opacus_adapter.py "$@"
+LASTITER_TEST_DEVICE=cuda python3 -P -m pytest -q -p no:cacheprovider tests/adapters/opacus/test_adapter.py "$@"

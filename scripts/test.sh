@@ -4,7 +4,8 @@
 #   1. lint and format check (ruff), type check (mypy over the package and the adapters, [tool.mypy]
 #      in pyproject.toml);
 #   2. the whole pytest suite in .venv, except what builds and installs the distribution
-#      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md).
+#      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md). The
+#      layout and the tiers: tests/README.md.
 # What is slow and needs environments of its own (the packaging tests, dp-accounting 0.6,
 # Opacus 1.5) is scripts/test_environments.sh, the second step of .ci/run.
 # Arguments are passed to pytest. Every step runs even when an earlier one fails; the exit

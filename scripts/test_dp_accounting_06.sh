@@ -8,7 +8,7 @@
 #
 # Usage (from anywhere):
 #   scripts/test_dp_accounting_06.sh                 # default selection, see below
-#   scripts/test_dp_accounting_06.sh PYTEST_ARGS...  # e.g. tests/test_dp_accounting_adapter.py -x
+#   scripts/test_dp_accounting_06.sh PYTEST_ARGS...  # e.g. tests/adapters/dp_accounting/test_adapter.py -x
 # Environment:
 #   DPA06_VENV  venv folder (default .venv-dpa06 in the repo root; git-ignored)
 #   PYTHON      interpreter that creates the venv (default python3, must be >= 3.10)
@@ -43,8 +43,8 @@ case "$version" in
 esac
 
 if [ "$#" -eq 0 ]; then
-  set -- -q tests/test_dp_accounting_adapter.py tests/test_known_values.py tests/test_liang_sensitivity.py \
-    tests/test_conversion.py tests/test_profiles.py tests/test_baselines.py tests/test_one_best.py tests/test_sgm_series.py
+  set -- -q tests/adapters/dp_accounting/test_adapter.py tests/core/bounds/test_known_values.py tests/core/bounds/test_liang.py \
+    tests/core/test_conversion.py tests/core/test_profiles.py tests/core/test_baselines.py tests/stories/test_one_best.py tests/core/bounds/test_sgm.py
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/_steps.sh
 
-step .venv/bin/python -m pytest -q -m packaging tests/test_packaging.py
+step .venv/bin/python -m pytest -q -m packaging tests/stories/test_packaging.py
 step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
 step bash scripts/test_opacus_15.sh
 

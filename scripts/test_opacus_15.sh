@@ -10,13 +10,13 @@
 #
 # Usage (from anywhere):
 #   scripts/test_opacus_15.sh                 # default selection, see below
-#   scripts/test_opacus_15.sh PYTEST_ARGS...  # e.g. tests/test_opacus_adapter.py -x
+#   scripts/test_opacus_15.sh PYTEST_ARGS...  # e.g. tests/adapters/opacus/test_adapter.py -x
 # Environment:
 #   OPACUS15_VENV  venv folder (default .venv-opacus15 in the repo root; git-ignored)
 #   PYTHON         interpreter that creates the venv (default python3, must be >= 3.10)
 #
-# Default selection: the Opacus adapter tests (tests/test_opacus_*.py, and the Opacus
-# half of tests/test_glm_adapters.py), and the
+# Default selection: the Opacus adapter tests (tests/adapters/opacus/, the randomised Opacus
+# pipelines of tests/stories/, and the Opacus half of tests/adapters/test_glm_adapters.py), and the
 # comparison and known-value tests that call Opacus' accountants (RDP, PRV) on Poisson
 # pipelines and the built-in scenario. Opacus 1.5 has no accountant registry: the tests
 # attach the accountant to the engine there (docs/opacus.md, "Opacus 1.5"), and the few
@@ -47,7 +47,7 @@ case "$version" in
 esac
 
 if [ "$#" -eq 0 ]; then
-  set -- tests/test_opacus_*.py tests/test_glm_adapters.py tests/test_compare.py tests/test_known_values.py -q -rs \
+  set -- tests/adapters/opacus tests/stories/test_opacus_randomised_pipelines.py tests/adapters/test_glm_adapters.py tests/core/compare/test_compare.py tests/core/bounds/test_known_values.py -q -rs \
     -k 'opacus or poisson or builtin_rows'
 fi
 echo "+ $venv/bin/python -m pytest $*"

@@ -1,22 +1,18 @@
-"""Shared pytest configuration and parameter factories.
+"""The suite's pytest hooks: the ``--runslow`` option and the skipping of ``slow`` tests.
 
 Slow suites (full soundness fuzzing, long sweeps) are marked ``@pytest.mark.slow``
 and run only with ``pytest --runslow``; randomised sweeps that run in both take their
-size from :func:`sweep_size` (smaller by default, the full size with ``--runslow``).
-
-The factories build the keyword parameters of the public API (and the matching
-command-line flags) that several test files use, so that a pipeline is described
-once: ``pipeline(**overrides)``, ``strongly_convex(**overrides)``, ``cli_flags(params)``.
-Test files import them (``from conftest import pipeline``); each call returns a new dict.
+size from :func:`tests.support.sweep_size` (smaller by default, the full size with
+``--runslow``). The layout and the tiers: tests/README.md.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
+
+from tests.support import RUNSLOW_ENV
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -25,17 +21,9 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
 
 
-_RUNSLOW_ENV = "LASTITER_TESTS_RUNSLOW"
-
-
 def pytest_configure(config):
-    # read by sweep_size() when the test modules are imported (after this hook)
-    os.environ[_RUNSLOW_ENV] = "1" if config.getoption("--runslow") else "0"
-
-
-def sweep_size(default: int, runslow: int) -> int:
-    """How many random draws a sweep makes: ``default`` in the default run, ``runslow`` with --runslow."""
-    return runslow if os.environ.get(_RUNSLOW_ENV) == "1" else default
+    # read by tests.support.sweep_size() when the test modules are imported (after this hook)
+    os.environ[RUNSLOW_ENV] = "1" if config.getoption("--runslow") else "0"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,41 +33,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip_slow)
-
-
-# ---------------------------------------------------------------- parameter factories
-
-_PIPELINE = {"dataset_size": 1000, "batch_size": 10, "noise_multiplier": 1.0, "steps": 500, "sampling": "cyclic"}
-
-_STRONGLY_CONVEX = {
-    "steps": 2000,
-    "learning_rate": 0.1,
-    "smoothness": 1.0,
-    "strong_convexity": 0.1,
-    "gradient_norms_within_clip": True,
-}
-
-
-def pipeline(**overrides: Any) -> dict[str, Any]:
-    """A small valid pipeline with no loss assumptions: n = 1000, b = 10, z = 1, T = 500, cyclic
-    (only composition and the curvature-free bound apply), with ``overrides`` applied."""
-    return {**_PIPELINE, **overrides}
-
-
-def strongly_convex(**overrides: Any) -> dict[str, Any]:
-    """:func:`pipeline` with T = 2000 and lam = 0.1-strongly convex, M = 1-smooth losses, eta = 0.1,
-    every per-example gradient within the clip: the Ye & Shokri and shifted-interpolation bounds apply
-    (with a scheme they cover), with ``overrides`` applied."""
-    return {**_PIPELINE, **_STRONGLY_CONVEX, **overrides}
-
-
-def cli_flags(params: Mapping[str, Any]) -> list[str]:
-    """The ``lastiter`` flags describing the keyword parameters ``params`` (None values omitted,
-    True booleans as bare flags, False ones omitted)."""
-    argv: list[str] = []
-    for key, value in params.items():
-        if value is None or value is False:
-            continue
-        flag = "--" + key.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
-    return argv

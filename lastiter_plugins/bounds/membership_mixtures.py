@@ -208,7 +208,7 @@ def _fft_error(size: int) -> float:
     (2003, Math. Comp. 72, Theorem 5.1), :math:`(1+\epsilon)^{3k}(1+\epsilon\sqrt5)^{3k+1}
     (1+\beta)^{3k} - 1` with :math:`\epsilon = 2^{-53}` and twiddle factors within
     :math:`\beta = 2\epsilon`, times _FFT_MARGIN for an FFT that is not exactly the radix-2 one analysed
-    (numpy's pocketfft; tests/test_membership_mixtures.py checks the bound against direct sums).
+    (numpy's pocketfft; tests/core/bounds/test_membership_mixtures.py checks the bound against direct sums).
     Subtracting it from every entry leaves each entry below the exact one
     (docs/derivations/random-batch.md#random-batch-poisson)."""
     k = size.bit_length() - 1

@@ -59,7 +59,7 @@ _POISSON_PROVENANCE = Provenance(
     "docs/derivations/poisson-amplification.md#amplification (per-pattern shifted interpolation, batch sizes "
     "conditioned; the "
     "patterns mixed against the run without the record); checks: exact instances "
-    "(tests/test_membership_mixtures.py, tests/test_dominating_mixture.py), fuzzing "
+    "(tests/core/bounds/test_membership_mixtures.py, tests/core/bounds/test_dominating_mixture.py), fuzzing "
     f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of docs/derivations/random-batch.md#random-batch-poisson"
 )
 
@@ -108,7 +108,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.3",
             derived="docs/derivations/glm.md#glm-route (the linear-model route: the clipped update is a gradient "
             "step); "
-            f"checks: exact instances G1-G3 (tests/test_ground_truth.py), fuzzing ({_FUZZ})",
+            f"checks: exact instances G1-G3 (tests/core/verification/test_ground_truth.py), fuzzing ({_FUZZ})",
             outside_published=(c.glm_route,),
         ),
         title="cyclic traversal, weakly convex smooth losses",
@@ -125,7 +125,8 @@ _TABLE: tuple[BoundSpec, ...] = (
             published="Kong & Ribero 2024 (arXiv 2407.05237), Theorem 2.2, with clipping never active",
             derived="docs/derivations/assumptions.md#poisson-batch-sizes, #unclipped-gradients and "
             "#clipping-never-active (the Lipschitz constant of the clipped update, Prop. "
-            "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 (tests/test_ground_truth.py), "
+            "2.1(b), where the statement uses L_eta); checks: exact instances G1-G3 "
+            "(tests/core/verification/test_ground_truth.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(c.clipping_may_be_active, c.glm_route),
         ),
@@ -176,7 +177,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/derivations/bounded-domain.md#bounded-domain-random (Feldman, Mironov, Talwar & Thakurta "
             "2018, Lemmas 20-21, per batch "
-            "sequence, averaged over the batches); checks: exact instances G3 (tests/test_bounded_domain.py), "
+            "sequence, averaged over the batches); checks: exact instances G3 "
+            "(tests/core/bounds/test_bounded_domain.py), "
             f"fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})"
         ),
         title="bounded domain, convex smooth losses, random or Poisson batches",
@@ -196,7 +198,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             "docs/derivations/liang.md#closed-forms-not-used and #add-or-remove-sensitivity (Liang et al. "
             "2025, arXiv 2502.17772, Theorem 3.4, "
             "corrected: the exact sampled-Gaussian term with sensitivity C, the expansion of Poisson batches); "
-            f"checks: exact instances G1 and G3 (tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+            f"checks: exact instances G1 and G3 (tests/core/bounds/test_liang.py), fuzzing ({_FUZZ})"
         ),
         title="bounded domain, smooth (non-convex) losses, Poisson sampling",
         reference=f"{LIANG}, Theorem 3.4",
@@ -213,7 +215,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             derived="docs/derivations/liang.md#closed-forms-not-used and #add-or-remove-sensitivity (Liang et al. "
             "2025, arXiv 2502.17772, Theorem 3.3, "
             "corrected: the exact sampled-Gaussian term with sensitivity C); checks: exact instances G1 "
-            f"(tests/test_liang_sensitivity.py), fuzzing ({_FUZZ})"
+            f"(tests/core/bounds/test_liang.py), fuzzing ({_FUZZ})"
         ),
         title="smooth losses, Poisson sampling (composition in disguise)",
         reference=f"{LIANG}, Theorem 3.3",
@@ -229,7 +231,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             derived="docs/derivations/assumptions.md#unclipped-gradients and #checked-and-kept, "
             "docs/derivations/ye-shokri.md#short-last-batch and docs/derivations/glm.md#glm-route (a short "
             "last batch, a partial last epoch, a "
-            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            "projection, the linear-model route); checks: exact instances G2 (tests/core/bounds/test_ye_shokri.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=c.FIXED_BATCH_OUTSIDE,
         ),
@@ -250,7 +252,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             derived="docs/derivations/assumptions.md#unclipped-gradients and #checked-and-kept, "
             "docs/derivations/ye-shokri.md#short-last-batch and docs/derivations/glm.md#glm-route (a short "
             "last batch, a partial last epoch, a "
-            "projection, the linear-model route); checks: exact instances G2 (tests/test_short_batch.py), "
+            "projection, the linear-model route); checks: exact instances G2 (tests/core/bounds/test_ye_shokri.py), "
             f"fuzzing ({_FUZZ})",
             outside_published=c.FIXED_BATCH_OUTSIDE,
         ),
@@ -267,7 +269,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             published="Ye & Shokri, NeurIPS 2022 (arXiv 2203.05363), Theorem 4.3",
             derived="docs/derivations/assumptions.md#checked-and-kept and docs/derivations/glm.md#glm-route (a "
             "projection, the linear-model route); checks: exact "
-            f"instances G2 (tests/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
+            f"instances G2 (tests/core/verification/test_ground_truth.py), fuzzing ({_FUZZ}, {_FUZZ_MEMBERSHIP})",
             outside_published=(c.projected, c.l2_outside, c.glm_route),
         ),
         title="strongly convex, random batch of size b every step",
@@ -353,7 +355,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             derived="docs/derivations/shifted-interpolation.md#si-lemmas and #si-cyclic (re-derived from f-DP "
             "composition; a short last "
             "batch, a partial last pass, projected restarts, the linear-model route); checks: exact instances G2 "
-            f"(tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
+            f"(tests/core/bounds/test_shifted_interpolation.py), fuzzing ({_FUZZ})",
             outside_published=c.FIXED_BATCH_OUTSIDE,
         ),
         title="f-DP, fixed-order batches, worst position of the differing example",
@@ -371,7 +373,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/derivations/shifted-interpolation.md#si-shuffle-once (per-position mu-GDP averaged by joint "
             "convexity); checks: "
-            f"exact instances G2 (tests/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
+            f"exact instances G2 (tests/core/bounds/test_shifted_interpolation.py), fuzzing ({_FUZZ})"
         ),
         title="f-DP, one secret random permutation: privacy profiles averaged over positions",
         reference=f"our extension of {BOK_SU_ALTSCHULER}, section 4: per-position mu-GDP averaged by joint "
@@ -389,7 +391,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/derivations/schedule-mixtures.md#schedule-mixtures (a schedule mixture); checks: exact "
             "instances "
-            "(tests/test_schedule_mixtures.py), an independent re-derivation"
+            "(tests/core/bounds/test_shift_schedules.py), an independent re-derivation"
         ),
         title="f-DP, a fresh secret permutation every epoch: schedule mixture over the last epoch's position",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): earlier "
@@ -407,7 +409,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/derivations/random-batch.md#random-batch-poisson (a schedule mixture over the memberships); "
             "checks: exact instances "
-            f"(tests/test_membership_mixtures.py), fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
+            "(tests/core/bounds/test_membership_mixtures.py), "
+            f"fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
         ),
         title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
@@ -522,7 +525,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         provenance=Provenance(
             derived="docs/derivations/baselines.md#poisson-replace-one-pair (our dominating pair, proven for every "
             "epsilon); checks: "
-            f"the theorem on random configurations and exact at T = 1 (tests/test_baselines.py), fuzzing "
+            f"the theorem on random configurations and exact at T = 1 (tests/core/test_baselines.py), fuzzing "
             f"({_FUZZ_MEMBERSHIP})"
         ),
         title="Poisson-sampled Gaussian under replace-one: a dominating pair composed as a privacy loss "
@@ -550,7 +553,7 @@ _TABLE: tuple[BoundSpec, ...] = (
             derived="docs/derivations/baselines.md#random-batch-pair (re-derived: the coupling, both orders as one "
             "pair); "
             "checks: every batch enumerated on linear instances, attained at T = 1 "
-            "(tests/test_random_batch_pld.py), fuzzing (300 checks)",
+            "(tests/core/test_random_batch_pld.py), fuzzing (300 checks)",
         ),
         title="fixed-size random batches under replace-one: a dominating pair composed as a privacy loss "
         "distribution (every iterate)",

@@ -8,7 +8,7 @@ Full run (>= 1000 checks per bound; about an hour on one core)::
 
     python -m lastiter_plugins.verification.fuzz --checks-per-bound 1000 --seed 2026 --json benchmarks/fuzz_1000.json
 
-The default test run uses a small fixed-seed subset (tests/test_verification.py);
+The default test run uses a small fixed-seed subset (tests/core/verification/test_verification.py);
 ``pytest --runslow`` runs the full one.
 
 An instance "meets a bound's assumptions" exactly when
