@@ -59,16 +59,16 @@ class LastIterateAccountant(IAccountant):
     _registration: Registration | None = None
 
     def __init__(self) -> None:
-        if type(self)._registration is None:
+        declared = type(self)._registration
+        if declared is None:
             raise TypeError(
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
         super().__init__()
-        declared = type(self)._registration
         #: model="glm": the route that derives the loss assumptions and watches loss and model (one more check)
         self._glm = GlmRoute(declared) if declared.glm is not None else None
-        self.history = []
+        self.history: list[tuple[float, float, int]] = []
         self._observed: Observed | None = None
         self._resumed = False
         #: after load_state_dict: the digest of the model the checkpoint's state was saved with,
@@ -218,7 +218,7 @@ class LastIterateAccountant(IAccountant):
         if self._start.prior is not None:  # the model was trained by an earlier engine: continue or refuse
             self._start.continue_prior(self, observed)
             steps = self.steps
-        self._verify_constant(observed, steps)  # ... the same as at the first step
+        self._verify_constant(observed, steps, monitor.plan)  # ... the same as at the first step
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
@@ -258,7 +258,7 @@ class LastIterateAccountant(IAccountant):
         if problem is not None:
             raise checkpoint.refuse_loaded_epsilon(problem)
 
-    def _verify_constant(self, observed: Observed, steps: int) -> None:
+    def _verify_constant(self, observed: Observed, steps: int, plan: tuple[float, float, int] | None) -> None:
         if self._resumed and self._observed is not None:
             checkpoint.check_permutation(
                 self.registration, self._observed.permutation_digest, observed.permutation_digest
@@ -280,8 +280,8 @@ class LastIterateAccountant(IAccountant):
                 f"loader would reuse the examples of the interrupted epoch). Found {steps} steps, "
                 f"{observed.loader_batches} per epoch. Save checkpoints at the end of epochs."
             )
-        if self._observed is None and self._monitor.plan is not None:
-            self._check_plan(observed, self._monitor.plan)
+        if self._observed is None and plan is not None:
+            self._check_plan(observed, plan)
 
     def _check_plan(self, observed: Observed, plan: tuple[float, float, int]) -> None:
         """The run make_private_with_epsilon calibrated for must still reach its target."""
@@ -344,9 +344,9 @@ class LastIterateAccountant(IAccountant):
         if self._observed is not None:
             if self._resume_digest is not None:
                 self._check_loaded_model()
-            elif self._checks() is not None:  # nothing may have changed the model since the last step
+            elif (checks := self._checks()) is not None:  # nothing may have changed the model since the last step
                 try:
-                    self._checks().verify_model(self.steps, release=True)
+                    checks.verify_model(self.steps, release=True)
                 except LastIteratePipelineChangedError as exc:
                     self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
@@ -394,9 +394,10 @@ class LastIterateAccountant(IAccountant):
         """Opacus' ``history`` and ``mechanism``, and under ``lastiter``: the registered configuration,
         the observed optimizer facts, the SHA-256 digest of the model's parameters and buffers after
         the last step (checked at the first step after ``load_state_dict``) and a refusal, if any."""
-        if self._void is None and self._checks() is not None and self.history and self._resume_digest is None:
+        checks = self._checks()
+        if self._void is None and checks is not None and self.history and self._resume_digest is None:
             try:  # a model written since the last step is not the accounted run's: the state says so
-                self._checks().verify_model(self.steps, release=True)
+                checks.verify_model(self.steps, release=True)
             except LastIteratePipelineChangedError as exc:
                 self._void = str(exc)
         tensors = self._model_tensors()
