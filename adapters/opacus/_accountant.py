@@ -371,10 +371,13 @@ class LastIterateAccountant(IAccountant):
         result = self.epsilon_result(delta)
         return 0.0 if result is None else float(result.epsilon)
 
-    def get_privacy_spent(self, *, delta: float) -> tuple[float, float]:
-        """(epsilon, optimal order), like Opacus' RDPAccountant."""
+    def get_privacy_spent(self, *, delta: float) -> tuple[float, float | None]:
+        """(epsilon, optimal order), like Opacus' RDPAccountant; the order is None when the bound is a
+        privacy profile converted exactly (no Renyi order: ``EpsilonResult.order``)."""
         result = self.epsilon_result(delta)
-        return (0.0, 0.0) if result is None else (float(result.epsilon), float(result.order))
+        if result is None:
+            return (0.0, 0.0)
+        return (float(result.epsilon), None if result.order is None else float(result.order))
 
     def report(self, delta: float, *, show: bool = False) -> Report:
         """Every bound side by side for the steps so far (relation, applies or why not, epsilon,
