@@ -93,7 +93,11 @@ class LastIterateAccountant(IAccountant):
     @property
     def registration(self) -> Registration:
         """The registered configuration; on the GLM route, with the constants derived from the model."""
-        return self._glm.registration if self._glm is not None else type(self)._registration
+        if self._glm is not None:
+            return self._glm.registration
+        declared = type(self)._registration
+        assert declared is not None  # __init__ refused the unregistered base class
+        return declared
 
     @property
     def derivation(self) -> Any:
@@ -210,11 +214,14 @@ class LastIterateAccountant(IAccountant):
                 "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
                 "engine.accountant.bind_data_loader(data_loader, module=model) before training."
             )
+        watch = None
         if glm is not None:
             glm.derive_at_step(optim)  # (bound by bind_data_loader: the constants are derived at the first step)
+            watch = glm.watch
+            assert watch is not None  # hooked where the constants were derived (make_private, or derive_at_step)
         observed = monitor.observe_optimizer(optim, self.registration, steps + 1)  # the optimizer, in core terms
-        if glm is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
-            glm.watch.check_configuration(optim)
+        if watch is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
+            watch.check_configuration(optim)
         if self._start.prior is not None:  # the model was trained by an earlier engine: continue or refuse
             self._start.continue_prior(self, observed)
             steps = self.steps
@@ -222,11 +229,12 @@ class LastIterateAccountant(IAccountant):
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
-        if glm is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
-            glm.watch.check_examples(optim)
+        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
+            watch.check_examples(optim)
         checks = monitor.checks
+        assert checks is not None  # created by observe_optimizer above
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
-            self._verify_resumed_model(steps)
+            self._verify_resumed_model(steps, self._resume_digest)
             checks.rebase()
         checks.verify_model(steps)  # parameters and buffers changed only by the accounted steps
         self._observed = observed
@@ -246,15 +254,15 @@ class LastIterateAccountant(IAccountant):
             return [*module.parameters(), *(b for *_, b in tracked_buffers(module))]
         return None if monitor is None or monitor.checks is None else list(monitor.checks.params)
 
-    def _verify_resumed_model(self, steps: int) -> None:
-        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
+    def _verify_resumed_model(self, steps: int, expected: str) -> None:
+        problem = checkpoint.model_differs(self._model_tensors(), expected, self.steps)
         if problem is not None:
             raise checkpoint.refuse_resumed_step(problem, steps)
         self._resume_digest = None
 
-    def _check_loaded_model(self) -> None:
+    def _check_loaded_model(self, expected: str) -> None:
         """Before the first step after load_state_dict, an epsilon is about the checkpoint's model only."""
-        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
+        problem = checkpoint.model_differs(self._model_tensors(), expected, self.steps)
         if problem is not None:
             raise checkpoint.refuse_loaded_epsilon(problem)
 
@@ -343,7 +351,7 @@ class LastIterateAccountant(IAccountant):
         noise = self._history_noise()
         if self._observed is not None:
             if self._resume_digest is not None:
-                self._check_loaded_model()
+                self._check_loaded_model(self._resume_digest)
             elif (checks := self._checks()) is not None:  # nothing may have changed the model since the last step
                 try:
                     checks.verify_model(self.steps, release=True)

@@ -379,7 +379,8 @@ def derive(
       batch_size: b of the core (the noisy sum is compared to b examples).
       normaliser: N, what Opacus divides the noisy sum by (expected batch size for 'mean', 1 for 'sum').
     """
-    decl: GlmDeclaration = reg.glm
+    decl = reg.glm
+    assert decl is not None  # the GLM route exists for model="glm" only
     if not isinstance(module, nn.Module):
         raise _Error(
             "model='glm' reads the model the accountant is attached to: make_private must wrap it "
@@ -847,7 +848,9 @@ class GlmRoute:
     """
 
     def __init__(self, declared: Registration) -> None:
+        assert declared.glm is not None  # created for model="glm" only
         self.declared = declared
+        self.decl: GlmDeclaration = declared.glm
         self.registration = declared
         self.derivation: Derivation | None = None
         self.watch: Watch | None = None
@@ -868,7 +871,7 @@ class GlmRoute:
                 self.watch.remove()
                 self.watch = None
             if watch:
-                self.watch = Watch(model, linear, clip, reg.glm, derivation)
+                self.watch = Watch(model, linear, clip, self.decl, derivation)
         self.derivation = derivation
         # the derived constants, and the weight decay the optimizer check must accept
         self.registration = dataclasses.replace(
@@ -898,8 +901,8 @@ class GlmRoute:
             self._module = None if module is None else weakref.ref(module)
             if isinstance(module, nn.Module):
                 model = unwrap(module)
-                linear, clip = _find_structure(model, self.declared.glm)
-                self.watch = Watch(model, linear, clip, self.declared.glm, None)
+                linear, clip = _find_structure(model, self.decl)
+                self.watch = Watch(model, linear, clip, self.decl, None)
         if loss is not None and self.watch is not None:  # (the reduction is checked against the optimizer's
             self.watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
         self._facts = facts
