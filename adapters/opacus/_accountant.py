@@ -59,16 +59,16 @@ class LastIterateAccountant(IAccountant):
     _registration: Registration | None = None
 
     def __init__(self) -> None:
-        if type(self)._registration is None:
+        declared = type(self)._registration
+        if declared is None:
             raise TypeError(
                 "use lastiter_plugins.adapters.opacus.register(name, ...), then PrivacyEngine(accountant=name) "
                 "(Opacus 1.6) or attach(PrivacyEngine(), name)"
             )
         super().__init__()
-        declared = type(self)._registration
         #: model="glm": the route that derives the loss assumptions and watches loss and model (one more check)
         self._glm = GlmRoute(declared) if declared.glm is not None else None
-        self.history = []
+        self.history: list[tuple[float, float, int]] = []
         self._observed: Observed | None = None
         self._resumed = False
         #: after load_state_dict: the digest of the model the checkpoint's state was saved with,
@@ -93,7 +93,11 @@ class LastIterateAccountant(IAccountant):
     @property
     def registration(self) -> Registration:
         """The registered configuration; on the GLM route, with the constants derived from the model."""
-        return self._glm.registration if self._glm is not None else type(self)._registration
+        if self._glm is not None:
+            return self._glm.registration
+        declared = type(self)._registration
+        assert declared is not None  # __init__ refused the unregistered base class
+        return declared
 
     @property
     def derivation(self) -> Any:
@@ -210,23 +214,27 @@ class LastIterateAccountant(IAccountant):
                 "cannot be verified. Create the optimizer with Opacus' PrivacyEngine.make_private, or call "
                 "engine.accountant.bind_data_loader(data_loader, module=model) before training."
             )
+        watch = None
         if glm is not None:
             glm.derive_at_step(optim)  # (bound by bind_data_loader: the constants are derived at the first step)
+            watch = glm.watch
+            assert watch is not None  # hooked where the constants were derived (make_private, or derive_at_step)
         observed = monitor.observe_optimizer(optim, self.registration, steps + 1)  # the optimizer, in core terms
-        if glm is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
-            glm.watch.check_configuration(optim)
+        if watch is not None:  # what the GLM constants were derived for: clip norm, feature clip, loss module
+            watch.check_configuration(optim)
         if self._start.prior is not None:  # the model was trained by an earlier engine: continue or refuse
             self._start.continue_prior(self, observed)
             steps = self.steps
-        self._verify_constant(observed, steps)  # ... the same as at the first step
+        self._verify_constant(observed, steps, monitor.plan)  # ... the same as at the first step
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
-        if glm is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
-            glm.watch.check_examples(optim)
+        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
+            watch.check_examples(optim)
         checks = monitor.checks
+        assert checks is not None  # created by observe_optimizer above
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
-            self._verify_resumed_model(steps)
+            self._verify_resumed_model(steps, self._resume_digest)
             checks.rebase()
         checks.verify_model(steps)  # parameters and buffers changed only by the accounted steps
         self._observed = observed
@@ -246,19 +254,19 @@ class LastIterateAccountant(IAccountant):
             return [*module.parameters(), *(b for *_, b in tracked_buffers(module))]
         return None if monitor is None or monitor.checks is None else list(monitor.checks.params)
 
-    def _verify_resumed_model(self, steps: int) -> None:
-        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
+    def _verify_resumed_model(self, steps: int, expected: str) -> None:
+        problem = checkpoint.model_differs(self._model_tensors(), expected, self.steps)
         if problem is not None:
             raise checkpoint.refuse_resumed_step(problem, steps)
         self._resume_digest = None
 
-    def _check_loaded_model(self) -> None:
+    def _check_loaded_model(self, expected: str) -> None:
         """Before the first step after load_state_dict, an epsilon is about the checkpoint's model only."""
-        problem = checkpoint.model_differs(self._model_tensors(), self._resume_digest, self.steps)
+        problem = checkpoint.model_differs(self._model_tensors(), expected, self.steps)
         if problem is not None:
             raise checkpoint.refuse_loaded_epsilon(problem)
 
-    def _verify_constant(self, observed: Observed, steps: int) -> None:
+    def _verify_constant(self, observed: Observed, steps: int, plan: tuple[float, float, int] | None) -> None:
         if self._resumed and self._observed is not None:
             checkpoint.check_permutation(
                 self.registration, self._observed.permutation_digest, observed.permutation_digest
@@ -280,8 +288,8 @@ class LastIterateAccountant(IAccountant):
                 f"loader would reuse the examples of the interrupted epoch). Found {steps} steps, "
                 f"{observed.loader_batches} per epoch. Save checkpoints at the end of epochs."
             )
-        if self._observed is None and self._monitor.plan is not None:
-            self._check_plan(observed, self._monitor.plan)
+        if self._observed is None and plan is not None:
+            self._check_plan(observed, plan)
 
     def _check_plan(self, observed: Observed, plan: tuple[float, float, int]) -> None:
         """The run make_private_with_epsilon calibrated for must still reach its target."""
@@ -343,10 +351,10 @@ class LastIterateAccountant(IAccountant):
         noise = self._history_noise()
         if self._observed is not None:
             if self._resume_digest is not None:
-                self._check_loaded_model()
-            elif self._checks() is not None:  # nothing may have changed the model since the last step
+                self._check_loaded_model(self._resume_digest)
+            elif (checks := self._checks()) is not None:  # nothing may have changed the model since the last step
                 try:
-                    self._checks().verify_model(self.steps, release=True)
+                    checks.verify_model(self.steps, release=True)
                 except LastIteratePipelineChangedError as exc:
                     self._void = str(exc)
                     raise LastIteratePipelineChangedError(self._void_message()) from None
@@ -371,10 +379,13 @@ class LastIterateAccountant(IAccountant):
         result = self.epsilon_result(delta)
         return 0.0 if result is None else float(result.epsilon)
 
-    def get_privacy_spent(self, *, delta: float) -> tuple[float, float]:
-        """(epsilon, optimal order), like Opacus' RDPAccountant."""
+    def get_privacy_spent(self, *, delta: float) -> tuple[float, float | None]:
+        """(epsilon, optimal order), like Opacus' RDPAccountant; the order is None when the bound is a
+        privacy profile converted exactly (no Renyi order: ``EpsilonResult.order``)."""
         result = self.epsilon_result(delta)
-        return (0.0, 0.0) if result is None else (float(result.epsilon), float(result.order))
+        if result is None:
+            return (0.0, 0.0)
+        return (float(result.epsilon), None if result.order is None else float(result.order))
 
     def report(self, delta: float, *, show: bool = False) -> Report:
         """Every bound side by side for the steps so far (relation, applies or why not, epsilon,
@@ -394,9 +405,10 @@ class LastIterateAccountant(IAccountant):
         """Opacus' ``history`` and ``mechanism``, and under ``lastiter``: the registered configuration,
         the observed optimizer facts, the SHA-256 digest of the model's parameters and buffers after
         the last step (checked at the first step after ``load_state_dict``) and a refusal, if any."""
-        if self._void is None and self._checks() is not None and self.history and self._resume_digest is None:
+        checks = self._checks()
+        if self._void is None and checks is not None and self.history and self._resume_digest is None:
             try:  # a model written since the last step is not the accounted run's: the state says so
-                self._checks().verify_model(self.steps, release=True)
+                checks.verify_model(self.steps, release=True)
             except LastIteratePipelineChangedError as exc:
                 self._void = str(exc)
         tensors = self._model_tensors()

@@ -40,7 +40,7 @@ import dataclasses
 import math
 import numbers
 import weakref
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -245,7 +245,7 @@ def declare(
     except ValueError as exc:
         raise ValueError(str(exc).replace("feature_norm_bound", "feature_norm")) from None
     if key == "huber":
-        if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) or not 0 < huber_delta < math.inf:
+        if isinstance(huber_delta, bool) or not isinstance(huber_delta, numbers.Real) or not 0 < huber_delta < math.inf:  # type: ignore[operator]  # typeshed's numbers.Real declares no __gt__
             raise ValueError(f"huber_delta must be a finite number > 0 for loss='huber'. Found {huber_delta!r}.")
         huber_delta = float(huber_delta)
     elif huber_delta is not None:
@@ -379,7 +379,8 @@ def derive(
       batch_size: b of the core (the noisy sum is compared to b examples).
       normaliser: N, what Opacus divides the noisy sum by (expected batch size for 'mean', 1 for 'sum').
     """
-    decl: GlmDeclaration = reg.glm
+    decl = reg.glm
+    assert decl is not None  # the GLM route exists for model="glm" only
     if not isinstance(module, nn.Module):
         raise _Error(
             "model='glm' reads the model the accountant is attached to: make_private must wrap it "
@@ -404,7 +405,7 @@ def derive(
             f"loss={decl.loss!r} is a scalar GLM: the final nn.Linear must have one output. Found out_features={k} "
             "(several outputs with a per-output loss are not one GLM; for classes use loss='softmax')."
         )
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) or not 0 < clip_norm < math.inf:
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) or not 0 < clip_norm < math.inf:  # type: ignore[operator]  # typeshed's numbers.Real declares no __gt__
         raise _Error(f"max_grad_norm must be one finite number > 0 (flat clipping). Found {clip_norm!r}.")
     decays = []
     for i, group in enumerate(base.param_groups):
@@ -543,7 +544,7 @@ class Watch:
             and (clip is None or self._clip() is clip)
         )
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         self.failure = message
         raise _Changed(message)
 
@@ -621,6 +622,7 @@ class Watch:
         if self.failure is not None:
             raise _Changed(self.failure)
         d = self.derivation
+        assert d is not None  # derived (GlmRoute.derive_at_step) before the step checks
         if optim.max_grad_norm != d.clip_norm:
             self.fail(
                 f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
@@ -667,6 +669,7 @@ class Watch:
                 "called). The run's epsilon is void."
             )
         features = record[0]
+        assert linear is not None  # it ran in the recorded forward
         weight = getattr(linear.weight, "grad_sample", None)
         if not torch.is_tensor(weight) or weight.dim() != 3 or weight.shape[0] != features.shape[0]:
             shape = tuple(weight.shape) if torch.is_tensor(weight) else type(weight).__name__
@@ -691,6 +694,7 @@ class Watch:
 
     def _backprops(self, weight: torch.Tensor, features: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         """dloss_i/du_i per example: the bias' per-example gradient, else the projection of the weight's onto a_i."""
+        assert self.derivation is not None  # derived before the step checks
         if self.derivation.bias:
             bias = getattr(linear.bias, "grad_sample", None)
             if not torch.is_tensor(bias) or bias.shape != weight.shape[:2]:
@@ -750,8 +754,10 @@ class Watch:
                 difference = torch.sigmoid(u).sub_(y)
             else:
                 needed = ""
+                assert self.decl.huber_delta is not None  # declare() requires it for loss='huber'
                 difference = torch.clamp(u - y, -self.decl.huber_delta, self.decl.huber_delta)
         difference = difference.sub_(gradient).abs_()
+        assert self.derivation is not None  # derived before the step checks
         if not self.derivation.bias:  # rows with a zero feature vector carry no information on dloss/du
             difference = difference * (torch.linalg.vecdot(features, features)[:, None] > 0)
         squares = _largest_square(unchecked)
@@ -800,7 +806,7 @@ class Watch:
                     "The run's epsilon is void."
                 )
 
-    def _wrong_labels(self, needed: str) -> None:
+    def _wrong_labels(self, needed: str) -> NoReturn:
         self.fail(
             f"the targets of loss={self.decl.loss!r} must be {needed}, for which the constants were derived. "
             f"Found others. {BY_HAND} The run's epsilon is void."
@@ -842,7 +848,9 @@ class GlmRoute:
     """
 
     def __init__(self, declared: Registration) -> None:
+        assert declared.glm is not None  # created for model="glm" only
         self.declared = declared
+        self.decl: GlmDeclaration = declared.glm
         self.registration = declared
         self.derivation: Derivation | None = None
         self.watch: Watch | None = None
@@ -863,7 +871,7 @@ class GlmRoute:
                 self.watch.remove()
                 self.watch = None
             if watch:
-                self.watch = Watch(model, linear, clip, reg.glm, derivation)
+                self.watch = Watch(model, linear, clip, self.decl, derivation)
         self.derivation = derivation
         # the derived constants, and the weight decay the optimizer check must accept
         self.registration = dataclasses.replace(
@@ -878,6 +886,7 @@ class GlmRoute:
         self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), optimizer_normaliser(optim))
         criterion = caller.get("criterion")
         if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
+            assert self.watch is not None  # _adopt hooked the model (watch=True)
             self.watch.bind_loss(criterion, optim.loss_reduction)
 
     def bind(self, facts: Any, module: nn.Module | None, loss: nn.Module | None) -> None:
@@ -892,8 +901,8 @@ class GlmRoute:
             self._module = None if module is None else weakref.ref(module)
             if isinstance(module, nn.Module):
                 model = unwrap(module)
-                linear, clip = _find_structure(model, self.declared.glm)
-                self.watch = Watch(model, linear, clip, self.declared.glm, None)
+                linear, clip = _find_structure(model, self.decl)
+                self.watch = Watch(model, linear, clip, self.decl, None)
         if loss is not None and self.watch is not None:  # (the reduction is checked against the optimizer's
             self.watch.bind_loss(loss, getattr(loss, "reduction", "mean"))  # loss_reduction at every step)
         self._facts = facts

@@ -57,6 +57,7 @@ import operator
 import sys
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import opacus
@@ -157,7 +158,7 @@ def engine_locals(method: str, depth: int = 12) -> dict[str, Any] | None:
     reads; no frame is kept.
     """
     target = getattr(PrivacyEngine, method).__code__
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     try:
         for _ in range(depth):
             if frame is None:
@@ -228,7 +229,7 @@ _GRAD_SCALER_STEP = torch_grad_scaler.GradScaler._maybe_opt_step.__code__
 def stepped_by_grad_scaler(depth: int = 12) -> bool:
     """Whether torch's ``GradScaler.step`` (``torch.amp``, also ``torch.cuda.amp``) is taking the
     optimizer step that calls this (a frame of its ``_maybe_opt_step`` up the stack). Only reads."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     try:
         for _ in range(depth):
             if frame is None:
@@ -281,14 +282,14 @@ def host_class(obj: Any) -> type:
     return _RECORDING_CLASSES.get(cls, cls)
 
 
-def _unrecorded(cls: type, state: dict) -> Any:
+def _unrecorded(cls: type[object], state: dict[str, Any]) -> Any:
     """A copy of a recorded sampler, of its host class (what pickling and copying a recorded sampler give)."""
     obj = cls.__new__(cls)
     obj.__dict__.update(state)
     return obj
 
 
-def _recording_class(base: type) -> type:
+def _recording_class(base: type[Any]) -> type:
     for recording, host in _RECORDING_CLASSES.items():
         if host is base:
             return recording
@@ -353,7 +354,7 @@ def remember_plateau_schedulers() -> None:
     if getattr(torch_lr_scheduler.ReduceLROnPlateau.__init__, "_lastiter_remembers", False):
         return
     _remembering_init._lastiter_remembers = True  # type: ignore[attr-defined]
-    torch_lr_scheduler.ReduceLROnPlateau.__init__ = _remembering_init
+    torch_lr_scheduler.ReduceLROnPlateau.__init__ = _remembering_init  # type: ignore[method-assign]  # wraps the host's constructor
     _PLATEAUS.update(obj for obj in gc.get_objects() if issubclass(type(obj), torch_lr_scheduler.ReduceLROnPlateau))
 
 

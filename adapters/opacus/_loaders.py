@@ -8,8 +8,8 @@ import itertools
 import numbers
 import secrets
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -220,11 +220,11 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
         raise _refuse(
             "data_loader.dataset must be a map-style dataset (its sampling must be known). Found an IterableDataset."
         )
-    n = len(loader.dataset)
+    n = len(cast(Sized, loader.dataset))  # map-style: torch's Dataset does not declare __len__
     batch_sampler = loader.batch_sampler
     if isinstance(batch_sampler, POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)
-    if host_class(batch_sampler) is not BatchSampler:
+    if not isinstance(batch_sampler, BatchSampler) or host_class(batch_sampler) is not BatchSampler:
         raise _refuse(
             "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
             f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."

@@ -20,7 +20,8 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections import deque
-from typing import Any
+from collections.abc import Sized
+from typing import Any, cast
 
 import torch
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
@@ -171,6 +172,7 @@ class RunMonitor:
         change = self.watch.changed()
         if change is not None:
             return change
+        assert self.checks is not None  # created by observe_optimizer, earlier in the same step
         gradients = self.checks.verify_examples(optim, self.watch, counter)
         return self.check_step(gradients, (optim, optim.original_optimizer))
 
@@ -223,9 +225,9 @@ def _sampler_state(sampler: Any) -> Any:
 
 def _signature(loader: DataLoader) -> tuple:
     """What the facts of a loader depend on, in the order of ``_FIELDS``."""
-    dataset, bs = loader.dataset, loader.batch_sampler
-    if internals.host_class(bs) is BatchSampler:
-        sampler = bs.sampler
+    dataset, bs = cast(Sized, loader.dataset), loader.batch_sampler  # map-style (describe_data_loader)
+    if isinstance(bs, BatchSampler) and internals.host_class(bs) is BatchSampler:
+        sampler = cast(Sized, bs.sampler)  # the samplers describe_data_loader accepts have a length
         return dataset, len(dataset), bs, bs.batch_size, bs.drop_last, sampler, len(sampler), _sampler_state(sampler)
     if isinstance(bs, POISSON_SAMPLERS):
         size = bs.total_size if isinstance(bs, DistributedUniformWithReplacementSampler) else bs.num_samples

@@ -113,7 +113,7 @@ def check_sgd(optimizer: Any, reg: Registration) -> float:
 
 def check_clip(clip: Any) -> None:
     """``max_grad_norm``: one finite number > 0 (flat clipping)."""
-    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):
+    if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not (0 < clip < math.inf):  # type: ignore[operator]  # typeshed's numbers.Real declares no __gt__
         raise LastIterateConfigurationError(f"max_grad_norm must be a single finite number > 0. Found {clip!r}.")
 
 
@@ -187,7 +187,7 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
     normaliser = optimizer_normaliser(optim)
     b = core_batch(reg, facts)
     noise = optim.noise_multiplier
-    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (0 < noise < math.inf):  # type: ignore[operator]  # typeshed's numbers.Real declares no __gt__
         raise LastIterateConfigurationError(f"noise_multiplier must be a finite number > 0. Found {noise!r}.")
     return Observed(
         noise_multiplier=float(noise),

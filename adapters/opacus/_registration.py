@@ -238,7 +238,7 @@ def register(
         sampling=sampling,
         relation=relation,
         dataset_size=probe.dataset_size,
-        learning_rate=float(probe.learning_rate),
+        learning_rate=float(learning_rate),  # a finite number > 0: probe validated it
         assumptions=assumptions,
         orders=frozen_orders,
         glm=glm,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,7 +125,7 @@ class StepChecks:
     """
 
     def __init__(self, optim: Any, module: torch.nn.Module | None, buffers: Buffers, reg: Registration) -> None:
-        self._optim = weakref.ref(optim)
+        self._optim: Callable[[], Any] = weakref.ref(optim)  # Any: the is-check must not narrow optim to None
         self._module = None if module is None else weakref.ref(module)
         self.reg = reg
         self.base = optim.original_optimizer

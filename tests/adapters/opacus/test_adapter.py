@@ -613,6 +613,23 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     assert expected.epsilon != pytest.approx(naive.epsilon, rel=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("bound", "weak_convexity", "has_order"),
+    [("kong-ribero-cyclic", 0.1, True), ("shifted-interpolation-cyclic", 0.0, False)],
+    ids=["rdp", "privacy-profile"],
+)
+def test_get_privacy_spent_is_epsilon_and_order_none_for_a_privacy_profile(request, bound, weak_convexity, has_order):
+    # a privacy profile converted exactly has no Renyi order (EpsilonResult.order is None); it raised TypeError
+    name = _register(
+        request, bound=bound, sampling="cyclic", weak_convexity=weak_convexity, gradient_norms_within_clip=True
+    )
+    engine, model, optimizer, loader = _private(name)
+    _train(model, optimizer, loader)
+    result = engine.accountant.epsilon_result(DELTA)
+    assert (result.order is not None) is has_order
+    assert engine.accountant.get_privacy_spent(delta=DELTA) == (result.epsilon, result.order)
+
+
 def test_poisson_epsilon_equals_core_and_composition_equals_opacus_rdp(request):
     name = _register(request, sampling="poisson", relation="add_or_remove_one", orders=POISSON_ORDERS)
     engine, model, optimizer, loader = _private(name, poisson=True)
