@@ -231,8 +231,41 @@ def _keras_overhead(section: dict, results: dict) -> list[str]:
     return [*out, *_errors(section), ""]
 
 
+_GLM_MODELS = {
+    "logistic-30": "logistic regression, 30 features, batch 32, shuffle-once, n 640",
+    "probe-512": "linear probe, 512-d, 10 classes (softmax), batch 256, Poisson, n 20000",
+}
+
+
+def _glm_step(section: dict, results: dict) -> list[str]:
+    out = ["## GLM route against plain Opacus (CPU time per step)", "", *_header(section)]
+    out += [
+        "| model | step, A (ms CPU) | goal | **GLM route / Opacus RDP** [blocks] | A/A control [blocks] | "
+        "load average (1 min) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in section["rows"]:
+        met = "met" if r["ratio"] <= r["goal"] else "**not met**"
+        out.append(
+            f"| {_GLM_MODELS.get(r['model'], r['model'])} | {r['step_ms']:.2f} | <= {r['goal']:.2f}: {met} | "
+            f"**{r['ratio']:.3f}** [{r['ratio_spread'][0]:.3f}, {r['ratio_spread'][1]:.3f}] | {r['control']:.3f} "
+            f"[{r['control_spread'][0]:.3f}, {r['control_spread'][1]:.3f}] | {r['load']:.1f} |"
+        )
+    rows = section["rows"]
+    if rows:
+        out += [
+            "",
+            "Generated data, CPU time (`time.process_time`), one torch thread. Two pipelines in one process, "
+            'identical but for the accountant (A: Opacus\' RDP accountant; B: `register(..., model="glm")`), '
+            f"trained in alternating blocks of {rows[0]['steps_per_block']} steps (A B, B A, ...) after one untimed "
+            f"epoch each; ratio: the median over {rows[0]['blocks']} blocks of B / A, in brackets its range; the A/A "
+            "control (A against a second A) beside it. Goals: issue 29, item 7.",
+        ]
+    return [*out, ""]
+
+
 _SECTIONS = (("core_speed", _core_speed), ("core_ratios", _core_ratios), ("epsilon", _epsilon),
-             ("calibration", _calibration), ("opacus_overhead", _overhead),
+             ("calibration", _calibration), ("opacus_overhead", _overhead), ("glm_step", _glm_step),
              ("keras_overhead", _keras_overhead))  # fmt: skip
 
 

@@ -12,7 +12,10 @@ steps (A B, B A, ...), each block's CPU time (``time.process_time``, one torch t
 A is Opacus' RDP accountant, B the same with ``register(..., model="glm", ...)``; an A/A control beside
 each (A against a second A). Prints the median over the blocks of B/A and of the control, with their range.
 
-    python benchmarks/bench_glm_step.py [--model logistic-30|probe-512|all] [--blocks 9] [--steps 200]
+    python benchmarks/bench_glm_step.py [--model logistic-30|probe-512|all] [--blocks 9] [--steps 200] [--quick]
+
+Writes the ``glm_step`` section of benchmarks/results.json and re-renders benchmarks/results.md (``--quick``:
+nothing written).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ MODELS = {
     "logistic-30": (30, 1, 640, 32, "shuffle_once", "logistic", 1.0),
     "probe-512": (512, 10, 20000, 256, "poisson", "softmax", 2.01),  # softmax: clipping never active at C >= 2
 }
+
+
+#: model -> the goal on B/A (issue 29, item 7)
+GOALS = {"logistic-30": 1.10, "probe-512": 1.05}
 
 
 def _pipeline(accountant: str, data, spec):
@@ -84,7 +91,8 @@ def _data(spec):
     return TensorDataset(x, y)
 
 
-def ratios(first: str, second: str, spec, blocks: int, steps: int) -> list[float]:
+def ratios(first: str, second: str, spec, blocks: int, steps: int) -> tuple[list[float], float]:
+    """B/A per block, and A's median CPU time per step (ms)."""
     import torch
 
     torch.set_num_threads(1)
@@ -92,14 +100,15 @@ def ratios(first: str, second: str, spec, blocks: int, steps: int) -> list[float
     a, b = _pipeline(first, data, spec), _pipeline(second, data, spec)
     warm = -(-spec[2] // spec[3])
     a(warm), b(warm)  # one epoch first: hooks registered, caches warm
-    out = []
+    out, times = [], []
     for block in range(blocks):
         if block % 2:
             tb, ta = b(steps), a(steps)
         else:
             ta, tb = a(steps), b(steps)
         out.append(tb / ta)
-    return out
+        times.append(ta / steps * 1e3)
+    return out, statistics.median(times)
 
 
 def main() -> None:
@@ -107,19 +116,33 @@ def main() -> None:
     parser.add_argument("--model", choices=[*MODELS, "all"], default="all")
     parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="print only: nothing written")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     from lastiter_plugins.adapters import opacus as lo
 
+    start, rows = time.perf_counter(), []
     for model in MODELS if args.model == "all" else [args.model]:
         spec = MODELS[model]
         _, _, n, _, sampling, loss, _ = spec
         name = lo.register(f"bench-glm-{model}", sampling=sampling, dataset_size=n, learning_rate=LR,
                            model="glm", loss=loss, feature_norm=1.0, force=True)  # fmt: skip
-        for label, pair in (("GLM route / Opacus RDP", ("rdp", name)), ("A/A control", ("rdp", "rdp"))):
-            values = ratios(*pair, spec, args.blocks, args.steps)
+        row = {"model": model, "goal": GOALS[model], "blocks": args.blocks, "steps_per_block": args.steps}
+        for key, label, pair in (("ratio", "GLM route / Opacus RDP", ("rdp", name)),
+                                 ("control", "A/A control", ("rdp", "rdp"))):  # fmt: skip
+            values, step_ms = ratios(*pair, spec, args.blocks, args.steps)
+            row[key], row[f"{key}_spread"] = statistics.median(values), [min(values), max(values)]
+            row.setdefault("step_ms", step_ms)
             print(f"{model} {label}: median {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}] "
                   f"over {args.blocks} blocks of {args.steps} steps")  # fmt: skip
+        row["load"] = os.getloadavg()[0]
+        rows.append(row)
+    if not args.quick:
+        from _common import update_results
+
+        command = f"python benchmarks/bench_glm_step.py --model {args.model} --blocks {args.blocks}"
+        command += f" --steps {args.steps}"
+        update_results("glm_step", rows, command=command, seconds=time.perf_counter() - start, threads=1)
 
 
 if __name__ == "__main__":

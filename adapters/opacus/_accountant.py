@@ -271,7 +271,7 @@ class LastIterateAccountant(IAccountant):
             checkpoint.check_permutation(
                 self.registration, self._observed.permutation_digest, observed.permutation_digest
             )
-        if self._observed is not None and observed != self._observed:
+        if self._observed is not None and observed is not self._observed and observed != self._observed:
             changed = [
                 f"{k}: {getattr(self._observed, k)!r} -> {getattr(observed, k)!r}"
                 for k in observed.to_dict()

@@ -52,6 +52,7 @@ from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._loaders import check_data_loader
 from lastiter_plugins.adapters.opacus._observe import (
     core_batch,
+    immutable_key,
     optimizer_normaliser,
     planned_normaliser,
     poisson_batch_size,
@@ -512,6 +513,7 @@ class Watch:
         self.record: tuple[torch.Tensor, torch.Tensor] | None = None
         self._loss: Any = None  # weak reference to the loss module
         self._loss_handle: Any = None
+        self._loss_checked: tuple | None = None  # what check_loss_module last accepted (check_configuration)
         self.loss_calls: list[tuple[torch.Tensor, torch.Tensor]] = []  # (input, target) on the record's output
         self._unchecked: list[torch.Tensor] = []  # the Linear's inputs since the last step (norms not yet checked)
         me = weakref.ref(self)
@@ -649,10 +651,15 @@ class Watch:
                 "bind_data_loader(..., loss=...)) and call it on the model's output. Found no loss module given. "
                 "The run's epsilon is void."
             )
-        try:
-            check_loss_module(loss, self.decl, optim.loss_reduction)
-        except _Error as exc:
-            self.fail(f"{exc} The run's epsilon is void.")
+        # (checked in full when a value check_loss_module reads differs from the last step's)
+        attributes = (loss, type(loss), "forward" in vars(loss), optim.loss_reduction)
+        key = immutable_key(tuple(getattr(loss, a, None) for a in (*LOSS_MODULES[self.decl.loss][1], "reduction")))
+        if key is None or (attributes, key) != self._loss_checked:
+            try:
+                check_loss_module(loss, self.decl, optim.loss_reduction)
+            except _Error as exc:
+                self.fail(f"{exc} The run's epsilon is void.")
+            self._loss_checked = (attributes, key)
 
     def check_examples(self, optim: Any) -> None:
         """The step's per-example gradients against the last training forward: the Linear's, rank one, and

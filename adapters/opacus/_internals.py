@@ -98,6 +98,7 @@ def require_tested_opacus(version: str | None = None) -> None:
             f"may change. Found opacus {version}. Install a tested version (pip install 'opacus>=1.5,<1.7')."
         )
     remember_plateau_schedulers()  # (patches torch only for a tested Opacus)
+    remember_grad_scalers()
 
 
 def register_accountant(name: str, cls: type, *, force: bool) -> None:
@@ -224,11 +225,38 @@ def first_step_post_hook_id(optimizer: Any) -> int | None:
 
 
 _GRAD_SCALER_STEP = torch_grad_scaler.GradScaler._maybe_opt_step.__code__
+#: the live GradScalers (``torch.amp``, also ``torch.cuda.amp``'s subclass): those created, and any seen taking a
+#: step (a subclass whose ``__init__`` skips torch's). While there is none, no step is a scaler's.
+_SCALERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _remembering(function: Any) -> Any:
+    @functools.wraps(function)
+    def remember(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _SCALERS.add(self)
+        return function(self, *args, **kwargs)
+
+    remember._lastiter_remembers = True  # type: ignore[attr-defined]
+    return remember
+
+
+def remember_grad_scalers() -> None:
+    """Wrap ``GradScaler.__init__`` and ``_maybe_opt_step`` once (after the version check), and find the
+    instances created before."""
+    cls = torch_grad_scaler.GradScaler
+    if getattr(cls._maybe_opt_step, "_lastiter_remembers", False):
+        return
+    cls.__init__ = _remembering(cls.__init__)  # type: ignore[method-assign]
+    cls._maybe_opt_step = _remembering(cls._maybe_opt_step)  # type: ignore[method-assign]
+    _SCALERS.update(obj for obj in gc.get_objects() if issubclass(type(obj), cls))
 
 
 def stepped_by_grad_scaler(depth: int = 12) -> bool:
     """Whether torch's ``GradScaler.step`` (``torch.amp``, also ``torch.cuda.amp``) is taking the
-    optimizer step that calls this (a frame of its ``_maybe_opt_step`` up the stack). Only reads."""
+    optimizer step that calls this (a frame of its ``_maybe_opt_step`` up the stack; looked for only
+    while a GradScaler exists, :data:`_SCALERS`). Only reads."""
+    if not _SCALERS:
+        return False
     frame: FrameType | None = sys._getframe(1)
     try:
         for _ in range(depth):

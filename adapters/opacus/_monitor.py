@@ -35,7 +35,7 @@ from lastiter_plugins.adapters.opacus._loaders import (
     LoaderFacts,
     ShuffleOnceSampler,
 )
-from lastiter_plugins.adapters.opacus._observe import ExampleCounter, Observed, observe
+from lastiter_plugins.adapters.opacus._observe import ExampleCounter, Observed, observe, raw_facts
 from lastiter_plugins.adapters.opacus._registration import Registration
 from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks
 
@@ -147,6 +147,9 @@ class RunMonitor:
         self.module = None if module is None else weakref.ref(module)
         self.buffers = Buffers(module)  # the module's buffers at binding, with their values
         self.checks: StepChecks | None = None
+        #: the last step's optimizer facts (``_observe.raw_facts``) and what ``observe`` made of them
+        self._raw: tuple | None = None
+        self._observed: Observed | None = None
         self.queue = BatchQueue(loader, facts)
         self.watch = LoaderWatch(loader, facts)
         self.derivation = derivation or Derivation(
@@ -165,7 +168,11 @@ class RunMonitor:
             module = self.module() if self.module is not None else None
             self.checks = StepChecks(optim, module, self.buffers, reg)
         self.checks.verify_optimizer(optim, step)
-        return observe(optim, reg, self.facts)
+        raw = raw_facts(optim, reg)
+        if raw is None or raw != self._raw:  # validated in full when a value it reads differs from the last step's
+            self._observed = observe(optim, reg, self.facts)
+            self._raw = raw
+        return self._observed
 
     def observe_examples(self, optim: Any, counter: ExampleCounter | None) -> str | None:
         """The loader bound, the examples the step summed and the batch it drew: None, or the reason to refuse."""

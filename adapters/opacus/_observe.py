@@ -205,6 +205,48 @@ def observe(optim: Any, reg: Registration, facts: LoaderFacts) -> Observed:
     )
 
 
+class _Missing:
+    """A parameter group without the key (``check_sgd`` reads its default then)."""
+
+
+_MISSING = _Missing()
+#: the types of the values :func:`raw_facts` may compare by value: immutable, equal only when the checks agree
+_IMMUTABLE = frozenset({int, float, str, bool, type(None), _Missing})
+_GROUP_KEYS = ("lr", "momentum", "weight_decay", "nesterov", "maximize")
+
+
+def immutable_key(values: tuple) -> tuple | None:
+    """``values`` with their types (1, 1.0 and True compare equal and are not checked alike), or None when one
+    is not a plain immutable value (a tensor can change in place and stay the same object)."""
+    types = tuple(map(type, values))
+    return (types, values) if _IMMUTABLE.issuperset(types) else None
+
+
+def raw_facts(optim: Any, reg: Registration) -> tuple | None:
+    """Every value :func:`observe` reads from the DP optimizer, its SGD and ``reg`` (:func:`immutable_key`: None
+    with a tensor lr, which can change in place: such a step is always validated in full). Equal tuples:
+    ``observe`` would check the same values and return an equal result (``facts`` is the monitor's, fixed for
+    its binding)."""
+    base = optim.original_optimizer
+    own = vars(optim)
+    values = (
+        optim.noise_multiplier,
+        optim.max_grad_norm,
+        optim.loss_reduction,
+        optim.expected_batch_size,
+        getattr(optim, "world_size", 1),
+        reg.learning_rate,
+        reg.weight_decay_everywhere,
+        reg.dataset_size,
+        *(group.get(key, _MISSING) for group in base.param_groups for key in _GROUP_KEYS),
+    )
+    key = immutable_key(values)
+    if key is None:
+        return None
+    overridden = tuple(m in own for m in STEP_METHODS)
+    return type(optim), type(base), len(base.param_groups), reg.weight_decays, overridden, key
+
+
 def trainable(optim: Any) -> list[torch.Tensor]:
     """The parameters the DP optimizer clips, noises and updates (those with requires_grad)."""
     return [p for group in optim.original_optimizer.param_groups for p in group["params"] if p.requires_grad]
@@ -262,7 +304,8 @@ class ExampleCounter:
     def _seen(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         if not (module.training and torch.is_grad_enabled()):  # Opacus records no per-sample gradients then
             return
-        size = batch_size_of((args, kwargs), self._dim)
+        first = args[0] if args else None  # (the usual call: the first tensor is the first argument)
+        size = batch_size_of(first if type(first) is torch.Tensor else (args, kwargs), self._dim)
         if size is None:
             self.unknown = _argument_types(args, kwargs)
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -449,6 +450,42 @@ def test_opacus_loss_module_changed_during_training_is_refused(request):
     optimizer.zero_grad()
     criterion(model(xb).squeeze(-1), yb).backward()
     with pytest.raises(lp.PipelineChangedError, match=r"HuberLoss\.delta must be 0\.5"):
+        optimizer.step()
+    assert engine.accountant.steps == N // B
+
+
+def _set_pos_weight(loss):
+    loss.pos_weight = torch.tensor([2.0])
+
+
+def _sum_reduction(loss):
+    loss.reduction = "sum"
+
+
+def _forward_replaced(loss):
+    loss.forward = types.MethodType(nn.BCEWithLogitsLoss.forward, loss)
+
+
+@needs_opacus
+@pytest.mark.parametrize(
+    ("change", "phrase"),
+    [
+        (_set_pos_weight, r"BCEWithLogitsLoss\.pos_weight must be None"),
+        (_sum_reduction, r"BCEWithLogitsLoss\.reduction must be 'mean'"),
+        (_forward_replaced, "with forward replaced"),
+    ],
+)
+def test_opacus_loss_module_changed_after_accepted_steps_is_refused(request, change, phrase):
+    """The loss module is checked in full when a value check_loss_module reads differs from the last step's."""
+    criterion = nn.BCEWithLogitsLoss()
+    engine, model, optimizer, loader = _private(_glm(request), _clipped_linear(), criterion=criterion)
+    _train(model, optimizer, loader, lambda u, y: criterion(u.squeeze(-1), y))
+    assert engine.accountant.steps == N // B
+    change(criterion)
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    criterion(model(xb).squeeze(-1), yb).backward()
+    with pytest.raises(lp.PipelineChangedError, match=phrase):
         optimizer.step()
     assert engine.accountant.steps == N // B
 

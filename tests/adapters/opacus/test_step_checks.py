@@ -307,6 +307,35 @@ def test_equal_learning_rate_in_a_new_float_is_accepted(request):
     assert run.engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH), rel=1e-12)
 
 
+# ---------------------------------------------------------------- the optimizer facts' cache (_observe.raw_facts)
+# A step whose raw optimizer values equal the last step's reuses that step's validated facts; each test
+# below changes a value after accepted (cached) steps, in a way equality of the values alone could miss.
+
+
+def test_tensor_learning_rate_written_in_place_is_refused(request):
+    """A tensor lr is the same object after ``fill_``: such a step is validated in full, never cached."""
+    run = Run(request)
+    run.group["lr"] = torch.tensor(LR)
+    run.warm()
+    run.group["lr"].fill_(LR / 2)
+    run.refused(match=r"Found lr=0\.25")
+
+
+def test_clip_norm_turned_into_a_bool_of_equal_value_is_refused(request):
+    """True == 1 == 1.0: the cache compares the types too (check_clip refuses a bool)."""
+    run = Run(request)
+    run.warm()
+    run.optimizer.max_grad_norm = True
+    run.refused(match="max_grad_norm must be a single finite number")
+
+
+def test_noise_multiplier_changed_after_cached_steps_is_refused(request):
+    run = Run(request)
+    run.warm(EPOCH - 1)
+    run.optimizer.noise_multiplier = 1.0 + 2.0**-52
+    run.refused(match="noise_multiplier: 1.0 -> 1.0000000000000002")
+
+
 def test_step_lr_scheduler_is_refused(request):
     run = Run(request)
     run.warm()

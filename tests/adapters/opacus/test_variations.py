@@ -9,6 +9,8 @@ number for the steps taken. Real Opacus training of small models on CPU.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import itertools
 
 import numpy as np
 import pytest
@@ -443,6 +445,45 @@ def test_grad_scaler_step_is_refused(request):
         scaler.update()
 
     _refused_and_void(engine, scaled_step, "must not be taken by torch's GradScaler")
+
+
+def _scaled_step(batches, model, optimizer, scaler):
+    xb, yb = next(batches)
+    optimizer.zero_grad()
+    scaler.scale(_bce(model(xb), yb)).backward()
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def test_grad_scaler_created_mid_run_is_refused(request):
+    """The frame walk runs only while a GradScaler exists (_internals._SCALERS): one created after accepted
+    steps is seen."""
+    engine, model, optimizer, loader = _private(_register(request))
+    batches = iter(loader)
+    for xb, yb in itertools.islice(batches, 3):
+        optimizer.zero_grad()
+        _bce(model(xb), yb).backward()
+        optimizer.step()
+    assert engine.accountant.steps == 3
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    _refused_and_void(engine, lambda: _scaled_step(batches, model, optimizer, scaler), "taken by torch's GradScaler")
+
+
+def test_grad_scaler_subclass_skipping_its_init_is_refused(request):
+    """A GradScaler whose __init__ does not run torch's is registered when it takes a step."""
+    from lastiter_plugins.adapters.opacus import _internals
+
+    class Scaler(torch.amp.GradScaler):
+        def __init__(self, state):
+            vars(self).update(state)
+
+    engine, model, optimizer, loader = _private(_register(request))
+    scaler = Scaler(dict(vars(torch.amp.GradScaler("cpu", init_scale=2.0**10))))
+    gc.collect()
+    assert scaler not in _internals._SCALERS
+    _refused_and_void(
+        engine, lambda: _scaled_step(iter(loader), model, optimizer, scaler), "taken by torch's GradScaler"
+    )
 
 
 # ---------------------------------------------------------------- get_epsilon's delta
