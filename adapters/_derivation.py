@@ -13,7 +13,8 @@ not what is accounted (docs/derivations/opacus-adapter.md#run-monitor):
   drawn; cyclic and shuffle_once: every pass equal to the first; reshuffle: no pass equal to an
   earlier one (one permutation reused with a public seed is cyclic, not reshuffle);
 * Poisson: no pass of batches equal to an earlier pass (a generator re-seeded with the same seed
-  every epoch draws the same batches: not independent Poisson draws).
+  every epoch draws the same batches: not independent Poisson draws), and no batch delivered to the loop
+  and used by no step before the step's batch (choosing among drawn batches is not Poisson sampling).
 
 What cannot be observed (that a seed is secret, the data behind the indices) stays a precondition of
 the host's documentation. Where a pass must equal the first (cyclic, shuffle_once) the batches are compared
@@ -80,9 +81,11 @@ class Derivation:
         self._candidates: list[_Pass] = []  # earlier passes equal to the current one so far
 
     # -- the step
-    def check_step(self, batch: DrawnBatch | None, gradients: int) -> str | None:
+    def check_step(self, batch: DrawnBatch | None, gradients: int, unused: DrawnBatch | None = None) -> str | None:
         """Whether noisy step ``steps + 1``, which summed ``gradients`` per-example clipped gradients, used
-        ``batch`` as the declared scheme says: None when it did (the step is recorded), else the reason."""
+        ``batch`` as the declared scheme says: None when it did (the step is recorded), else the reason.
+        ``unused``: a batch the loader delivered to the loop before ``batch`` and no step used (of its pass,
+        or of an earlier pass that a step used or that broke off; the monitor's finding), or None."""
         step = self.steps + 1
         if batch is None:
             return (
@@ -107,6 +110,17 @@ class Derivation:
             return (
                 f"a batch must hold each example at most once. Found the batch of step {step} with "
                 f"{size - len(set(batch.indices))} repeated indices (a sampler with replacement)"
+            )
+        if unused is not None and self.sampling is Sampling.POISSON:
+            where = "of its pass" if unused.pass_id == batch.pass_id else "of an earlier pass"
+            return (
+                f"a Poisson batch delivered to the loop and not used by a step, then a later batch used: choosing "
+                f"among drawn batches loses the amplification by subsampling every Poisson bound assumes. Found "
+                f"step {step} using batch {batch.position + 1} of its pass while batch {unused.position + 1} {where} "
+                f"({len(unused.indices)} examples), delivered before it, was used by no step (a loop that skips "
+                "batches, redraws them, or breaks off a pass after receiving a batch it does not train on). Use "
+                "every batch the loader yields, e.g. itertools.islice(loader, K) to stop early without drawing an "
+                "extra batch"
             )
         problem = self._enter(batch, step)
         if problem is None:
@@ -147,8 +161,8 @@ class Derivation:
             return (
                 f"sampling={self.sampling.value} assumes each epoch uses the batches of a pass in the order drawn, "
                 f"each once. Found step {step} using batch {batch.position + 1} of its pass after "
-                f"{len(current.hashes)} steps of that pass: a batch was drawn and not used by a step (a loop that "
-                "skips batches, or two batches fed to one step)"
+                f"{len(current.hashes)} steps of that pass: batch {len(current.hashes) + 1} was drawn and not "
+                "used by a step (a loop that skips batches, or two batches fed to one step)"
             )
         return None
 

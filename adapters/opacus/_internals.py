@@ -27,6 +27,11 @@ and why:
   yields (:func:`record_batches`): a DataLoader's ``batch_sampler`` cannot be reassigned after
   construction, and Opacus' ``BatchMemoryManager`` iterates that very object, so the record is made at
   the object itself;
+* torch's ``_BaseDataLoaderIter.__next__``, wrapped once (with the plateau hook below) to tell a recorded
+  sampler's listeners that the loop received a batch of a pass (:data:`DELIVERED`): with worker processes a
+  loader draws batches ahead of the loop, and only a delivered batch can have been skipped by it. Torch
+  delivers an iterator's batches in the order its sampler drew them (``in_order=True``, the default); an
+  iterator with ``_in_order`` False reports nothing (its deliveries stay unknown);
 * torch's ``ReduceLROnPlateau.__init__``, wrapped (once the version check has passed) to remember
   every instance (:func:`plateau_schedulers`): a scheduler holds a reference to its optimizer, not the reverse, and a
   rule that reads training losses must be found whether it fires or not
@@ -65,6 +70,7 @@ import opacus.accountants
 import torch.amp.grad_scaler as torch_grad_scaler
 import torch.optim.lr_scheduler as torch_lr_scheduler
 import torch.optim.optimizer as torch_optimizer
+import torch.utils.data.dataloader as torch_data_loader
 from opacus.grad_sample import GradSampleModule
 from opacus.grad_sample.linear import compute_linear_grad_sample
 from opacus.privacy_engine import PrivacyEngine
@@ -302,6 +308,13 @@ _RECORDING_CLASSES: dict[type, type] = {}
 _LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: numbers the passes (iterations) of every recorded sampler, in the order they start
 PASS_IDS = itertools.count(1)
+#: the iterator of a recorded sampler's pass -> (the sampler, [its pass number once started])
+_PASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the position a listener is told with batch None: the pass has ended (the sampler is exhausted)
+PASS_ENDED = -1
+#: the position a listener is told, with the number of the pass' batches the loop has received so far (in the
+#: order drawn) instead of a batch: an iterator of torch's DataLoader handed the loop the pass' next batch
+DELIVERED = -2
 
 
 def host_class(obj: Any) -> type:
@@ -322,14 +335,21 @@ def _recording_class(base: type[Any]) -> type:
         if host is base:
             return recording
 
-    def __iter__(self: Any) -> Any:
+    def passes(self: Any, numbered: list[int]) -> Any:
         pass_id = next(PASS_IDS)
+        numbered += [pass_id, 0]
         for position, batch in enumerate(base.__iter__(self)):
             for listener in list(_LISTENERS.get(self, ())):
                 listener(pass_id, position, batch)
             yield batch
         for listener in list(_LISTENERS.get(self, ())):
-            listener(pass_id, -1, None)  # the pass has ended
+            listener(pass_id, PASS_ENDED, None)
+
+    def __iter__(self: Any) -> Any:
+        numbered: list[int] = []  # the pass number and the batches delivered, once the pass has started
+        iterator = passes(self, numbered)
+        _PASSES[iterator] = (weakref.ref(self), numbered)
+        return iterator
 
     def __reduce_ex__(self: Any, protocol: Any) -> Any:
         # pickled or copied as the host class: the recording belongs to this process' accountants
@@ -344,10 +364,12 @@ def _recording_class(base: type[Any]) -> type:
 
 def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]) -> None:
     """Call ``listener(pass_id, position, batch)`` for every batch ``batch_sampler`` yields from now on
-    (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s; position -1
-    and batch None when a pass ends), by swapping
+    (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s; position
+    :data:`PASS_ENDED` and batch None when a pass ends; position :data:`DELIVERED` and the number of batches
+    delivered so far when a ``DataLoader`` iterator over the sampler hands the loop the pass' next batch), by swapping
     the object's class for a subclass whose ``__iter__`` reports each batch. ``listener`` is held weakly
     (a bound method: weakly through its object)."""
+    report_deliveries()
     cls = type(batch_sampler)
     if cls not in _RECORDING_CLASSES:
         batch_sampler.__class__ = _recording_class(cls)
@@ -362,6 +384,31 @@ def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]
             target(pass_id, position, batch)
 
     listeners.append(call)
+
+
+_loader_next = torch_data_loader._BaseDataLoaderIter.__next__
+
+
+@functools.wraps(_loader_next)
+def _reporting_next(self: Any) -> Any:
+    data = _loader_next(self)
+    entry = _PASSES.get(getattr(self, "_sampler_iter", None))
+    if entry is not None and getattr(self, "_in_order", True):
+        sampler, numbered = entry[0](), entry[1]
+        if numbered:
+            numbered[1] += 1
+        for listener in list(_LISTENERS.get(sampler, ())) if sampler is not None and numbered else ():
+            listener(numbered[0], DELIVERED, numbered[1])
+    return data
+
+
+def report_deliveries() -> None:
+    """Wrap torch's ``_BaseDataLoaderIter.__next__`` once: a batch handed to the loop by an iterator over a
+    recorded sampler is reported to its listeners (:data:`DELIVERED`)."""
+    if getattr(torch_data_loader._BaseDataLoaderIter.__next__, "_lastiter_reports", False):
+        return
+    _reporting_next._lastiter_reports = True  # type: ignore[attr-defined]
+    torch_data_loader._BaseDataLoaderIter.__next__ = _reporting_next  # type: ignore[method-assign]  # wraps the host's iterator
 
 
 # ---------------------------------------------------------------- learning-rate rules that read losses

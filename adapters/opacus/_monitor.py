@@ -43,19 +43,27 @@ from lastiter_plugins.adapters.opacus._steps import Buffers, StepChecks
 class BatchQueue:
     """The batches drawn by one recorded batch sampler and not yet matched to a step, per pass.
 
-    A noisy step takes its batch from the pass that drew last (a new pass, an evaluation pass run to
-    its end before it, a pass that broke off: their batches are never matched). Without worker
-    processes a loader draws a batch exactly when the loop asks for it, so the step's batch is the
-    newest of that pass and any older one was drawn and not used; with workers the loader draws up to
-    ``num_workers * prefetch_factor`` batches ahead, so the step's batch is the oldest of that pass.
+    A noisy step takes its batch from the pass that handed the loop a batch last (an evaluation pass run
+    to its end before it, a pass that broke off: their batches are never matched): the newest batch of
+    that pass delivered to the loop. An iterator of torch's ``DataLoader`` reports each batch it hands the
+    loop (``_internals.DELIVERED``, in the order drawn); without one (a ``BatchMemoryManager``, a
+    shuffle-once plan), every drawn batch counts as delivered without worker processes, and with workers,
+    which draw up to ``num_workers * prefetch_factor`` batches ahead, the step's batch is the oldest of
+    the pass that drew last. A batch delivered and used by no step before the step's batch (same pass),
+    or in a pass that a step used or that broke off, is handed to the derivation (Poisson refuses it;
+    docs/derivations/opacus-adapter.md#run-monitor).
     """
 
     def __init__(self, loader: Any, facts: LoaderFacts) -> None:
         workers = int(getattr(loader, "num_workers", 0) or 0)
         self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
         self._pending: dict[int, deque[DrawnBatch]] = {}
+        self._delivered: dict[int, int] = {}  # pass -> batches handed to the loop (reported by torch's iterator)
+        self._used: set[int] = set()  # passes a step used
         self._ended: set[int] = set()
-        self._last: int | None = None
+        self._unused: DrawnBatch | None = None  # a delivered batch of a dropped pass that no step used
+        self._last: int | None = None  # the pass that drew last
+        self._latest: int | None = None  # the pass that handed the loop a batch last
         self._facts = facts
         self._serial = PERMUTATIONS.serial  # shuffle-once: another permutation started since is named
         if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
@@ -79,18 +87,40 @@ class BatchQueue:
         self._ended.add(pass_id)
 
     def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
+        if position == internals.DELIVERED:
+            self._delivered[pass_id] = batch
+            self._latest = pass_id
+            return
         if batch is None:  # (record_batches: the pass has ended)
             self.pass_ended(pass_id)
             return
         if pass_id not in self._pending and self._ended:
             # a new pass: the passes that ended before it (evaluation passes, an epoch run out) hold no batch a
-            # step will use; dropping them bounds the memory of loops that iterate without steps
+            # step will use; dropping them bounds the memory of loops that iterate without steps (a batch of a
+            # used pass delivered and used by no step is kept for the next step's derivation)
             for ended in [p for p in self._pending if p in self._ended]:
-                del self._pending[ended]
+                unused = self._unused_of(ended)
+                if unused and ended in self._used and self._unused is None:
+                    self._unused = unused[0]
+                self._forget(ended)
             self._ended.clear()
         indices = batch if type(batch) is tuple else tuple(batch.tolist() if torch.is_tensor(batch) else batch)
         self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
         self._last = pass_id
+        if not self.ahead:  # (drawn when the loop asks: delivered, reported or not)
+            self._latest = pass_id
+
+    def _unused_of(self, pass_id: int) -> list[DrawnBatch] | None:
+        """The pending batches of a pass that the loop received (None: not known, workers without reports)."""
+        queue = self._pending.get(pass_id, ())
+        if pass_id in self._delivered:
+            return [b for b in queue if b.position < self._delivered[pass_id]]
+        return None if self.ahead else list(queue)
+
+    def _forget(self, pass_id: int) -> None:
+        self._pending.pop(pass_id, None)
+        self._delivered.pop(pass_id, None)
+        self._used.discard(pass_id)
 
     def other_permutation(self) -> str | None:
         """Shuffle-once: why no batch of the bound permutation was drawn when another permutation of the same
@@ -105,25 +135,42 @@ class BatchQueue:
             f"the {n} examples iterated since the previous step, with another permutation (digest {other[:12]} vs "
             f"{digest[:12]}), and no batch of the bound one: building a new sampler or loader every epoch "
             "reshuffles. Build the ShuffleOnceSampler once and iterate the loader make_private returned, or "
-            "declare sampling='reshuffle' with DataLoader(shuffle=True) (its last-iterate bound is "
-            "shifted-interpolation-reshuffle)"
+            "declare sampling='reshuffle' with DataLoader(shuffle=True)"
         )
 
-    def take(self) -> tuple[DrawnBatch | None, int]:
-        """The batch of the step being taken (None: nothing drawn since the last step) and how many
-        batches of its pass stay drawn ahead of it."""
-        queue = self._pending.get(self._last) if self._last is not None else None
+    def take(self) -> tuple[DrawnBatch | None, int, DrawnBatch | None]:
+        """The batch of the step being taken (None: nothing delivered since the last step), how many
+        batches of its pass stay drawn ahead of it, and a batch delivered to the loop before it and used by
+        no step (None: none), of its pass or of an earlier pass that a step used or that broke off."""
+        pass_id = self._latest if self._latest is not None else self._last
+        queue = self._pending.get(pass_id) if pass_id is not None else None
         if not queue:
-            return None, 0
+            return None, 0, None
         self._serial = PERMUTATIONS.serial
-        if self.ahead:
+        delivered = self._unused_of(pass_id)
+        unused = None
+        if delivered is None:  # workers, deliveries not reported: the oldest drawn
             batch = queue.popleft()
+        elif not delivered:
+            return None, len(queue), None
         else:
-            batch = queue.pop()
-            queue.clear()  # drawn before the step's batch and used by no step
-        for pass_id in [p for p in self._pending if p < batch.pass_id]:
-            del self._pending[pass_id]  # passes that ended or broke off: their batches are not used
-        return batch, len(queue)
+            batch = delivered[-1]
+            unused = delivered[0] if len(delivered) > 1 else None
+            for _ in delivered:
+                queue.popleft()  # (delivered batches are the oldest of the pass)
+        self._used.add(pass_id)
+        for other in [p for p in self._pending if p != pass_id]:
+            left = self._unused_of(other)
+            if left and unused is None and not (other in self._ended and other not in self._used):
+                unused = left[0]  # a pass that a step used, or that broke off, left a delivered batch unused
+            if other < pass_id:
+                self._forget(other)  # passes that ended or broke off: their batches are not used
+            elif left:
+                for _ in left:
+                    self._pending[other].popleft()  # (reported once)
+        if unused is None:
+            unused, self._unused = self._unused, None
+        return batch, len(queue), unused
 
 
 class RunMonitor:
@@ -194,7 +241,7 @@ class RunMonitor:
                 "no bound covers the run. Remove the scheduler (a schedule fixed in advance is refused too: "
                 "register the constant learning rate you use)"
             )
-        batch, ahead = self.queue.take()
+        batch, ahead, unused = self.queue.take()
         if batch is None:
             other = self.queue.other_permutation()
             if other is not None:
@@ -205,7 +252,7 @@ class RunMonitor:
                 f"{ahead + 1} batches drawn and not yet used at step {self.derivation.steps + 1}, more than the "
                 f"loader's workers fetch ahead ({self.queue.ahead}): the loop feeds several batches to one step"
             )
-        return self.derivation.check_step(batch, gradients)
+        return self.derivation.check_step(batch, gradients, unused)
 
 
 # ---------------------------------------------------------------- the bound loader

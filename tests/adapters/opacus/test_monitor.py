@@ -726,3 +726,187 @@ def test_a_plateau_scheduler_created_before_the_adapter_patched_torch_is_found()
         assert _internals.plateau_schedulers([sgd]) == [scheduler]
     finally:
         plateau.__init__ = patched
+
+
+# -- Poisson: every batch delivered to the loop is used by the next step (red-team round 5: choosing among
+# Poisson batches by their content; docs/derivations/opacus-adapter.md#run-monitor)
+
+_SKIPPED = "a Poisson batch delivered to the loop and not used by a step"
+
+
+def _voided(engine, run, match: str) -> None:
+    """``run`` (a loop of several steps, some accepted) is refused at a step, and the run is void."""
+    with pytest.raises(lp.PipelineChangedError, match=match):
+        run()
+    with pytest.raises(lp.PipelineChangedError, match="void"):
+        engine.get_epsilon(DELTA)
+
+
+def _one_positive() -> TensorDataset:
+    x, _ = _dataset().tensors
+    y = torch.zeros(N)
+    y[7] = 1.0  # the only positive
+    return TensorDataset(x, y)
+
+
+def _poisson(request, dataset=None, workers=0, **kw):
+    loader = DataLoader(dataset if dataset is not None else _dataset(), batch_size=B, num_workers=workers, **kw)
+    return _private(_register(request, "poisson"), loader, poisson=True)
+
+
+def _redrawing(model, optimizer, loader, keep, steps):
+    """The red-team loop: draw from one iterator (a new one when a pass ends) and train only on the batches
+    ``keep`` accepts, until ``steps`` steps are taken."""
+    it, taken = iter(loader), 0
+    while taken < steps:
+        try:
+            xb, yb = next(it)
+        except StopIteration:
+            it = iter(loader)
+            continue
+        if keep(xb, yb):
+            _step(model, optimizer, xb, yb)
+            taken += 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poisson_batches_chosen_to_hold_one_example_are_refused(request, workers):
+    """Truth: the loop trains only on the Poisson batches that hold example 7 (the only positive), so example 7
+    is in every step: its rate is 1, not q = 0.1, and no amplification by subsampling holds (the q = 0.1
+    number, 1.08 for 20 steps, was reported before the fix; the valid one is several times larger)."""
+    engine, model, optimizer, loader = _poisson(request, _one_positive(), workers)
+    _voided(engine, lambda: _redrawing(model, optimizer, loader, lambda x, y: y.sum() >= 1, 20), _SKIPPED)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poisson_batches_rejected_on_their_labels_are_refused(request, workers):
+    """Truth: batches are rejected when their mean label exceeds 0.6, a selection on private labels: the
+    batches used are not Poisson draws, and no bound covers the run."""
+    engine, model, optimizer, loader = _poisson(request, workers=workers)
+    keep = lambda x, y: not (len(y) and y.mean() > 0.6)  # noqa: E731
+    _voided(engine, lambda: _redrawing(model, optimizer, loader, keep, 20), _SKIPPED)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poisson_batches_redrawn_when_small_are_refused(request, workers):
+    """Truth: batches with fewer than 18 rows are redrawn: the batch size is conditioned on, not Poisson."""
+    engine, model, optimizer, loader = _poisson(request, workers=workers)
+    _voided(engine, lambda: _redrawing(model, optimizer, loader, lambda x, y: len(x) >= 18, 20), _SKIPPED)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poisson_passes_skipping_batches_without_the_positive_are_refused(request, workers):
+    """The red-team loop with a for loop over passes (po7.py poisson_workers_skip_by_label)."""
+    engine, model, optimizer, loader = _poisson(request, _one_positive(), workers)
+
+    def skipping():
+        taken = 0
+        while taken < 20:
+            for xb, yb in loader:
+                if yb.sum() < 1:
+                    continue
+                _step(model, optimizer, xb, yb)
+                taken += 1
+
+    _voided(engine, skipping, _SKIPPED + r".*batch \d+ of its pass")
+
+
+def test_poisson_batches_skipped_at_the_end_of_a_pass_are_refused_at_the_next_pass(request):
+    """Truth: the last batch of a pass is dropped when it holds example 7: a selection (example 7's rate is
+    below q), whichever pass the step that shows it belongs to."""
+    engine, model, optimizer, loader = _poisson(request, _one_positive())
+
+    def trailing():
+        for _ in range(40):  # (the last batch holds example 7 in a tenth of the passes)
+            for i, (xb, yb) in enumerate(loader):
+                if i == len(loader) - 1 and yb.sum() >= 1:
+                    continue
+                _step(model, optimizer, xb, yb)
+
+    _voided(engine, trailing, _SKIPPED + ".*of an earlier pass")
+
+
+def test_poisson_fresh_iterators_until_a_batch_pleases_are_refused(request):
+    """Truth: ``next(iter(loader))`` repeated until the batch holds example 7: each abandoned pass delivered a
+    batch no step used, and example 7 is in every step."""
+    engine, model, optimizer, loader = _poisson(request, _one_positive())
+
+    def fishing():
+        for _ in range(5):
+            while True:
+                xb, yb = next(iter(loader))
+                if yb.sum() >= 1:
+                    break
+            _step(model, optimizer, xb, yb)
+
+    _voided(engine, fishing, _SKIPPED + ".*of an earlier pass")
+
+
+def test_poisson_epochs_broken_off_with_enumerate_are_refused_and_islice_accepted(request):
+    """``for i, b in enumerate(loader): if i >= K: break`` receives batch K and trains on none of it: the monitor
+    cannot tell that loop from one that chose to stop on batch K's content, so the next step is refused (sound,
+    not tight). ``itertools.islice(loader, K)`` stops without receiving batch K: accepted."""
+    import itertools
+
+    engine, model, optimizer, loader = _poisson(request)
+
+    def halves():
+        for _ in range(2):
+            for i, (xb, yb) in enumerate(loader):
+                if i >= EPOCH // 2:
+                    break
+                _step(model, optimizer, xb, yb)
+
+    _voided(engine, halves, _SKIPPED + ".*of an earlier pass")
+    engine, model, optimizer, loader = _private(_register(request, "poisson", suffix="-i"), poisson=True)
+    for _ in range(3):
+        _train(model, optimizer, itertools.islice(loader, EPOCH // 2))
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(3 * (EPOCH // 2), "poisson"), rel=1e-12)
+
+
+def test_a_poisson_batch_drawn_beside_the_step_and_ignored_is_refused_though_sound(request):
+    """Red-team pipeline 79: each step uses a fresh ``next(iter(loader))`` while an outer loop over the loader
+    receives a batch it ignores. Still Poisson (the loop ignores the outer batch), but indistinguishable by the
+    indices from a loop that picks the outer or the fresh batch by content: refused (sound, documented)."""
+    engine, model, optimizer, loader = _poisson(request)
+    _voided(engine, lambda: [_step(model, optimizer, *next(iter(loader))) for _ in loader], _SKIPPED)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_poisson_legit_loops_with_and_without_workers_are_accepted(request, workers):
+    """Every batch the loader yields is trained on: evaluation passes over the training loader between epochs
+    and inside one, fresh iterators per step, an epoch broken off at the very end of the run."""
+    engine, model, optimizer, loader = _poisson(request, workers=workers, persistent_workers=bool(workers))
+    steps = 0
+    for _ in range(2):
+        with torch.no_grad():
+            sum(float(_bce(model(xb), yb)) for xb, yb in loader)  # between epochs
+        for i, (xb, yb) in enumerate(loader):
+            _step(model, optimizer, xb, yb)
+            steps += 1
+            if i == 3:
+                with torch.no_grad():  # nested, in the middle of an epoch
+                    sum(float(_bce(model(x2), y2)) for x2, y2 in loader)
+    for _ in range(3):
+        _step(model, optimizer, *next(iter(loader)))  # each step a fresh Poisson pass
+        steps += 1
+    for i, (xb, yb) in enumerate(loader):
+        _step(model, optimizer, xb, yb)
+        steps += 1
+        if i == 2:
+            break  # the run ends here
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(steps, "poisson"), rel=1e-12)
+
+
+def test_reshuffle_with_workers_skipping_a_batch_is_refused_naming_it(request):
+    """po7.py reshuffle_workers_skip_by_label: the message names the skipped batch (it named several batches
+    fed to one step)."""
+    loader = DataLoader(_dataset(), batch_size=B, shuffle=True, num_workers=2)
+    engine, model, optimizer, loader = _private(_register(request, "reshuffle"), loader)
+
+    def skipping():
+        for i, (xb, yb) in enumerate(loader):
+            if i != 4:
+                _step(model, optimizer, xb, yb)
+
+    _voided(engine, skipping, r"Found step 5 using batch 6 of its pass after 4 steps of that pass: batch 5 was drawn")
