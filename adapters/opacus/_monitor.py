@@ -100,10 +100,12 @@ class BatchQueue:
             # used pass delivered and used by no step is kept for the next step's derivation)
             for ended in [p for p in self._pending if p in self._ended]:
                 unused = self._unused_of(ended)
+                if unused is not None and len(unused) < len(self._pending[ended]):
+                    continue  # (workers drew it to its end ahead of the loop, which still receives its batches)
                 if unused and ended in self._used and self._unused is None:
                     self._unused = unused[0]
                 self._forget(ended)
-            self._ended.clear()
+            self._ended &= self._pending.keys()
         indices = batch if type(batch) is tuple else tuple(batch.tolist() if torch.is_tensor(batch) else batch)
         self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
         self._last = pass_id

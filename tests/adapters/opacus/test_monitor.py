@@ -910,3 +910,18 @@ def test_reshuffle_with_workers_skipping_a_batch_is_refused_naming_it(request):
                 _step(model, optimizer, xb, yb)
 
     _voided(engine, skipping, r"Found step 5 using batch 6 of its pass after 4 steps of that pass: batch 5 was drawn")
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "poisson"])
+def test_an_evaluation_pass_after_the_workers_drew_the_training_pass_to_its_end_is_accepted(request, sampling):
+    """With two workers the training pass' sampler is exhausted batches before the loop receives its last ones;
+    an evaluation pass over the training loader started then must not drop them."""
+    loader = DataLoader(_dataset(), batch_size=B, num_workers=2)
+    engine, model, optimizer, loader = _private(_register(request, sampling), loader, poisson=sampling == "poisson")
+    for _ in range(2):
+        for i, (xb, yb) in enumerate(loader):
+            _step(model, optimizer, xb, yb)
+            if i == len(loader) - 3:
+                with torch.no_grad():
+                    sum(float(_bce(model(x2), y2)) for x2, y2 in loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH, sampling), rel=1e-12)
