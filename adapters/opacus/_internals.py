@@ -62,7 +62,7 @@ import operator
 import sys
 import weakref
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, GeneratorType
 from typing import Any
 
 import opacus
@@ -392,7 +392,8 @@ _loader_next = torch_data_loader._BaseDataLoaderIter.__next__
 @functools.wraps(_loader_next)
 def _reporting_next(self: Any) -> Any:
     data = _loader_next(self)
-    entry = _PASSES.get(getattr(self, "_sampler_iter", None))
+    passes = getattr(self, "_sampler_iter", None)  # (a recorded pass is a generator; other iterators may not be
+    entry = _PASSES.get(passes) if type(passes) is GeneratorType else None  # weakly referable)
     if entry is not None and getattr(self, "_in_order", True):
         sampler, numbered = entry[0](), entry[1]
         if numbered:

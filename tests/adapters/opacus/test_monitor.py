@@ -925,3 +925,11 @@ def test_an_evaluation_pass_after_the_workers_drew_the_training_pass_to_its_end_
                 with torch.no_grad():
                     sum(float(_bce(model(x2), y2)) for x2, y2 in loader)
     assert engine.get_epsilon(DELTA) == pytest.approx(_expected(2 * EPOCH, sampling), rel=1e-12)
+
+
+def test_loaders_over_any_batch_sampler_iterate_once_deliveries_are_reported(request):
+    """The delivery report wraps torch's DataLoader iterator for every loader of the process: a batch sampler
+    whose iterator is a list iterator (not weakly referable) must still iterate."""
+    _cyclic(request)  # (an accountant bound: the wrapper is installed)
+    loader = DataLoader(_dataset(4), batch_sampler=[[0, 1], [2, 3]])
+    assert [len(xb) for xb, _ in loader] == [2, 2]
