@@ -4,8 +4,9 @@
   unchanged);
 * the DP optimizer's facts and the model's parameters and buffers (:class:`RunMonitor`, through
   ``_observe`` and ``_steps``);
-* the batches the bound loader's batch sampler draws (recorded at that object, every iteration),
-  matched to noisy steps: a queue per pass of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
+* the batches the bound loader's batch sampler draws (recorded at that object, every iteration) and
+  which of them torch's DataLoader iterators handed the loop, matched to noisy steps: a queue per pass
+  of the sampler (docs/derivations/opacus-adapter.md#run-monitor);
 * the number of per-example clipped gradients the step summed (counted by the step checks);
 * the model the run starts from (``_start``): a model an earlier accountant of this library has trained
   (:data:`~lastiter_plugins.adapters.opacus._start.MARKS`) continues that accounting, or is refused;
