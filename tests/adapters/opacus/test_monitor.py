@@ -933,3 +933,17 @@ def test_loaders_over_any_batch_sampler_iterate_once_deliveries_are_reported(req
     _cyclic(request)  # (an accountant bound: the wrapper is installed)
     loader = DataLoader(_dataset(4), batch_sampler=[[0, 1], [2, 3]])
     assert [len(xb) for xb, _ in loader] == [2, 2]
+
+
+def test_a_poisson_batch_for_shapes_comes_from_the_loader_passed_to_make_private(request):
+    """A batch received from the returned Poisson loader and not trained on cannot be told from one rejected on
+    its content (fresh iterators until a batch pleases): refused at the next step. From the loader passed to
+    ``make_private`` (not recorded) it is accepted."""
+    engine, model, optimizer, loader = _poisson(request)
+    next(iter(loader))
+    _voided(engine, lambda: _train(model, optimizer, loader), _SKIPPED + ".*of an earlier pass")
+    original = DataLoader(_dataset(), batch_size=B)
+    engine, model, optimizer, loader = _private(_register(request, "poisson", suffix="-o"), original, poisson=True)
+    next(iter(original))
+    _train(model, optimizer, loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH, "poisson"), rel=1e-12)
