@@ -147,7 +147,7 @@ class BatchQueue:
         no step (None: none), of its pass or of an earlier pass that a step used or that broke off."""
         pass_id = self._latest if self._latest is not None else self._last
         queue = self._pending.get(pass_id) if pass_id is not None else None
-        if not queue:
+        if not queue or pass_id is None:
             return None, 0, None
         self._serial = PERMUTATIONS.serial
         delivered = self._unused_of(pass_id)
