@@ -229,10 +229,12 @@ class LastIterateAccountant(IAccountant):
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
-        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
-            watch.check_examples(optim)
         checks = monitor.checks
         assert checks is not None  # created by observe_optimizer above
+        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
+            watch.check_examples(optim)
+        elif self.registration.assumptions.gradient_norms_within_clip:  # declared by hand: clipping was inactive
+            checks.verify_within_clip(optim, steps + 1)
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps, self._resume_digest)
             checks.rebase()
