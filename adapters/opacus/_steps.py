@@ -208,7 +208,8 @@ class StepChecks:
                 f"step {step}): Opacus clips the per-example gradients of the scaled loss, so a step moves by "
                 "lr x scale (a step size that changes with the scale), and the steps the scaler skips make the "
                 "number of steps depend on the data. Found scaler.step(optimizer). Train in float32, or under "
-                "torch.autocast(dtype=torch.bfloat16) without a GradScaler."
+                "torch.autocast(dtype=torch.bfloat16) without a GradScaler (on the declared route; model='glm' needs "
+                "float32 scores)."
             )
 
     # -- the examples of the step

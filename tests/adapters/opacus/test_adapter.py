@@ -3,6 +3,7 @@ calibration, checkpoints, report and distributed training (CPU, small models).""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -193,6 +194,26 @@ def test_attach_gives_the_engine_a_new_configured_accountant(request):
     with pytest.raises(lo.LastIterateConfigurationError, match=r"must come before engine\.make_private"):
         lo.attach(engine, name)
     assert engine.accountant is accountant
+
+
+def test_make_private_twice_on_one_engine_for_two_models_is_refused(request):
+    # both optimizers would report to the one accountant; the first model's steps were refused later, blaming a
+    # forward that bypassed the module
+    name = _register(request, sampling="cyclic")
+    engine, first, _, _ = _private(name)
+    second = _model()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"make_private must be called once per PrivacyEngine"):
+        engine.make_private(module=second, optimizer=torch.optim.SGD(second.parameters(), lr=LR),
+                            data_loader=DataLoader(_dataset(), batch_size=10), noise_multiplier=1.0,
+                            max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    del first  # once the first model is gone, the engine may serve another (Opacus hooked `second` already)
+    gc.collect()
+    third = _model()
+    model, optimizer, loader = engine.make_private(module=third, optimizer=torch.optim.SGD(third.parameters(), lr=LR),
+                                                   data_loader=DataLoader(_dataset(), batch_size=10),
+                                                   noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    _train(model, optimizer, loader)
+    assert engine.accountant.steps == 10
 
 
 def test_attach_and_create_accountant_refusals(request):
