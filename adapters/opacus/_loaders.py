@@ -200,8 +200,13 @@ def _examples(dataset: Any, leaves: dict[int, tuple[int, Any]], depth: int = 0) 
     ``ConcatDataset`` (any other dataset is its own examples): two arrays (leaf number, index in that leaf),
     one entry per item. ``leaves`` numbers the underlying datasets by identity (kept alive while it lives)."""
     if depth < 32 and type(dataset) is Subset:
-        leaf, index = _examples(dataset.dataset, leaves, depth + 1)
-        chosen = np.asarray(dataset.indices, dtype=np.int64).reshape(-1) % max(1, len(index))
+        chosen = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        parent = dataset.dataset
+        if type(parent) not in (Subset, ConcatDataset):  # a Subset of a plain dataset: its indices are the examples
+            number = leaves.setdefault(id(parent), (len(leaves), parent))[0]
+            return np.full(len(chosen), number, dtype=np.int64), chosen % max(1, len(cast(Sized, parent)))
+        leaf, index = _examples(parent, leaves, depth + 1)
+        chosen %= max(1, len(index))
         return leaf[chosen], index[chosen]
     if depth < 32 and type(dataset) is ConcatDataset:
         parts = [_examples(part, leaves, depth + 1) for part in dataset.datasets]
