@@ -23,6 +23,7 @@ from lastiter_plugins.adapters.opacus._observe import (
     ExampleCounter,
     Observed,
     check_dp_optimizer,
+    unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
     LastIterateConfigurationError,
@@ -160,6 +161,8 @@ class LastIterateAccountant(IAccountant):
     def get_optimizer_hook_fn(self, sample_rate: float):
         internals.require_tested_opacus()
         caller = internals.engine_locals("make_private")
+        if caller is not None:
+            self._refuse_second_model(caller.get("module"))
         if caller is not None and self._glm is not None:  # first derive the constants from the model
             self._glm.at_make_private(caller)
         reg = self.registration  # (on the GLM route: with the derived constants and weight decay)
@@ -178,6 +181,21 @@ class LastIterateAccountant(IAccountant):
             self._bind(facts, plan, caller["data_loader"], module if isinstance(module, torch.nn.Module) else None)
 
         return self._account_step  # called by the DP optimizer at every step
+
+    def _refuse_second_model(self, module: Any) -> None:
+        """``make_private`` again on this accountant's engine, for another model while the first is alive: both
+        optimizers would report their steps to this one accountant (one run each is what it counts)."""
+        monitor = self._monitor
+        bound = monitor.module() if monitor is not None and monitor.module is not None else None
+        if bound is None or module is None or unwrap(bound) is unwrap(module):
+            return
+        raise _Error(
+            f"make_private must be called once per PrivacyEngine: its accountant ({self.registration.name!r}) "
+            "accounts the run of one model. Found a second make_private on the same engine for another model "
+            f"({type(unwrap(module)).__name__}) while the first ({type(unwrap(bound)).__name__}) is still in use: "
+            "both optimizers would report their steps to this accountant. Use one PrivacyEngine per model (and "
+            "account for releasing both models together by composition)."
+        )
 
     # -- one step
     def _account_step(self, optim: Any) -> None:
@@ -229,10 +247,12 @@ class LastIterateAccountant(IAccountant):
         problem = monitor.observe_examples(optim, self._counter)  # the loader, the examples, the batch drawn
         if problem is not None:
             raise LastIteratePipelineChangedError(f"{problem} (step {steps + 1}).")
-        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
-            watch.check_examples(optim)
         checks = monitor.checks
         assert checks is not None  # created by observe_optimizer above
+        if watch is not None:  # the per-example gradients are the declared GLM's, the feature norms <= A
+            watch.check_examples(optim)
+        elif self.registration.assumptions.gradient_norms_within_clip:  # declared by hand: clipping was inactive
+            checks.verify_within_clip(optim, steps + 1)
         if self._resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             self._verify_resumed_model(steps, self._resume_digest)
             checks.rebase()

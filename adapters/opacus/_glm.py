@@ -691,7 +691,7 @@ class Watch:
                 "model's output (or a view of it: a squeeze, a reshape), whose per-example gradients are checked "
                 f"against the declared loss. Found {len(calls)} calls on the output of the last training forward (a "
                 "loss computed by another function or on a transformed output, or the loss module called several "
-                "times). The run's epsilon is void."
+                f"times).{_low_precision(record[1].dtype)} The run's epsilon is void."
             )
         if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
             self._check_norms(unchecked)
@@ -785,8 +785,8 @@ class Watch:
                 f"the gradient of each example's loss with respect to its score must be that of loss="
                 f"{self.decl.loss!r} ({LOSSES[self.decl.loss][1]}) at the example's score and label, reduced as "
                 f"make_private's loss_reduction says. Found a difference of up to {worst:.4g}: the loss was scaled, "
-                f"another term was added to it, or another loss was backpropagated. {BY_HAND} The run's epsilon is "
-                "void."
+                f"another term was added to it, or another loss was backpropagated.{_low_precision(scores.dtype)} "
+                f"{BY_HAND} The run's epsilon is void."
             )
 
     def _check_norms(self, features: list) -> None:
@@ -818,6 +818,18 @@ class Watch:
             f"the targets of loss={self.decl.loss!r} must be {needed}, for which the constants were derived. "
             f"Found others. {BY_HAND} The run's epsilon is void."
         )
+
+
+def _low_precision(dtype: torch.dtype) -> str:
+    """The cause when the model's scores are half precision (torch.autocast, a half model), else ''."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return ""
+    return (
+        f" The model's output is {dtype} (torch.autocast, or a half-precision model): the GLM route checks each "
+        "example's gradient against the declared loss at its score, which needs float32 scores (bfloat16 rounding "
+        "alone moves the gradient by up to 0.004; the loss computed on output.float() is another tensor). Train the "
+        "GLM in float32, outside torch.autocast (autocast is fine on the declared route)."
+    )
 
 
 def _number(value: Any) -> float:

@@ -16,11 +16,13 @@ import torch
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
 from torch.utils.data import (
     BatchSampler,
+    ConcatDataset,
     DataLoader,
     IterableDataset,
     RandomSampler,
     Sampler,
     SequentialSampler,
+    Subset,
 )
 from torch.utils.data.distributed import DistributedSampler
 
@@ -193,6 +195,56 @@ def _describe_poisson(batch_sampler: Any, n: int) -> LoaderFacts:
     )
 
 
+def _examples(dataset: Any, leaves: dict[int, tuple[int, Any]], depth: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Which example of which underlying dataset each item of ``dataset`` is, through ``Subset`` and
+    ``ConcatDataset`` (any other dataset is its own examples): two arrays (leaf number, index in that leaf),
+    one entry per item. ``leaves`` numbers the underlying datasets by identity (kept alive while it lives)."""
+    if depth < 32 and type(dataset) is Subset:
+        chosen = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        parent = dataset.dataset
+        if type(parent) not in (Subset, ConcatDataset):  # a Subset of a plain dataset: its indices are the examples
+            number = leaves.setdefault(id(parent), (len(leaves), parent))[0]
+            return np.full(len(chosen), number, dtype=np.int64), chosen % max(1, len(cast(Sized, parent)))
+        leaf, index = _examples(parent, leaves, depth + 1)
+        chosen %= max(1, len(index))
+        return leaf[chosen], index[chosen]
+    if depth < 32 and type(dataset) is ConcatDataset:
+        parts = [_examples(part, leaves, depth + 1) for part in dataset.datasets]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    number = leaves.setdefault(id(dataset), (len(leaves), dataset))[0]
+    size = len(dataset)
+    return np.full(size, number, dtype=np.int64), np.arange(size, dtype=np.int64)
+
+
+def check_examples_once(dataset: Any) -> None:
+    """Each example of the underlying datasets is at most one item of ``dataset`` (checked through ``Subset`` and
+    ``ConcatDataset``: ``ConcatDataset([ds, Subset(ds, minority)])`` oversamples, so one person is two items)."""
+    if type(dataset) not in (Subset, ConcatDataset):
+        return
+    leaves: dict[int, tuple[int, Any]] = {}
+    leaf, index = _examples(dataset, leaves)
+    if len(leaf) < 2:
+        return
+    keys = leaf * (int(index.max()) + 1) + index
+    unique, counts = np.unique(keys, return_counts=True)
+    if len(unique) == len(keys):
+        return
+    worst = int(np.argmax(counts))
+    repeated = int((counts > 1).sum())
+    number, position = divmod(int(unique[worst]), int(index.max()) + 1)
+    owner = next(d for n, d in leaves.values() if n == number)
+    raise _refuse(
+        "each person's data must be one example of the data loader's dataset, used once per pass: every bound "
+        "counts one clipped gradient per example and pass, and neighbouring datasets differ in one example. Found "
+        f"{repeated} example(s) of an underlying {type(owner).__name__} appearing more than once (the most often: "
+        f"its example {position}, {int(counts[worst])} times) through the dataset's {type(dataset).__name__}: a "
+        "ConcatDataset "
+        "whose parts share examples (ConcatDataset([ds, Subset(ds, minority)]) to oversample a class) or a Subset "
+        "with repeated indices. Oversampling duplicates people, so one person changes several examples; no bound "
+        "covers it. Use each example once."
+    )
+
+
 def describe_data_loader(loader: Any) -> LoaderFacts:
     r"""Map a data loader to the sampling scheme it implements.
 
@@ -206,10 +258,12 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
     ``DataLoader(shuffle=True)`` (``RandomSampler``)             reshuffle
     ==========================================================  ==============
 
-    Every sampler must cover the whole dataset, each example once per epoch.
+    Every sampler must cover the whole dataset, each example once per epoch, and the dataset must hold each
+    example once (checked through ``Subset`` and ``ConcatDataset``).
 
     Raises:
-      LastIterateConfigurationError: anything else (``drop_last=True`` with a batch
+      LastIterateConfigurationError: an example twice in the dataset (oversampling by ``ConcatDataset``), or
+        anything else (``drop_last=True`` with a batch
         size not dividing n, a sampler over a subset or with ``num_samples``,
         ``RandomSampler(replacement=True)``, ``DistributedSampler``, weighted or custom
         samplers, iterable datasets), naming the problem and the fix.
@@ -221,6 +275,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
             "data_loader.dataset must be a map-style dataset (its sampling must be known). Found an IterableDataset."
         )
     n = len(cast(Sized, loader.dataset))  # map-style: torch's Dataset does not declare __len__
+    check_examples_once(loader.dataset)
     batch_sampler = loader.batch_sampler
     if isinstance(batch_sampler, POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)

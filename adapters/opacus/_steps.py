@@ -21,6 +21,7 @@ from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._observe import ExampleCounter, trainable
 from lastiter_plugins.adapters.opacus._projection import PROJECTIONS, STAMPS
 from lastiter_plugins.adapters.opacus._registration import LastIteratePipelineChangedError, Registration
+from lastiter_plugins.glm import OPACUS_CLIP_EPSILON
 
 if TYPE_CHECKING:
     from lastiter_plugins.adapters.opacus._monitor import LoaderWatch
@@ -207,7 +208,8 @@ class StepChecks:
                 f"step {step}): Opacus clips the per-example gradients of the scaled loss, so a step moves by "
                 "lr x scale (a step size that changes with the scale), and the steps the scaler skips make the "
                 "number of steps depend on the data. Found scaler.step(optimizer). Train in float32, or under "
-                "torch.autocast(dtype=torch.bfloat16) without a GradScaler."
+                "torch.autocast(dtype=torch.bfloat16) without a GradScaler (on the declared route; model='glm' needs "
+                "float32 scores)."
             )
 
     # -- the examples of the step
@@ -255,6 +257,32 @@ class StepChecks:
                     )
                 )
         return total
+
+    # -- the declared gradient norms
+    def verify_within_clip(self, optim: Any, step: int) -> None:
+        """With ``gradient_norms_within_clip=True`` declared: clipping left every per-example gradient of the
+        step unchanged, i.e. Opacus' factor min(1, C / (norm + 1e-6)) was 1 (every norm <= C - 1e-6,
+        docs/derivations/glm.md). The norms are Opacus' own (``clip_and_accumulate``: the norms of each
+        parameter's per-example gradients, stacked, then their norm). A necessary check at the points the run
+        visited; the declaration is over the whole domain."""
+        samples = optim.grad_samples
+        if not samples or len(samples[0]) == 0:  # no trainable parameter, or an empty (Poisson) batch
+            return
+        per_param = [g.reshape(len(g), -1).norm(2, dim=-1) for g in samples]
+        norms = torch.stack([n.to(per_param[0].device) for n in per_param], dim=1).norm(2, dim=1)
+        clip = optim.max_grad_norm
+        if bool((clip / (norms + OPACUS_CLIP_EPSILON) < 1.0).any()):
+            largest = float(norms.max())
+            raise _Changed(
+                f"gradient_norms_within_clip=True was declared for accountant {self.reg.name!r}: every per-example "
+                "gradient norm is <= max_grad_norm on the whole domain, so clipping never changes a gradient and "
+                "the update is a gradient step (the bounds rely on it). Found a per-example gradient norm of "
+                f"{largest:.6g} at step {step}, with max_grad_norm={clip:g} (Opacus scales a gradient by "
+                f"min(1, max_grad_norm / (norm + {OPACUS_CLIP_EPSILON:g})): the identity only for norms <= "
+                f"max_grad_norm - {OPACUS_CLIP_EPSILON:g}): clipping was active. Drop the declaration (register "
+                "without gradient_norms_within_clip: the bounds then allow for clipping), or raise max_grad_norm "
+                "above every per-example gradient norm on the whole domain."
+            )
 
     def _skipped_total(self, optim: Any, watch: LoaderWatch, counter: ExampleCounter | None, count: int) -> int:
         """Examples summed by a real step that follows steps skipped with ``signal_skip_step``."""

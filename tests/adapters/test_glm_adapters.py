@@ -410,6 +410,23 @@ def test_opacus_step_check_fires_on_another_loss(request, loss, loss_fn, phrase)
 
 
 @needs_opacus
+@pytest.mark.parametrize("loss_inside", [False, True], ids=["loss-on-output-float", "loss-inside-autocast"])
+def test_opacus_step_check_names_autocast(request, loss_inside):
+    """bfloat16 scores (torch.autocast, no scaler): refused on the GLM route, the message naming the cause."""
+    engine, model, optimizer, loader = _private(_glm(request), _clipped_linear())
+    xb, yb = next(iter(loader))
+    optimizer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(xb).squeeze(-1)
+        if loss_inside:
+            loss = CRITERIA["logistic"](out, yb)
+    (loss if loss_inside else CRITERIA["logistic"](out.float(), yb)).backward()
+    with pytest.raises(lp.PipelineChangedError, match=r"model's output is torch\.bfloat16 \(torch\.autocast"):
+        optimizer.step()
+    assert engine.accountant.steps == 0
+
+
+@needs_opacus
 @pytest.mark.parametrize(
     ("loss", "criterion", "phrase"),
     [

@@ -3,6 +3,7 @@ calibration, checkpoints, report and distributed training (CPU, small models).""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -64,6 +65,10 @@ DEVICE = torch.device(os.environ.get("LASTITER_TEST_DEVICE", "cpu"))
 # declared for the linear model below with unit-norm features: logistic loss is
 # 1/4-smooth in w; clipping stays declared active (True) unless a test says otherwise
 BASE = {"dataset_size": N, "learning_rate": LR, "smoothness": 0.25}
+# max_grad_norm of the runs that declare gradient_norms_within_clip=True: the linear model below has per-example
+# gradient norms |sigmoid(u) - y| |(x, 1)| < sqrt(2) (unit-norm features), so the declaration holds (every step
+# checks it: a norm above max_grad_norm - 1e-6 is refused)
+WITHIN_CLIP = 1.5
 POISSON_ORDERS = [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]  # integer orders keep the sampled Gaussian fast
 
 
@@ -179,7 +184,7 @@ def test_attach_gives_the_engine_a_new_configured_accountant(request):
     model = _model()
     model, optimizer, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
                                                    data_loader=DataLoader(_dataset(), batch_size=10),
-                                                   noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+                                                   noise_multiplier=1.0, max_grad_norm=WITHIN_CLIP, poisson_sampling=False)  # fmt: skip
     _train(model, optimizer, loader, epochs=2)
     expected = lp.epsilon("best", DELTA, dataset_size=N, batch_size=10, noise_multiplier=1.0, learning_rate=LR,
                           smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic", steps=20).epsilon  # fmt: skip
@@ -189,6 +194,26 @@ def test_attach_gives_the_engine_a_new_configured_accountant(request):
     with pytest.raises(lo.LastIterateConfigurationError, match=r"must come before engine\.make_private"):
         lo.attach(engine, name)
     assert engine.accountant is accountant
+
+
+def test_make_private_twice_on_one_engine_for_two_models_is_refused(request):
+    # both optimizers would report to the one accountant; the first model's steps were refused later, blaming a
+    # forward that bypassed the module
+    name = _register(request, sampling="cyclic")
+    engine, first, _, _ = _private(name)
+    second = _model()
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"make_private must be called once per PrivacyEngine"):
+        engine.make_private(module=second, optimizer=torch.optim.SGD(second.parameters(), lr=LR),
+                            data_loader=DataLoader(_dataset(), batch_size=10), noise_multiplier=1.0,
+                            max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    del first  # once the first model is gone, the engine may serve another (Opacus hooked `second` already)
+    gc.collect()
+    third = _model()
+    model, optimizer, loader = engine.make_private(module=third, optimizer=torch.optim.SGD(third.parameters(), lr=LR),
+                                                   data_loader=DataLoader(_dataset(), batch_size=10),
+                                                   noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=False)  # fmt: skip
+    _train(model, optimizer, loader)
+    assert engine.accountant.steps == 10
 
 
 def test_attach_and_create_accountant_refusals(request):
@@ -598,7 +623,7 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     name = _register(request, bound="kong-ribero-cyclic", sampling="cyclic", smoothness=smooth, weak_convexity=0.1,
                      gradient_norms_within_clip=True)  # fmt: skip
     loader = DataLoader(_dataset(), batch_size=batch)
-    engine, model, optimizer, loader = _private(name, loader=loader, reduction=reduction)
+    engine, model, optimizer, loader = _private(name, loader=loader, reduction=reduction, clip=WITHIN_CLIP)
     _train(model, optimizer, loader, epochs=2, accumulate=accumulate, reduction=reduction)
     steps = 2 * len(loader) // accumulate
     assert engine.accountant.steps == steps
@@ -623,7 +648,7 @@ def test_get_privacy_spent_is_epsilon_and_order_none_for_a_privacy_profile(reque
     name = _register(
         request, bound=bound, sampling="cyclic", weak_convexity=weak_convexity, gradient_norms_within_clip=True
     )
-    engine, model, optimizer, loader = _private(name)
+    engine, model, optimizer, loader = _private(name, clip=WITHIN_CLIP)
     _train(model, optimizer, loader)
     result = engine.accountant.epsilon_result(DELTA)
     assert (result.order is not None) is has_order
@@ -708,7 +733,7 @@ def test_make_private_with_epsilon_reaches_target(request, n, batch, bound):
         target_epsilon=3.0,
         target_delta=DELTA,
         epochs=3,
-        max_grad_norm=1.0,
+        max_grad_norm=WITHIN_CLIP,
         poisson_sampling=False,
     )
     _train(model, optimizer, loader, epochs=3)
@@ -734,7 +759,7 @@ def test_make_private_with_epsilon_run_that_differs_from_the_plan_is_refused(req
         target_epsilon=9.0,
         target_delta=DELTA,
         epochs=3,
-        max_grad_norm=1.0,
+        max_grad_norm=WITHIN_CLIP,
         poisson_sampling=False,
     )
     with pytest.raises(lp.PipelineChangedError, match=r"2 backward passes"):
@@ -766,13 +791,13 @@ def test_make_private_with_epsilon_refuses_poisson_for_cyclic(request):
 
 def test_checkpoint_round_trip(request, tmp_path):
     name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
-    engine, model, optimizer, loader = _private(name)
+    engine, model, optimizer, loader = _private(name, clip=WITHIN_CLIP)
     _train(model, optimizer, loader, epochs=2)
     eps = engine.get_epsilon(DELTA)
     path = tmp_path / "ckpt.pt"
     engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
 
-    engine2, model2, optimizer2, loader2 = _private(name)
+    engine2, model2, optimizer2, loader2 = _private(name, clip=WITHIN_CLIP)
     engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
     assert engine2.get_epsilon(DELTA) == eps
     assert engine2.accountant.history == engine.accountant.history
@@ -816,7 +841,7 @@ def test_checkpoint_refusals(request, tmp_path):
 
 def test_report_lists_every_bound_with_relation_and_threat_model(request):
     name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
-    engine, model, optimizer, loader = _private(name)
+    engine, model, optimizer, loader = _private(name, clip=WITHIN_CLIP)
     with pytest.raises(lo.LastIterateConfigurationError, match="at least one optimizer step"):
         engine.accountant.report(DELTA)
     _train(model, optimizer, loader)
@@ -1117,7 +1142,9 @@ def test_published_only_restricts_best_to_published_theorems(request):
     published = lo.register(_name(request) + "-pub", force=True, published_only=True, **{**BASE, **params})
     results = {}
     for name in (plain, published):
-        engine, model, optimizer, loader = _private(name, loader=DataLoader(_dataset(), batch_size=30))
+        engine, model, optimizer, loader = _private(
+            name, loader=DataLoader(_dataset(), batch_size=30), clip=WITHIN_CLIP
+        )
         _train(model, optimizer, loader, epochs=2)
         results[name] = engine.accountant.epsilon_result(DELTA)
         report = engine.accountant.report(DELTA)

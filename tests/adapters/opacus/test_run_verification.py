@@ -13,7 +13,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("opacus")
 
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
+from torch.utils.data import (  # noqa: E402
+    ConcatDataset,
+    DataLoader,
+    RandomSampler,
+    SequentialSampler,
+    Subset,
+    TensorDataset,
+)
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
@@ -35,6 +42,11 @@ def _dataset(n: int = N) -> TensorDataset:
     return dataset(n)
 
 
+# max_grad_norm of the runs that declare gradient_norms_within_clip=True: the linear model below has per-example
+# gradient norms |sigmoid(u) - y| |(x, 1)| < sqrt(2) (unit-norm features), so the declaration holds
+WITHIN_CLIP = 1.5
+
+
 def _register(request, **kw) -> str:
     params = {"sampling": "cyclic", "dataset_size": N, "learning_rate": LR, "smoothness": 0.25, **kw}
     return lo.register("v-" + request.node.name, force=True, **params)
@@ -46,7 +58,7 @@ def _private(name, loader, **kw):
     engine = _engine(name)
     model, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
-        noise_multiplier=1.0, max_grad_norm=1.0, **{"poisson_sampling": False, **kw},
+        noise_multiplier=1.0, **{"max_grad_norm": 1.0, "poisson_sampling": False, **kw},
     )  # fmt: skip
     return engine, model, optimizer, loader
 
@@ -77,6 +89,45 @@ def test_sampler_over_a_subset_is_refused(request, sampler):
     loader = DataLoader(_dataset(), batch_size=B, sampler=sampler(_dataset()))
     with pytest.raises(lp.NotApplicableError, match=r"len\(dataset\) = 500|over all 500 examples"):
         _private(name, loader)
+
+
+def _oversampled(data):
+    return ConcatDataset([data, Subset(data, list(range(20)))])  # 20 people twice (class balancing)
+
+
+def _nested_oversampled(data):
+    return ConcatDataset([Subset(data, list(range(N - 20))), ConcatDataset([Subset(data, range(N - 40, N))])])
+
+
+def _repeated_indices(data):
+    return Subset(data, [*range(N - 20), *range(20)])
+
+
+@pytest.mark.parametrize("build", [_oversampled, _nested_oversampled, _repeated_indices],
+                         ids=["concat-with-subset", "nested", "subset-repeating-indices"])  # fmt: skip
+@pytest.mark.parametrize("poisson", [False, True], ids=["cyclic", "poisson"])
+def test_dataset_holding_an_example_twice_is_refused(request, build, poisson):
+    # one person in two rows of the dataset: its change moves two examples (sensitivity 2C), which no bound counts
+    data = build(_dataset())
+    name = _register(
+        request,
+        dataset_size=len(data),
+        **({"sampling": "poisson", "relation": "add_or_remove_one", "orders": [2.0]} if poisson else {}),
+    )
+    with pytest.raises(lp.NotApplicableError, match=r"each person's data must be one example .* 20 example\(s\) of an "
+                       r"underlying TensorDataset appearing more than once .* Use each example once"):  # fmt: skip
+        _private(name, DataLoader(data, batch_size=B), poisson_sampling=poisson)
+
+
+def test_dataset_of_disjoint_parts_of_one_dataset_is_accepted(request):
+    # a ConcatDataset of disjoint Subsets of one dataset (and of another dataset) holds each example once
+    data, other = _dataset(), _dataset(100)
+    joined = ConcatDataset([Subset(data, range(250, N)), Subset(data, range(250)), other])
+    name = _register(request, dataset_size=len(joined))
+    engine, model, optimizer, loader = _private(name, DataLoader(joined, batch_size=B))
+    _train(model, optimizer, loader)
+    assert engine.accountant.steps == len(joined) // B
+    assert lo.describe_data_loader(DataLoader(joined, batch_size=B)).dataset_size == N + 100
 
 
 def test_dataset_shrinking_after_make_private_is_refused(request):
@@ -161,7 +212,9 @@ def test_equal_permutation_in_a_new_tuple_is_accepted(request):
     name = _register(request, sampling="shuffle_once", gradient_norms_within_clip=True)
     data = _dataset()
     sampler = lo.ShuffleOnceSampler(data, seed=3)
-    engine, model, optimizer, loader = _private(name, DataLoader(data, batch_size=B, sampler=sampler))
+    engine, model, optimizer, loader = _private(
+        name, DataLoader(data, batch_size=B, sampler=sampler), max_grad_norm=WITHIN_CLIP
+    )
     _train(model, optimizer, loader)
     sampler._permutation = tuple(list(sampler._permutation))
     _train(model, optimizer, loader)
@@ -267,7 +320,9 @@ def test_parameters_pushed_out_of_the_ball_are_refused(request, via_data):
 
 def test_drop_last_accepted_when_batch_divides_n(request):
     name = _register(request, gradient_norms_within_clip=True)
-    engine, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B, drop_last=True))
+    engine, model, optimizer, loader = _private(
+        name, DataLoader(_dataset(), batch_size=B, drop_last=True), max_grad_norm=WITHIN_CLIP
+    )
     _train(model, optimizer, loader, epochs=2)
     expected = lp.epsilon(
         "best",

@@ -76,8 +76,10 @@ class Run:
     """A private model, its DP optimizer and loader, and an endless iterator over the loader's batches."""
 
     def __init__(self, request, *, model=None, groups=None, loader=None, sampling="cyclic", poisson=False,
-                 before=None):  # fmt: skip
-        kw = {"sampling": sampling, "dataset_size": N, "learning_rate": LR, "smoothness": 0.25}
+                 before=None, clip=1.0, within_clip=False, smoothness=0.25):  # fmt: skip
+        kw = {"sampling": sampling, "dataset_size": N, "learning_rate": LR, "smoothness": smoothness}
+        if within_clip:
+            kw["gradient_norms_within_clip"] = True
         if sampling == "poisson":
             kw["relation"] = "add_or_remove_one"
         if sampling != "cyclic":
@@ -91,7 +93,7 @@ class Run:
         self.engine = _engine(name)
         self.model, self.optimizer, self.loader = self.engine.make_private(
             module=module, optimizer=sgd, data_loader=loader if loader is not None else DataLoader(_dataset(), B),
-            noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=poisson,
+            noise_multiplier=1.0, max_grad_norm=clip, poisson_sampling=poisson,
         )  # fmt: skip
         self.module = module
         self.acc = self.engine.accountant
@@ -556,6 +558,57 @@ def test_post_hook_moved_in_front_is_refused_at_once(request):
     run.warm()
     _hook_in_front(run)
     run.refused(match="post-hook must run first")
+
+
+# ---------------------------------------------------------------- the declared gradient norms
+
+
+def test_declared_within_clip_with_norms_above_the_clip_is_refused(request):
+    # the declaration says clipping never changes a gradient; with max_grad_norm 0.01 every example's
+    # gradient (norms up to sqrt(2): |sigmoid(u) - y| |(x, 1)|) is clipped, so the update is no gradient step
+    run = Run(request, clip=0.01, within_clip=True)
+    run.refused(
+        match=r"gradient_norms_within_clip=True was declared .* Found a per-example gradient norm of [01]\.\d+ at "
+        r"step 1, with max_grad_norm=0\.01 .* Drop the declaration .* or raise max_grad_norm"
+    )
+
+
+def test_declared_within_clip_checked_at_every_step(request):
+    # accepted while every norm stays below the clip; a later step whose norms exceed it is refused
+    run = Run(request, clip=1.5, within_clip=True)
+    run.warm()
+    xb, yb = next(run.batches)
+
+    def larger_gradients():
+        run.optimizer.zero_grad()
+        (4.0 * _loss(run.model, xb, yb)).backward()  # per-example norms above 2 here
+        run.optimizer.step()
+
+    run.refused(larger_gradients, match=r"per-example gradient norm of [2-9]\.\d+ at step 5, with max_grad_norm=1\.5")
+
+
+def test_declared_within_clip_that_holds_is_accepted(request):
+    # logistic loss, unit-norm features and a bias: every per-example gradient norm is < sqrt(2) < 1.5
+    run = Run(request, clip=1.5, within_clip=True)
+    run.warm(2 * EPOCH)
+    expected = _expected(2 * EPOCH, gradient_norms_within_clip=True, clip_norm=1.5)
+    assert run.engine.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
+
+
+def _linear_loss(model, xb, yb):
+    return model(xb).squeeze(-1).mean()  # per-example gradient x: norm 1 for unit-norm features
+
+
+@pytest.mark.parametrize(("clip", "accepted"), [(1.0, False), (1.0 + 1e-5, True)], ids=["C=1", "C=1+1e-5"])
+def test_declared_within_clip_norms_equal_to_the_clip_are_refused(request, monkeypatch, clip, accepted):
+    # Opacus scales a gradient by min(1, C / (norm + 1e-6)): a norm of 1 = C is still scaled (by 1 / (1 + 1e-6)),
+    # so clipping is the identity only for norms <= C - 1e-6 (docs/derivations/glm.md), as the GLM route assumes
+    monkeypatch.setitem(globals(), "_loss", _linear_loss)
+    run = Run(request, model=torch.nn.Linear(3, 1, bias=False), clip=clip, within_clip=True, smoothness=0.0)
+    if accepted:
+        run.warm(EPOCH)
+    else:
+        run.refused(match=r"per-example gradient norm of 1 at step 1, with max_grad_norm=1 ")
 
 
 # ---------------------------------------------------------------- the parameters between steps
