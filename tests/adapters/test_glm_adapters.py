@@ -413,6 +413,13 @@ def test_opacus_step_check_fires_on_another_loss(request, loss, loss_fn, phrase)
 @pytest.mark.parametrize("loss_inside", [False, True], ids=["loss-on-output-float", "loss-inside-autocast"])
 def test_opacus_step_check_names_autocast(request, loss_inside):
     """bfloat16 scores (torch.autocast, no scaler): refused on the GLM route, the message naming the cause."""
+    import opacus
+
+    if int(opacus.__version__.split(".")[1]) < 6 and opacus.__version__.startswith("1."):
+        pytest.skip(
+            f"Opacus {opacus.__version__}'s per-sample gradients fail under bfloat16 autocast (an einsum of "
+            "mixed dtypes): Opacus stops the run itself, before the adapter's check"
+        )
     engine, model, optimizer, loader = _private(_glm(request), _clipped_linear())
     xb, yb = next(iter(loader))
     optimizer.zero_grad()

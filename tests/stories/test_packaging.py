@@ -125,6 +125,10 @@ def test_wheel_contents(wheel):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     top_level = {n.split("/")[0] for n in names}
     assert "adapters" not in top_level
+    # every module of the source tree ships (a subpackage left out of [tool.setuptools] packages is lost)
+    for folder, installed in (("lastiter_plugins", "lastiter_plugins"), ("adapters", "lastiter_plugins/adapters")):
+        modules = {f"{installed}/{p.relative_to(ROOT / folder).as_posix()}" for p in (ROOT / folder).rglob("*.py")}
+        assert modules - set(names) == set(), folder
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
 
 
