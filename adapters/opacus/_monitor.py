@@ -71,7 +71,9 @@ class BatchQueue:
             self._permutation = loader.batch_sampler.sampler.permutation
             bounds = [0]
             for position in range(facts.num_batches):
-                bounds.append(bounds[-1] + facts.batch_at(position))
+                size = facts.batch_at(position)
+                assert size is not None  # a shuffle-once plan has fixed batch sizes
+                bounds.append(bounds[-1] + size)
             self._plan = {start: (k, end) for k, (start, end) in enumerate(itertools.pairwise(bounds))}
             self.starts = frozenset(self._plan)
             PERMUTATIONS.listen(facts.permutation_digest, self)
@@ -132,6 +134,7 @@ class BatchQueue:
         other = None if digest is None else PERMUTATIONS.other_since(n, digest, self._serial)
         if other is None:
             return None
+        assert digest is not None  # (another permutation is found only against the bound one's digest)
         return (
             f"sampling='shuffle_once' must use one permutation for the whole run (the shuffle-once bound of "
             f"Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2, assumes it). Found a second ShuffleOnceSampler over "
@@ -222,6 +225,7 @@ class RunMonitor:
         if raw is None or raw != self._raw:  # validated in full when a value it reads differs from the last step's
             self._observed = observe(optim, reg, self.facts)
             self._raw = raw
+        assert self._observed is not None  # observed in full at the first step (no earlier raw facts to match)
         return self._observed
 
     def observe_examples(self, optim: Any, counter: ExampleCounter | None) -> str | None:

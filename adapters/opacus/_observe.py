@@ -170,7 +170,9 @@ def planned_normaliser(loss_reduction: str, dataset_size: int, sample_rate: floa
 def core_batch(reg: Registration, facts: LoaderFacts) -> int:
     """b of the core: the loader's batch size (for Poisson ceil(n q))."""
     if facts.sampling is Sampling.POISSON:
+        assert facts.sample_rate is not None  # a Poisson loader's facts carry its rate
         return poisson_batch_size(reg.dataset_size, facts.sample_rate)
+    assert facts.batch_size is not None  # an epoch loader's facts carry its batch size
     return min(reg.dataset_size, facts.batch_size)
 
 
