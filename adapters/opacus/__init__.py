@@ -32,8 +32,10 @@ errors), ``_loaders`` (loader -> sampling scheme, per-step loader watch), ``_obs
 facts in the core's terms, N and b, example counter), ``_monitor`` (the run monitor: the batches
 each step drew, the model's earlier accounting, loss-reading schedulers; the derivation is
 ``lastiter_plugins.adapters._derivation``, shared), ``_steps`` (per-step optimizer, example and model
-checks), ``_projection``, ``_report``, ``_accountant``, ``_glm`` (certified linear models:
-``register(..., model="glm")``, ``FeatureNormClip`` and the route the accountant holds) and
+checks), ``_projection``, ``_report``, ``_accountant``, the certified linear models of
+``register(..., model="glm")`` (``_glm_clip``: ``FeatureNormClip``; ``_glm_declaration``: the declared
+loss; ``_glm_derive``: the model's structure and the derived constants; ``_glm_watch``: the
+per-forward and per-step checks; ``_glm``: the route the accountant holds) and
 ``_internals`` (the only reader of Opacus' private state, behind a version guard).
 """
 
@@ -48,7 +50,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
-from lastiter_plugins.adapters.opacus._glm import FeatureNormClip
+from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip
 from lastiter_plugins.adapters.opacus._internals import TESTED_OPACUS
 from lastiter_plugins.adapters.opacus._loaders import (
     LoaderFacts,

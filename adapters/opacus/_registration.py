@@ -12,7 +12,7 @@ from lastiter_plugins.config import refuse_renamed
 from lastiter_plugins.validation import validate_orders
 
 if TYPE_CHECKING:
-    from lastiter_plugins.adapters.opacus._glm import GlmDeclaration
+    from lastiter_plugins.adapters.opacus._glm_declaration import GlmDeclaration
 
 
 class LastIterateConfigurationError(lp.NotApplicableError):
@@ -165,7 +165,7 @@ def register(
     relation = _default_relation(sampling) if relation is None else lp.Relation.parse(relation)
     glm = None
     if model is not None:
-        from lastiter_plugins.adapters.opacus._glm import declare
+        from lastiter_plugins.adapters.opacus._glm_declaration import declare
 
         if model != "glm":
             raise ValueError(f"model must be None or 'glm' (a certified linear model). Found {model!r}.")

@@ -610,19 +610,19 @@ def test_opacus_feature_norm_filter_bounds_the_exact_square_from_above(dtype):
     including rows of tiny entries; and the clip's own output (norm 1 clipped to A = 1) passes the filter."""
     from fractions import Fraction
 
-    from lastiter_plugins.adapters.opacus import _glm
+    from lastiter_plugins.adapters.opacus import _glm_clip
 
     rng = np.random.default_rng(0)
     for d in (1, 7, 30, 512):
         for scale in (1.0, 1e-3, 1e-19, 1e-21):
             rows = (rng.standard_normal((16, d)) * scale).astype(dtype)
             t = torch.from_numpy(rows)
-            computed = float(_glm._largest_square([t]))
+            computed = float(_glm_clip.largest_square([t]))
             exact = max(sum(Fraction(float(v)) ** 2 for v in row) for row in rows)
-            assert Fraction(_glm._square_bound(computed, [t])) >= exact
+            assert Fraction(_glm_clip.square_bound(computed, [t])) >= exact
     x = torch.from_numpy(rng.standard_normal((256, 512)).astype(dtype))
     clipped = lo.FeatureNormClip(1.0)(x / x.norm(dim=1, keepdim=True))
-    assert _glm._square_bound(float(_glm._largest_square([clipped])), [clipped]) <= 1.0
+    assert _glm_clip.square_bound(float(_glm_clip.largest_square([clipped])), [clipped]) <= 1.0
 
 
 @needs_opacus
