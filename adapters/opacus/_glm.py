@@ -47,6 +47,7 @@ from typing import Any
 from torch import nn
 
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip  # noqa: F401  (models saved whole name this path)
 from lastiter_plugins.adapters.opacus._glm_declaration import GlmDeclaration
 from lastiter_plugins.adapters.opacus._glm_derive import Derivation, assumptions_of, derive, find_structure
 from lastiter_plugins.adapters.opacus._glm_watch import Watch
