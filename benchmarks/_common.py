@@ -129,6 +129,28 @@ def opacus_rdp_epsilon(q: float, z: float, steps: int) -> Callable[[], float]:
 # ------------------------------------------------------------------ the results file
 
 
+def training_blocks(model: Any, optimizer: Any, loader: Any, loss: Callable[[Any, Any], Any]) -> Callable[[int], float]:
+    """A timer of blocks of training steps over ``loader`` (restarted when a pass ends): ``blocks(k)`` takes k
+    steps and returns their CPU time (``time.process_time``). Shared by the per-step cost benchmarks."""
+    batches: Any = iter(())
+
+    def blocks(count: int) -> float:
+        nonlocal batches
+        start = time.process_time()
+        for _ in range(count):
+            try:
+                xb, yb = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                xb, yb = next(batches)
+            optimizer.zero_grad()
+            loss(model(xb), yb).backward()
+            optimizer.step()
+        return time.process_time() - start
+
+    return blocks
+
+
 def update_results(section: str, rows: Any, *, command: str, seconds: float, out: Path = HERE, **extra: Any) -> None:
     """Replace one section of results.json (keeping the others) and re-render results.md."""
     path = out / "results.json"

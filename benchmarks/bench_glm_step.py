@@ -26,6 +26,8 @@ import statistics
 import time
 import warnings
 
+from _common import training_blocks, update_results
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 LR = 0.1
@@ -60,23 +62,7 @@ def _pipeline(accountant: str, data, spec):
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR, weight_decay=0.01),
             data_loader=loader, noise_multiplier=1.0, max_grad_norm=clip, poisson_sampling=poisson, criterion=loss,
         )  # fmt: skip
-    batches = iter(())
-
-    def steps(count: int) -> float:
-        nonlocal batches
-        start = time.process_time()
-        for _ in range(count):
-            try:
-                xb, yb = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                xb, yb = next(batches)
-            optimizer.zero_grad()
-            loss(model(xb), yb).backward()
-            optimizer.step()
-        return time.process_time() - start
-
-    return steps
+    return training_blocks(model, optimizer, loader, loss)
 
 
 def _data(spec):
@@ -138,8 +124,6 @@ def main() -> None:
         row["load"] = os.getloadavg()[0]
         rows.append(row)
     if not args.quick:
-        from _common import update_results
-
         command = f"python benchmarks/bench_glm_step.py --model {args.model} --blocks {args.blocks}"
         command += f" --steps {args.steps}"
         update_results("glm_step", rows, command=command, seconds=time.perf_counter() - start, threads=1)

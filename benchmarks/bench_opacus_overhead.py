@@ -53,7 +53,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from _common import update_results
+from _common import training_blocks, update_results
 
 BATCH, BATCHES, LR, SLACK = 32, 50, 0.1, 0.02
 MODEL = "Opacus MNIST CNN (26,010 parameters)"
@@ -103,25 +103,7 @@ def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], floa
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
             noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=poisson, criterion=loss,
         )  # fmt: skip
-    batches = iter(())
-
-    def step() -> None:
-        nonlocal batches
-        try:
-            xb, yb = next(batches)
-        except StopIteration:
-            batches = iter(loader)
-            xb, yb = next(batches)
-        optimizer.zero_grad()
-        loss(model(xb), yb).backward()
-        optimizer.step()
-
-    def steps(k: int) -> float:
-        start = time.process_time()
-        for _ in range(k):
-            step()
-        return time.process_time() - start
-
+    steps = training_blocks(model, optimizer, loader, loss)
     steps.optimizer = optimizer  # type: ignore[attr-defined]  # (for --profile)
     return steps
 
