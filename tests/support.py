@@ -59,3 +59,14 @@ def cli_flags(params: Mapping[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         argv += [flag] if value is True else [flag, str(value)]
     return argv
+
+
+def quiet_single_threaded(tf: Any) -> None:
+    """TensorFlow for the tests: errors only in its log, one thread each way. Thread counts can be set only
+    before TensorFlow starts; a later call finds them set by an earlier test module and leaves them."""
+    tf.get_logger().setLevel("ERROR")
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    except RuntimeError:  # already initialised by another test module
+        pass

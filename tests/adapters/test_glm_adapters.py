@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import types
 
 import numpy as np
 import pytest
 
 import lastiter_plugins as lp
-from tests.support import ROOT
+from tests.support import ROOT, quiet_single_threaded
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HAVE_OPACUS = importlib.util.find_spec("opacus") is not None and importlib.util.find_spec("torch") is not None
 HAVE_TF = importlib.util.find_spec("tensorflow_privacy") is not None
 needs_opacus = pytest.mark.skipif(not HAVE_OPACUS, reason="needs torch and opacus")
@@ -843,12 +841,7 @@ if HAVE_TF:
 
     from lastiter_plugins.adapters import tf_privacy as ltf
 
-    tf.get_logger().setLevel("ERROR")
-    try:
-        tf.config.threading.set_inter_op_parallelism_threads(1)
-        tf.config.threading.set_intra_op_parallelism_threads(1)
-    except RuntimeError:  # already initialised by another test module
-        pass
+    quiet_single_threaded(tf)
 
 TF_N, TF_B = 64, 16
 

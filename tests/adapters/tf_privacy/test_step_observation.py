@@ -3,12 +3,9 @@ against the plan at every step (real TF Privacy training on CPU), and the over-r
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 tfp_privacy = pytest.importorskip("tensorflow_privacy")
 
@@ -20,8 +17,9 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     compute_last_iterate_privacy_statement,
 )
 from lastiter_plugins.adapters.tf_privacy import _observe as observe  # noqa: E402
+from tests.support import quiet_single_threaded  # noqa: E402
 
-tf.get_logger().setLevel("ERROR")
+quiet_single_threaded(tf)
 
 N, B, DIM = 64, 16, 4
 DELTA = 1e-5

@@ -4,12 +4,9 @@ crashes are clear errors. Real TF Privacy training on CPU; the truth is computed
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 tfp_privacy = pytest.importorskip("tensorflow_privacy")
 
@@ -20,13 +17,9 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     ProjectionCallback,
     compute_last_iterate_privacy_statement,
 )
+from tests.support import quiet_single_threaded  # noqa: E402
 
-tf.get_logger().setLevel("ERROR")
-try:
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-except RuntimeError:  # already initialised by another test module
-    pass
+quiet_single_threaded(tf)
 
 N, B, DIM = 64, 16, 4
 DELTA = 1e-5
