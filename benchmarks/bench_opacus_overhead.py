@@ -191,7 +191,7 @@ def _profile(arms: dict[str, Callable[[int], float]], steps: int) -> None:
         rows = [
             (ct / steps * 1e6, tt / steps * 1e6, nc // steps, f"{path.split('lastiter_plugins/')[-1]}:{line} {fn}")
             for (path, line, fn), (_, nc, tt, ct, _) in stats.stats.items()
-            if "lastiter_plugins" in path or "adapters/" in path
+            if "lastiter_plugins" in path
         ]
         for cum, own, calls, where in sorted(rows, reverse=True)[:25]:
             print(f"    {cum:9.1f} cum {own:8.1f} own {calls:4d}x  {where}", file=sys.stderr)

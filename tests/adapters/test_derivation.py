@@ -1,4 +1,4 @@
-"""adapters/_derivation.py: the pipeline derived from the index stream, against the declared scheme.
+"""lastiter_plugins/adapters/_derivation.py: the pipeline derived from the index stream, against the declared scheme.
 
 Pure Python (no host library): each case feeds the batches a sampler drew and the gradients each
 step summed, and checks the step is accepted or refused with its cause.

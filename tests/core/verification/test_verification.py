@@ -361,13 +361,9 @@ def test_no_module_of_the_product_imports_the_verification_suite():
     """Layers point one way: the verification suite may import the product, never the reverse (the
     lower end lives in lastiter_plugins.lower_end). Every module of the package and the adapters is read,
     function-level imports included."""
-    import lastiter_plugins.adapters as adapters_package  # installed from adapters/ (a package of its own)
-
     root = Path(lp.__file__).parent
-    adapters = Path(adapters_package.__file__).parent
     files = [p for p in root.rglob("*.py") if "verification" not in p.relative_to(root).parts]
-    files += list(adapters.rglob("*.py"))
-    assert len(files) > 30  # the package and the adapters were found
+    assert len(files) > 30 and any("adapters" in p.parts for p in files)  # the package and the adapters were found
     bad = [
         f"{path.relative_to(path.parents[1])}: {name}"
         for path in files
