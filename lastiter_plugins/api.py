@@ -18,7 +18,7 @@ import numpy as np
 from typing_extensions import Required, TypedDict, Unpack, overload
 
 from lastiter_plugins import evaluation, registry
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, refuse_renamed
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update, refuse_renamed
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
 from lastiter_plugins.registry import Kind, Protects
 from lastiter_plugins.validation import validate_delta, validate_orders
@@ -40,6 +40,7 @@ class Parameters(TypedDict, total=False):
     clip_norm: float
     sampling: Required[Sampling | str]
     relation: Relation | str
+    update: Update | str
     steps: int
     epochs: int
     smoothness: float | None
@@ -59,6 +60,7 @@ _TRAINING_KEYS = (
     "clip_norm",
     "sampling",
     "relation",
+    "update",
 )
 _ASSUMPTION_KEYS = (
     "smoothness",

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from lastiter_plugins import __version__
-from lastiter_plugins.config import Relation, Sampling
+from lastiter_plugins.config import Relation, Sampling, Update
 from lastiter_plugins.defaults import BEST, DEFAULT_DELTA, FORMATS
 
 EXIT_USAGE = 2
@@ -114,6 +114,14 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "relation": (
         _TRAINING,
         {"choices": [r.value for r in Relation], "help": "neighbouring relation (default replace_one)"},
+    ),
+    "update": (
+        _TRAINING,
+        {
+            "choices": [u.value for u in Update],
+            "help": "what the optimizer does with the noisy clipped sums: sgd (plain SGD, constant learning rate; "
+            "default) or any (Adam, momentum, a schedule: only the every-iterate bounds hold)",
+        },
     ),
     "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),
     "epochs": (_TRAINING, {"type": int, "metavar": "E", "help": "E passes = E*ceil(n/b) steps (or --steps)"}),

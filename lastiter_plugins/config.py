@@ -60,6 +60,22 @@ class Sampling(ValueEnum):
         return _parse_enum(cls, value, "sampling")
 
 
+class Update(ValueEnum):
+    """What the optimizer does with each step's noisy clipped gradient sum.
+
+    The last-iterate bounds analyse one map, plain SGD with a constant step size (``SGD``); the
+    every-iterate bounds (composition) cover any use of the noisy sums, since everything the optimizer
+    computes from them is post-processing (``ANY``).
+    """
+
+    SGD = "sgd"  # x <- Pi(x - lr * (noisy clipped sum) / b), lr constant (weight decay outside the clip as declared)
+    ANY = "any"  # anything computed from the noisy sums: Adam, momentum, schedules fixed in advance, ...
+
+    @classmethod
+    def parse(cls, value: Any) -> Update:
+        return _parse_enum(cls, value, "update")
+
+
 class Relation(ValueEnum):
     """Neighbouring relation of the guarantee."""
 
@@ -143,6 +159,9 @@ class TrainingConfig:
       clip_norm: C, per-example clipping norm.
       relation: the neighbouring relation asked for (used by ``best`` and
         ``composition``; a single bound refuses a relation it is not proven for).
+      update: what the optimizer does with the noisy clipped sums (:class:`Update`): ``sgd`` (default),
+        plain SGD with the constant ``learning_rate``, the map the last-iterate bounds analyse; ``any``
+        (Adam, momentum, a learning-rate schedule fixed in advance, ...): only the every-iterate rows hold.
     """
 
     dataset_size: int
@@ -153,6 +172,7 @@ class TrainingConfig:
     learning_rate: float | None = None
     clip_norm: float = 1.0
     relation: Relation = Relation.REPLACE_ONE
+    update: Update = Update.SGD
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -167,6 +187,7 @@ class TrainingConfig:
             set_(self, "learning_rate", _check_real("learning_rate", self.learning_rate, positive=True))
         set_(self, "clip_norm", _check_real("clip_norm", self.clip_norm, positive=True))
         set_(self, "relation", Relation.parse(self.relation))
+        set_(self, "update", Update.parse(self.update))
 
     @classmethod
     def from_epochs(cls, *, epochs: int, dataset_size: int, batch_size: int, **kwargs: Any) -> TrainingConfig:

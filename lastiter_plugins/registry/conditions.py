@@ -13,8 +13,21 @@ from lastiter_plugins import baselines
 from lastiter_plugins.bounds import kong_ribero, membership_mixtures, ye_shokri
 from lastiter_plugins.bounds._common import batch_sizes, non_expansive_max_learning_rate
 from lastiter_plugins.bounds._glue import given
-from lastiter_plugins.config import LossAssumptions, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Sampling, TrainingConfig, Update
 from lastiter_plugins.registry.spec import Condition, OutsidePublished, Violation
+
+
+def needs_sgd_update(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
+    """The precondition of every last-iterate row: the update is the map its proof analyses."""
+    if cfg.update is not Update.SGD:
+        return (
+            "the update must be plain SGD with a constant learning rate (x - lr * noisy clipped mean, projection "
+            "optional)",
+            f"update={cfg.update.value}",
+            "a last-iterate proof follows that map from step to step; Adam, momentum or a learning-rate schedule "
+            "use the noisy sums otherwise, which only the every-iterate rows cover",
+        )
+    return None
 
 
 def needs_learning_rate(cfg: TrainingConfig, a: LossAssumptions) -> Violation:

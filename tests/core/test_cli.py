@@ -397,7 +397,8 @@ def test_help_imports_no_numerics():
 #: The public API (docs/api.md): one name per job. A name added or removed must be added or removed here too.
 PUBLIC_NAMES = (
     # the pipeline
-    "TrainingConfig", "LossAssumptions", "Sampling", "Relation", "Parameters", "PARAMETERS", "DEFAULT_ORDERS", "build",
+    "TrainingConfig", "LossAssumptions", "Sampling", "Relation", "Update", "Parameters", "PARAMETERS", "DEFAULT_ORDERS",
+    "build",
     # what it gives
     "epsilon", "rdp", "applicable_bounds", "calibrate_noise", "advise", "baseline_note", "is_standard_baseline",
     "EpsilonResult", "BoundEvaluation", "Suggestion",
