@@ -70,3 +70,18 @@ def quiet_single_threaded(tf: Any) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(1)
     except RuntimeError:  # already initialised by another test module
         pass
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every module a Python file imports, function-level imports included: ``import a.b`` gives ``a.b``,
+    ``from a import b`` gives ``a`` and ``a.b``."""
+    import ast
+
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{a.name}" for a in node.names]
+    return names

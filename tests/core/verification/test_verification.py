@@ -28,6 +28,7 @@ from lastiter_plugins.lower_end.exact import (
     gaussian_mixture_hockey_stick,
 )
 from lastiter_plugins.verification import fuzz
+from tests.support import imported_modules
 
 ORDERS = np.array([2.0, 4.0, 8.0])
 SMALL = {"max_nodes": 400, "fine_cells": 4000, "tolerance": 1e-3}
@@ -346,17 +347,6 @@ def test_verification_imports_only_the_public_api_and_the_math_modules():
     assert not bad, bad
 
 
-def _imported_modules(path: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-            names += [f"{node.module}.{a.name}" for a in node.names]
-    return names
-
-
 def test_no_module_of_the_product_imports_the_verification_suite():
     """Layers point one way: the verification suite may import the product, never the reverse (the
     lower end lives in lastiter_plugins.lower_end). Every module of the package and the adapters is read,
@@ -367,7 +357,7 @@ def test_no_module_of_the_product_imports_the_verification_suite():
     bad = [
         f"{path.relative_to(path.parents[1])}: {name}"
         for path in files
-        for name in _imported_modules(path)
+        for name in imported_modules(path)
         if name.startswith("lastiter_plugins.verification")
     ]
     assert not bad, bad

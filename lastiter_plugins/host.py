@@ -1,0 +1,287 @@
+r"""The host contract: what a host adapter (Opacus, Keras, dp-accounting, ...) uses of the core.
+
+An adapter observes what a run did, describes it as the core's pipeline (a :class:`TrainingConfig` and
+:class:`LossAssumptions`) and asks this module for its number. It imports the public package
+(``lastiter_plugins``: the pipeline types, ``epsilon``, ``applicable_bounds``, ``calibrate_noise``, the
+errors) and this module, never the inner modules (``evaluation``, ``registry``, ``conversion``, ``profiles``,
+``bounds``): tests/stories/test_host_contract.py checks it.
+
+* :class:`Declaration`: what the user registered besides the pipeline: the bound asked for, ``best``'s
+  restrictions, the Renyi orders.
+* :class:`Departure`: a fact observed at a step that leaves the declared pipeline (the optimizer is Adam, the
+  learning rate follows a schedule, a gradient norm exceeded the clip the user declared it within, ...),
+  as the weakening of the pipeline it implies. A departure removes exactly the rows whose preconditions it
+  breaks, for the whole run; the run is refused only when no row is left, or when the bound the user named
+  (or ``require="last_iterate"``) is broken.
+* :func:`account`: the number for the pipeline that ran, with the rows that left, when and why.
+* :func:`host_numbers`: what the host's own accountant would print for the run, marked NOT VALID where its
+  sampling assumption fails (display only: never counted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from lastiter_plugins import evaluation, registry
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
+from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.evaluation import EpsilonResult
+from lastiter_plugins.registry import BEST, Protects
+from lastiter_plugins.validation import validate_delta, validate_orders
+
+__all__ = [
+    "LAST_ITERATE",
+    "Account",
+    "Declaration",
+    "Departure",
+    "HostNumber",
+    "RowLeft",
+    "account",
+    "apply_departures",
+    "host_numbers",
+    "rows_needing",
+]
+
+#: ``Declaration.require``: refuse when no last-iterate row is left (rather than fall back to composition).
+LAST_ITERATE = "last_iterate"
+
+#: The pipeline fields a departure may change, each to the one value that drops a declaration or a
+#: precondition (a departure can only say that less holds than declared, never more).
+_WEAKER: Mapping[str, Any] = {
+    "update": Update.ANY,
+    "learning_rate": None,
+    "gradient_norms_within_clip": False,
+    "clipped_loss_convex_smooth": False,
+    "strong_convexity": 0.0,
+    "diameter": None,
+    "smoothness": None,
+}
+_CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingConfig))
+
+
+@dataclasses.dataclass(frozen=True)
+class Declaration:
+    """What the user registered besides the pipeline.
+
+    Attributes:
+      bound: a bound id, or ``best`` (the smallest epsilon over the rows whose preconditions held).
+      published_only: ``best`` over rows whose proof is a published theorem for the run.
+      require: ``"last_iterate"``: refuse when no row certifying the final model only is left, instead of
+        reporting an every-iterate (composition) number; None: either.
+      orders: Renyi orders (None: the library's grid).
+    """
+
+    bound: str = BEST
+    published_only: bool = False
+    require: Literal["last_iterate"] | None = None
+    orders: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.bound not in registry.BOUND_IDS:
+            raise ValueError(f"bound must be one of {', '.join(registry.BOUND_IDS)}. Found {self.bound!r}.")
+        if self.require not in (None, LAST_ITERATE):
+            raise ValueError(f"require must be None or {LAST_ITERATE!r}. Found {self.require!r}.")
+        if not isinstance(self.published_only, bool):
+            raise ValueError(f"published_only must be True or False. Found {self.published_only!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Departure:
+    """A fact observed from ``step`` on that leaves the declared pipeline.
+
+    Attributes:
+      step: the first optimizer step it could have affected (1-based).
+      fact: what was observed, in words ("the optimizer is torch.optim.Adam").
+      changes: the pipeline fields it weakens, each to its weak value: ``update="any"``,
+        ``learning_rate=None``, ``gradient_norms_within_clip=False``, ``clipped_loss_convex_smooth=False``,
+        ``strong_convexity=0.0``, ``diameter=None``, ``smoothness=None``.
+    """
+
+    step: int
+    fact: str
+    changes: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1:
+            raise ValueError(f"step must be an integer >= 1. Found {self.step!r}.")
+        if not self.changes:
+            raise ValueError(f"a departure must change the pipeline. Found none for {self.fact!r}.")
+        for key, value in self.changes.items():
+            if key not in _WEAKER:
+                raise ValueError(f"a departure may change only {', '.join(_WEAKER)}. Found {key!r}.")
+            weak = _WEAKER[key]
+            if not (value is weak or value == weak or (key == "update" and Update.parse(value) is Update.ANY)):
+                raise ValueError(f"a departure may set {key} only to {weak!r}. Found {value!r}.")
+        object.__setattr__(self, "changes", dict(self.changes))
+
+
+def apply_departures(
+    config: TrainingConfig, assumptions: LossAssumptions, departures: Iterable[Departure]
+) -> tuple[TrainingConfig, LossAssumptions]:
+    """The pipeline that ran: the declared one with every departure's weakening applied."""
+    training: dict[str, Any] = {}
+    assumed: dict[str, Any] = {}
+    for departure in departures:
+        for key, value in departure.changes.items():
+            (training if key in _CONFIG_FIELDS else assumed)[key] = value
+    if assumed.get("strong_convexity") == 0.0 and "l2_outside_clip" not in assumed:
+        assumed["l2_outside_clip"] = False  # nothing left to be outside the clip
+    return config.replace(**training), dataclasses.replace(assumptions, **assumed)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLeft:
+    """A row that applied to the declared pipeline and left ``best`` because of a departure."""
+
+    bound: str
+    step: int
+    fact: str
+    condition: str  # the first precondition the departure broke, in one line
+
+    def __str__(self) -> str:
+        return f"{self.bound} left at step {self.step}: {self.fact} ({self.condition})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Account:
+    """The number for the pipeline that ran, and what left ``best`` on the way."""
+
+    result: EpsilonResult
+    config: TrainingConfig
+    assumptions: LossAssumptions
+    rows_left: tuple[RowLeft, ...]
+
+
+def _candidates(config: TrainingConfig, assumptions: LossAssumptions, published_only: bool) -> set[str]:
+    return {spec.id for spec in evaluation.best_candidates(config, assumptions, published_only)}
+
+
+def _rows_left(
+    config: TrainingConfig, assumptions: LossAssumptions, departures: tuple[Departure, ...], published_only: bool
+) -> tuple[RowLeft, ...]:
+    """Each row of ``best``'s candidates for the declared pipeline that a departure removed, with the first
+    departure (in step order) after which it no longer applies."""
+    left: list[RowLeft] = []
+    remaining = _candidates(config, assumptions, published_only)
+    applied: list[Departure] = []
+    for departure in sorted(departures, key=lambda d: d.step):
+        applied.append(departure)
+        cfg, a = apply_departures(config, assumptions, applied)
+        now = _candidates(cfg, a, published_only)
+        for bid in sorted(remaining - now, key=list(registry.BOUNDS).index):
+            unmet = registry.applicability(registry.BOUNDS[bid], cfg, a).unmet
+            left.append(RowLeft(bid, departure.step, departure.fact, unmet[0].short if unmet else "no longer applies"))
+        remaining &= now
+    return tuple(left)
+
+
+def account(
+    declaration: Declaration,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    delta: float,
+    departures: Iterable[Departure] = (),
+) -> Account:
+    """The epsilon at ``delta`` of the pipeline that ran: ``config`` and ``assumptions`` as declared and
+    observed at the start, weakened by every departure.
+
+    Raises:
+      NotApplicableError: no proven row is left (the message names the departures), the named bound does
+        not apply to the pipeline that ran, or ``require="last_iterate"`` and no last-iterate row is left.
+    """
+    delta = validate_delta(delta)
+    departures = tuple(departures)
+    ran_config, ran_assumptions = apply_departures(config, assumptions, departures)
+    rows_left = _rows_left(config, assumptions, departures, declaration.published_only)
+    orders = None if declaration.orders is None else validate_orders(np.array(declaration.orders, dtype=float))
+    try:
+        result = evaluation.epsilon_result(
+            declaration.bound, ran_config, ran_assumptions, delta, orders, published_only=declaration.published_only
+        )
+    except NotApplicableError as exc:
+        raise NotApplicableError(f"{exc}{_because(departures)}") from None
+    if declaration.require == LAST_ITERATE and result.protects is not Protects.FINAL_MODEL:
+        raise NotApplicableError(
+            f"a bound certifying the final model only must be left (require='last_iterate'). Found only "
+            f"every-iterate rows: best is {result.epsilon:.4g} via {result.winner}{_because(departures)}"
+        )
+    return Account(result, ran_config, ran_assumptions, rows_left)
+
+
+def _because(departures: tuple[Departure, ...]) -> str:
+    if not departures:
+        return "."
+    facts = "; ".join(f"step {d.step}: {d.fact}" for d in departures)
+    return f" (the run left the declared pipeline: {facts})."
+
+
+def rows_needing(field: str, config: TrainingConfig, assumptions: LossAssumptions) -> tuple[str, ...]:
+    """The proven rows covering the pipeline's sampling and relation whose every unmet precondition is about
+    ``field`` (a keyword parameter left out, e.g. ``learning_rate``): what a report lists after "give
+    learning_rate= for ...". Given, the field must still meet each row's limits (a step size, say)."""
+    out = []
+    for bid, spec in registry.BOUNDS.items():
+        if spec.relation_for(config.sampling) is not config.relation or not spec.proof.proven:
+            continue
+        unmet = registry.applicability(spec, config, assumptions).unmet
+        if unmet and all(u.required.startswith(field) for u in unmet):
+            out.append(bid)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostNumber:
+    """What a host library's own accountant reports for the run (display only, never counted).
+
+    Attributes:
+      id: the host accountant (``opacus-prv``, ``opacus-rdp``, ...).
+      label: its name as users know it.
+      epsilon: its epsilon at the delta asked for (None when it could not be computed).
+      valid: whether its assumptions (its sampling model, its being a bound) hold for the run.
+      why_not: why not, in one line (empty when valid).
+      relation: its neighbouring relation.
+      covers: the sampling schemes its number assumes.
+    """
+
+    id: str
+    label: str
+    epsilon: float | None
+    valid: bool
+    why_not: str
+    relation: Relation
+    covers: tuple[Sampling, ...]
+
+    def __str__(self) -> str:
+        eps = "-" if self.epsilon is None else f"{self.epsilon:.4g}"
+        mark = "" if self.valid else f" NOT VALID: {self.why_not}"
+        return f"{self.label}: epsilon = {eps} ({self.relation.value}, every iterate){mark}"
+
+
+def host_numbers(config: TrainingConfig, delta: float, host: str) -> tuple[HostNumber, ...]:
+    """What ``host`` (``"opacus"`` or ``"dp-accounting"``) would report for the run as its users call it,
+    in the order compare shows them. Empty when the host is not installed."""
+    from lastiter_plugins.compare.hosts import HOST_ACCOUNTANTS, host_row  # display only: loaded when asked
+
+    out = []
+    for acc in HOST_ACCOUNTANTS:
+        if acc.host != host:
+            continue
+        row = host_row(dataclasses.replace(acc, only_when_invalid=False), config, delta, None)
+        if row is None:
+            continue
+        out.append(
+            HostNumber(
+                id=acc.id,
+                label=acc.label,
+                epsilon=row.epsilon,
+                valid=row.valid,
+                why_not=row.first_unmet,
+                relation=acc.relation,
+                covers=acc.covers,
+            )
+        )
+    return tuple(out)
