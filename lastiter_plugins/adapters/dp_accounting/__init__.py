@@ -78,7 +78,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.adapters.dp_accounting import _gdp
 from lastiter_plugins.api import build
-from lastiter_plugins.config import Relation, Sampling, refuse_renamed
+from lastiter_plugins.config import Relation, Sampling, Update, refuse_renamed
 from lastiter_plugins.conversion import rdp_to_epsilon
 from lastiter_plugins.registry import BEST, BOUND_IDS, Protects
 from lastiter_plugins.validation import validate_orders
@@ -123,7 +123,7 @@ class _ValueEnum(enum.Enum):
         return f"{type(self).__name__}.{self.name}"
 
 
-# Decision: ``bound`` and ``sampling`` are stored as (non-str) enum members, not
+# Decision: ``bound``, ``sampling`` and ``update`` are stored as (non-str) enum members, not
 # as strings. dp-accounting's ``DpEvent.to_named_tuple`` / ``from_named_tuple``
 # treat every ``collections.abc.Sequence`` field as a list of sub-events and
 # rebuild it with ``type(value)(elements)``: a str field "best" becomes
@@ -139,6 +139,9 @@ if TYPE_CHECKING:  # what type checkers see: two enums (their members are made f
     class SamplingScheme(_ValueEnum):
         """The sampling schemes of :class:`lastiter_plugins.Sampling`."""
 
+    class UpdateRule(_ValueEnum):
+        """The update rules of :class:`lastiter_plugins.Update`."""
+
 else:
     #: The bound ids of :data:`lastiter_plugins.BOUND_IDS` (values are the ids).
     BoundId = _ValueEnum(
@@ -149,6 +152,9 @@ else:
     SamplingScheme = _ValueEnum(
         "SamplingScheme", [(s.name, s.value) for s in Sampling], module=__name__, qualname="SamplingScheme"
     )
+
+    #: The update rules of :class:`lastiter_plugins.Update` (values are the rule names).
+    UpdateRule = _ValueEnum("UpdateRule", [(u.name, u.value) for u in Update], module=__name__, qualname="UpdateRule")
 
 
 def _to_bound(value: Any) -> Any:
@@ -175,13 +181,17 @@ def _to_sampling(value: Any) -> Any:
     return SamplingScheme(Sampling.parse(value).value)  # Sampling.parse names the parameter on failure
 
 
+def _to_update(value: Any) -> Any:
+    return value if isinstance(value, UpdateRule) else UpdateRule(Update.parse(value).value)
+
+
 def _is_zero(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class LastIterateDpSgdEvent(dp_event.DpEvent):
-    r"""One DP-SGD run (plain SGD, constant step) whose final model only is released.
+    r"""One DP-SGD run whose final model only is released.
 
     A description of the mechanism and of the loss, not of its accounting:
     :class:`LastIterateAccountant` chooses the bound.
@@ -189,8 +199,10 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     The run: ``steps`` updates
     ``x <- Pi(x - learning_rate * ((1/b) sum_{i in B} clip_C(grad f_i(x)) + N(0, (z C / b)^2 I)))``
     with batches formed by ``sampling``; every batch is normalised by
-    ``batch_size``. Intermediate iterates are NOT covered and must not be
-    released (an accountant with ``bound="composition"`` covers them).
+    ``batch_size`` (``update="sgd"``, the default; ``update="any"``: anything computed from the noisy
+    clipped sums, such as Adam or momentum, for which only the every-iterate bounds apply).
+    Intermediate iterates are NOT covered and must not be released (an accountant with
+    ``bound="composition"`` covers them).
 
     Like dp-accounting's events, the numeric parameters are not checked on
     construction: ``LastIterateAccountant.supports`` is False (and ``compose``
@@ -220,6 +232,8 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         M-smooth loss (docs/derivations/glm.md#glm-route); clipping may be active.
       l2_outside_clip: True says the strong convexity is an l2 term added after clipping and averaging
         (torch's ``weight_decay`` under Opacus), not part of each clipped per-example loss.
+      update: ``"sgd"`` (plain SGD with the constant ``learning_rate``) or ``"any"`` (Adam, momentum, a
+        learning-rate schedule fixed in advance: only the every-iterate bounds apply).
 
     The parameters are those of ``lastiter_plugins.rdp`` / ``epsilon`` (``relation`` aside: the
     accountant's), with the same meaning and defaults.
@@ -239,6 +253,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     gradient_norms_within_clip: bool = False
     clipped_loss_convex_smooth: bool = False
     l2_outside_clip: bool = False
+    update: UpdateRule = attr.ib(default=UpdateRule(Update.SGD.value), converter=_to_update)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "LastIterateDpSgdEvent":
         refuse_renamed(kwargs)
@@ -267,6 +282,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
             "l2_outside_clip": self.l2_outside_clip,
             "sampling": self.sampling.value,
+            "update": self.update.value,
         }
 
     def rdp(

@@ -193,9 +193,14 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         "gradient_norms_within_clip",
         "clipped_loss_convex_smooth",
         "l2_outside_clip",
+        "update",
     ]
     defaults = LastIterateDpSgdEvent("cyclic", 100, 10, 1.0, 10, None)
-    assert (defaults.clipped_loss_convex_smooth, defaults.l2_outside_clip) == (False, False)
+    assert (defaults.clipped_loss_convex_smooth, defaults.l2_outside_clip, defaults.update.value) == (
+        False,
+        False,
+        "sgd",
+    )
     # every declaration of the core's keyword API is a field (relation is the accountant's)
     fields = {f.name for f in attr.fields(LastIterateDpSgdEvent)}
     assert set(lp.PARAMETERS) - fields == {"relation", "epochs"}
@@ -203,6 +208,30 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
     assert (defaults.strong_convexity, defaults.diameter, defaults.gradient_norms_within_clip) == (0.0, None, False)
     with pytest.raises(attr.exceptions.FrozenInstanceError):
         KR.steps = 10
+
+
+def test_an_adam_run_gets_the_every_iterate_number():
+    """update="any" (Adam, momentum, a schedule): the accountant gives the core's best over the every-iterate
+    rows; a last-iterate bound named for it is not supported."""
+    sgd = LastIterateDpSgdEvent(
+        "shuffle_once", 1000, 10, 1.0, 2000, 0.1, smoothness=1.0, strong_convexity=0.1, gradient_norms_within_clip=True
+    )
+    adam = attr.evolve(sgd, update="any")
+    acc = LastIterateAccountant()
+    acc.compose(adam)
+    params = {**adam.to_params(), "relation": acc.neighboring_relation.name.lower()}
+    expected = lp.epsilon("best", 1e-5, **params)
+    assert expected.protects is lp.Protects.EVERY_ITERATE
+    assert acc.get_epsilon(1e-5) == pytest.approx(expected.epsilon, rel=1e-12)
+    assert acc.get_epsilon(1e-5) > _fresh_epsilon(sgd)  # plain SGD: a last-iterate row wins
+    assert LastIterateAccountant(bound="ye-shokri-shuffle").supports(sgd)
+    assert not LastIterateAccountant(bound="ye-shokri-shuffle").supports(adam)
+
+
+def _fresh_epsilon(event):
+    acc = LastIterateAccountant()
+    acc.compose(event)
+    return acc.get_epsilon(1e-5)
 
 
 def test_event_to_named_tuple_round_trips_alone_and_nested():
