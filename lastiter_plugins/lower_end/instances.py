@@ -42,43 +42,16 @@ from scipy import stats
 from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
 from lastiter_plugins.lower_end import exact, mixture
+from lastiter_plugins.lower_end.declarations import ESCAPE_BUDGET, TOO_LARGE, InstanceProperties, violations
 
 #: The largest projected walk computed exactly (G3 steps, positions per pass); beyond it the linear
 #: instances (mixture.py) answer alone.
 MAX_G3_STEPS = 40
 MAX_G3_POSITIONS = 16
 G3_NODES, G3_FINE_CELLS = 1_000, 4_000  # a coarser grid only widens the certified interval (its lower end stays valid)
-TOO_LARGE = "too large to compute exactly"
 #: The linear instances hold a few arrays of one number per step: beyond this many steps (8 GB of them),
 #: no lower end is computed (the answer says so) rather than asking for the memory.
 MAX_LINEAR_STEPS = 10**8
-
-
-@dataclasses.dataclass(frozen=True)
-class InstanceProperties:
-    """What an instance's losses and run are, to be checked against the declarations.
-
-    Attributes:
-      family: "G1", "G2" or "G3".
-      smoothness: the instance's smoothness constant (of the whole loss, l2 term included).
-      strong_convexity: its strong convexity (of the whole loss).
-      per_example_strong_convexity: the part of it inside each per-example loss.
-      diameter: the diameter of the domain it projects onto (None: no projection).
-      max_gradient_norm: the largest per-example (data) gradient norm on the whole domain.
-      scalar_glm: every per-example loss is phi(<a, x>) with phi convex.
-      l2_outside: the l2 weight added after the clipped mean.
-      config: the run (the same as the pipeline's).
-    """
-
-    family: str
-    smoothness: float
-    strong_convexity: float
-    per_example_strong_convexity: float
-    diameter: float | None
-    max_gradient_norm: float
-    scalar_glm: bool
-    l2_outside: float
-    config: TrainingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,29 +61,6 @@ class LowerBound:
     epsilon: float | None
     note: str
     instance: InstanceProperties | None = None
-
-
-def violations(props: InstanceProperties, config: TrainingConfig, a: LossAssumptions) -> list[str]:
-    """Every declaration (and pipeline parameter) the instance does not meet, in words (empty: it meets all)."""
-    out = []
-    if props.config != config:
-        out.append(f"the instance runs {props.config}, not the declared pipeline {config}")
-    if a.smoothness is not None and props.smoothness > a.smoothness:
-        out.append(f"smoothness {props.smoothness:g} > declared {a.smoothness:g}")
-    if props.strong_convexity < a.strong_convexity:
-        out.append(f"strong convexity {props.strong_convexity:g} < declared {a.strong_convexity:g}")
-    if a.l2_outside_clip:
-        if props.l2_outside < a.strong_convexity or props.per_example_strong_convexity > 0:
-            out.append("the strong convexity is not an l2 term outside the clip")
-    elif props.l2_outside > 0:
-        out.append("an l2 term outside the clip was not declared")
-    if props.diameter != a.diameter:
-        out.append(f"domain diameter {props.diameter} differs from the declared {a.diameter}")
-    if (a.gradient_norms_within_clip or a.clipped_loss_convex_smooth) and props.max_gradient_norm > config.clip_norm:
-        out.append(f"per-example gradient norms reach {props.max_gradient_norm:g} > C = {config.clip_norm:g}")
-    if a.clipped_loss_convex_smooth and not props.scalar_glm:
-        out.append("the per-example losses are not scalar GLMs")
-    return out
 
 
 def _params(config: TrainingConfig, props: InstanceProperties) -> dict[str, Any]:
@@ -331,8 +281,6 @@ def _reach(config: TrainingConfig, gamma: float, rho: float) -> tuple[float, flo
     return lr * gamma / config.batch_size * geo, sigma * math.sqrt(geo2)
 
 
-#: The escape probability the staying radius and the contracting candidates aim for.
-ESCAPE_BUDGET = 1e-30
 #: The coarsest lattice for contraction-weighted counts (each use may lose up to this much of
 #: a weight <= 1); beyond it the answer is "too large to compute exactly".
 COARSEST_SPACING = 2.0**-4
