@@ -217,13 +217,22 @@ def _coarse(law: MixingLaw, points: int = 512) -> MixingLaw:
 
 
 def epsilon_lower_end(
-    law: MixingLaw, shift: float, std: float, *, add_or_remove: bool, delta: float, escape: float = 0.0
+    law: MixingLaw,
+    shift: float,
+    std: float,
+    *,
+    add_or_remove: bool,
+    delta: float,
+    escape: float = 0.0,
+    thresholds: tuple[float, float] | None = None,
 ) -> float:
     r"""A certified lower bound on the exact epsilon at ``delta`` of ``X = shift S + N(0, std^2)``
     (S with the law of ``law``, any ``S >= S'``) against ``-shift S + N(0, std^2)`` (replace-one)
     or ``N(0, std^2)`` (add-or-remove, both orders); ``escape`` bounds, under each law, the
     probability of an event off which the pipeline's iterate equals X (projection or clipping
-    inactive): it is subtracted from A and added to B.
+    inactive): it is subtracted from A and added to B. ``thresholds`` ``(lo, hi)``: only half-lines
+    with ``lo <= t < hi`` are tested (those a monotone map, such as a projection onto a segment,
+    leaves unchanged: docs/derivations/lower-end.md#last-use-instances).
 
     The threshold is searched on a coarse stand-in of the law (600 points) and refined by golden
     section on the full law; every value that enters the result is computed on the full law."""
@@ -234,6 +243,10 @@ def epsilon_lower_end(
     rough = _coarse(law)
     for direction in directions:
         lo, hi = -m_max - z * std, m_max + z * std
+        if thresholds is not None:
+            lo, hi = max(lo, thresholds[0]), min(hi, thresholds[1] - 1e-9 * (1.0 + abs(thresholds[1])))
+            if not lo < hi:
+                continue
         grid = np.linspace(lo, hi, 600)
         approx = [_direction_value(rough, shift, std, add_or_remove, direction, t, delta, escape) for t in grid]
         i = int(np.argmax(approx))
