@@ -2,7 +2,11 @@ r"""The lower end of a certified interval: the exact epsilon of an explicit inst
 declaration of a pipeline (docs/derivations/lower-end.md#lower-end).
 
 * :mod:`~lastiter_plugins.lower_end.instances`: which instance fits a pipeline and its declarations
-  (:func:`lower_bound`), and its exact epsilon, rounded downward.
+  (:func:`lower_bound`), and its exact epsilon, rounded downward (the linear instances G1-G4).
+* :mod:`~lastiter_plugins.lower_end.last_use`: cyclic runs, the last use on a cleared coordinate (G5 against
+  a wall, G6 on an erased coordinate, with a clock).
+* :mod:`~lastiter_plugins.lower_end.declarations`: an instance's constants (:class:`InstanceProperties`)
+  checked against the declarations (:func:`violations`).
 * :mod:`~lastiter_plugins.lower_end.mixture`: the exact epsilon, rounded downward, of the linear
   instances' one-dimensional Gaussian location mixtures at any n and T (half-line tests, a mixing
   law floored onto a lattice, counted tails).

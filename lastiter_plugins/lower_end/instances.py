@@ -24,6 +24,9 @@ Given the record's memberships, the last iterate of G1, G2, G4 (before clipping 
 act) is Gaussian; its law is a one-dimensional Gaussian location mixture over a weighted count of
 uses, whose exact epsilon mixture.py computes from below at any n and T.
 
+Cyclic runs also try G5 and G6 (:mod:`~lastiter_plugins.lower_end.last_use`: the last use on a cleared
+coordinate); the largest lower end of all instances that meet the declarations is reported.
+
 No instance (the result says why, ``epsilon`` is None): per-example strong convexity on an
 unbounded domain together with bounded gradients (no loss meets those declarations), add-or-remove
 with a sampling other than Poisson, a per-example l2 term with Poisson sampling, a contracting walk
@@ -41,7 +44,7 @@ from scipy import stats
 
 from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
-from lastiter_plugins.lower_end import exact, mixture
+from lastiter_plugins.lower_end import exact, last_use, mixture
 from lastiter_plugins.lower_end.declarations import ESCAPE_BUDGET, TOO_LARGE, InstanceProperties, violations
 
 #: The largest projected walk computed exactly (G3 steps, positions per pass); beyond it the linear
@@ -400,7 +403,8 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
     case over all models meeting the declarations), ``note`` names the instance; ``epsilon`` is
     None when no instance fits or it is too large to compute exactly, and ``note`` says why.
     Several instances may fit (a projected walk: computed exactly on short runs, or kept inside its
-    segment by a per-example l2 term); the largest lower end is returned.
+    segment by a per-example l2 term; cyclic runs: the last use on a cleared coordinate, last_use.py);
+    the largest lower end is returned.
     """
     why = _no_instance(config, assumptions)
     if why is not None:
@@ -429,6 +433,19 @@ def lower_bound(config: TrainingConfig, assumptions: LossAssumptions, delta: flo
             else:
                 name = f"G3: linear losses (|gradient| = C) projected onto a segment of length D = {a.diameter:g}"
                 found.append((eps, name, props))
+    timed, why_not = last_use.candidates(config, a)  # cyclic: the last use on a cleared coordinate (G5, G6)
+    refused += why_not
+    for last in timed:
+        props = last.properties(config)
+        wrong = violations(props, config, a)
+        if wrong:
+            refused.append(f"the {props.family} instance does not meet the declarations: {'; '.join(wrong)}")
+            continue
+        eps, why = last.epsilon(config, delta)
+        if eps is None:
+            refused.append(why)
+            continue
+        found.append((eps, f"{props.family}: {why}", props))
     if not found:
         return LowerBound(
             None,
