@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import optimize, special
@@ -37,7 +38,7 @@ from lastiter_plugins.bounds import membership_mixtures
 from lastiter_plugins.bounds.shifted_interpolation import replace_one_step_mu
 from lastiter_plugins.config import LossAssumptions, TrainingConfig
 
-__all__ = ["DominatingMixtureProfile", "poisson_profile"]
+__all__ = ["DominatingMixtureProfile", "best_over_events", "poisson_profile"]
 
 #: Relative error allowed for every computed normal tail and every sum of them (scipy's log_ndtr is
 #: accurate to a few ulps; a sum of K terms adds K ulps at most: 1e-12 covers 4096 components 200x).
@@ -271,6 +272,27 @@ class DominatingMixtureProfile:
         return profiles._solve_epsilon(log_delta, float(delta), max(scale, 1e-3))
 
 
+def best_over_events(
+    events, mixture_for: Callable[[float], tuple[np.ndarray, np.ndarray]], *, reflected: bool
+) -> DominatingMixtureProfile:
+    """The pair (M, N(0,1)) (add-or-remove) or (M, M reflected) (replace-one) of the mixture
+    ``mixture_for(c)`` (weights, mus) under each (contraction c, event probability) pair of a batch-size
+    event (:func:`membership_mixtures.batch_size_events`); the best at REFERENCE_DELTA (each is valid).
+
+    Raises:
+      ValueError: no event (no batch-size range keeps the step non-expansive, c <= 1).
+    """
+    if not events:
+        raise ValueError("no range of batch sizes around the expected one keeps the step non-expansive (c <= 1).")
+    candidates = []
+    for c, mass in events:
+        weights, mus = mixture_for(c)
+        candidates.append(DominatingMixtureProfile.of(weights, mus, reflected=reflected, event_mass=mass))
+    if len(candidates) == 1:
+        return candidates[0]
+    return min(candidates, key=lambda p: p.epsilon(membership_mixtures.REFERENCE_DELTA))
+
+
 def poisson_profile(
     *, step_mu: float, sampling_probability: float, steps: int, events, reflected: bool
 ) -> DominatingMixtureProfile:
@@ -284,18 +306,14 @@ def poisson_profile(
     Raises:
       ValueError: no event (no batch-size range keeps the step non-expansive, c <= 1).
     """
-    if not events:
-        raise ValueError("no range of batch sizes around the expected one keeps the step non-expansive (c <= 1).")
-    candidates = []
-    for c, mass in events:
+
+    def mixture_for(c: float) -> tuple[np.ndarray, np.ndarray]:
         mixture = membership_mixtures.membership_profile(
             step_mu=step_mu, contraction=c, use_probability=sampling_probability, steps=steps
         )
-        profile = DominatingMixtureProfile.of(mixture.weights, mixture.mus, reflected=reflected, event_mass=mass)
-        candidates.append(profile)
-    if len(candidates) == 1:
-        return candidates[0]
-    return min(candidates, key=lambda p: p.epsilon(membership_mixtures.REFERENCE_DELTA))
+        return np.asarray(mixture.weights), np.asarray(mixture.mus)
+
+    return best_over_events(events, mixture_for, reflected=reflected)
 
 
 # ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols

@@ -840,42 +840,43 @@ def _bisect(predicate, lo: int, hi: int, *, last_true: bool) -> int:
     return lo
 
 
-def poisson_size_events(
+def batch_size_events(
     *,
     dataset_size: int,
     batch_size: int,
-    sampling_probability: float,
+    low_rate: float,
+    high_rate: float,
     steps: int,
     learning_rate: float,
     strong_convexity: float,
     smoothness: float,
     l2_outside_clip: bool,
 ) -> list[tuple[float, float]]:
-    r"""Candidate (contraction, event probability) pairs for Poisson sampling
-    (docs/derivations/random-batch.md#rb-poisson-batch-sizes).
+    r"""Candidate (contraction, event probability) pairs for a scheme whose batches hold a random number of
+    the other records, each joining a given step with some probability
+    (docs/derivations/random-batch.md#rb-poisson-batch-sizes; random allocation:
+    docs/derivations/random-allocation-last-iterate.md#ra-sizes).
 
     The event ``G``: at every step the number O_t of OTHER records in the batch lies in
     [r_lo, r_hi]. Then every batch either world runs has between r_lo and r_hi + 1 examples, and
     every step is c-Lipschitz with c the larger of the step's constants at r_lo and r_hi + 1 (each
     is a maximum of |1 - eta x| over a range of x linear in r: convex in r). ``G`` depends on the
     other records' memberships only, hence is independent of the differing record's, and
-    ``P(not G) <= T (P(O < r_lo) + P(O > r_hi))`` with O ~ Binomial(n - 1, q - 1/n) for the lower
-    tail and Binomial(n, q) for the upper (either world's count of the others is one of these, for
-    any true rate in (q - 1/n, q]: the adapters round the rate up to b/n, and a higher rate only
-    raises the rest of the bound).
+    ``P(not G) <= T (P(O < r_lo) + P(O > r_hi))`` (union bound over the steps: only each step's marginal
+    count enters) with O ~ Binomial(n - 1, ``low_rate``) for the lower tail and Binomial(n, ``high_rate``)
+    for the upper (either world's count of the others is stochastically between these).
 
     r_lo: the lower tail quantile at SIZE_EVENT_BUDGET / (2T). r_hi: the upper quantile, or smaller
     values that keep the contraction at its value for the expected batch (a larger event
     probability against a stronger contraction; every pair is valid), never below b. Pairs with
     c > 1 are left out (none left: the step expands at b + 1 examples).
     """
-    n, q, t = dataset_size, sampling_probability, steps
-    q_low = max(q - 1.0 / n, 0.0)  # the lower tail also for a true rate up to 1/n below q (adapters round q up)
+    n, t = dataset_size, steps
     half = SIZE_EVENT_BUDGET / (2.0 * t)
     # r_lo: the largest r with P(O < r) <= half; r_q: the smallest r with P(O > r) <= half
     # (the fast ufuncs only choose the range; its probability below is computed by scipy.stats)
-    r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, q_low) <= half, 0, n, last_true=True)
-    r_q = _bisect(lambda r: special.bdtrc(r, n, q) <= half, 0, n, last_true=False)
+    r_lo = _bisect(lambda r: r == 0 or special.bdtr(r - 1, n - 1, low_rate) <= half, 0, n, last_true=True)
+    r_q = _bisect(lambda r: special.bdtrc(r, n, high_rate) <= half, 0, n, last_true=False)
     step = functools.partial(
         batch_step_contraction,
         learning_rate=learning_rate,
@@ -892,14 +893,42 @@ def poisson_size_events(
             r -= 1
         candidates.add(r)
     out = []
-    low_tail = float(stats.binom.cdf(r_lo - 1, n - 1, q_low)) if r_lo > 0 else 0.0
+    low_tail = float(stats.binom.cdf(r_lo - 1, n - 1, low_rate)) if r_lo > 0 else 0.0
     for r_hi in sorted(candidates):
         c = max(step(r_lo), step(r_hi + 1))
         if c > 1.0 or r_hi < r_lo:
             continue
-        mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, q))) * (1.0 + 1e-6))
+        mass = min(1.0, t * (low_tail + float(stats.binom.sf(r_hi, n, high_rate))) * (1.0 + 1e-6))
         out.append((c, mass))
     return out
+
+
+def poisson_size_events(
+    *,
+    dataset_size: int,
+    batch_size: int,
+    sampling_probability: float,
+    steps: int,
+    learning_rate: float,
+    strong_convexity: float,
+    smoothness: float,
+    l2_outside_clip: bool,
+) -> list[tuple[float, float]]:
+    r""":func:`batch_size_events` for Poisson sampling (docs/derivations/random-batch.md#rb-poisson-batch-sizes):
+    the upper tail at the rate q, the lower tail at q - 1/n, so that it holds for any true rate in
+    (q - 1/n, q] (the adapters round the rate up to b/n, and a higher rate only raises the rest of the bound)."""
+    q = sampling_probability
+    return batch_size_events(
+        dataset_size=dataset_size,
+        batch_size=batch_size,
+        low_rate=max(q - 1.0 / dataset_size, 0.0),
+        high_rate=q,
+        steps=steps,
+        learning_rate=learning_rate,
+        strong_convexity=strong_convexity,
+        smoothness=smoothness,
+        l2_outside_clip=l2_outside_clip,
+    )
 
 
 # ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols

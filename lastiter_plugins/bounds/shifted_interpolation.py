@@ -29,6 +29,7 @@ subset of candidates is valid (never below the true minimum's validity).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TypedDict
 
 import numpy as np
@@ -419,6 +420,59 @@ def shuffle_once_profile(
     return w, _schedule_mus(step_mu, c, per_epoch, n_uses, per_epoch, r, diameter_ratio)
 
 
+def last_pass_mixture(
+    *,
+    step_mu: float,
+    contraction: float,
+    steps_per_epoch: int,
+    steps: int,
+    block_weights: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    unreached_weight: float,
+    diameter_ratio: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""The schedule mixture of every scheme that draws the differing example's position afresh each pass
+    (docs/derivations/schedule-mixtures.md#sm-reshuffle): every pass but the last one started relaxed to its
+    worst case, a use at the pass's last step (Lemma 2: a later use never lowers :math:`\mu`), and the last
+    pass mixed over the step p of its last use. With T = E l + k: for k = 0, that use at (E-1) l + p; for
+    k > 0 and p < k, at E l + p; for k > 0 and no use in the partial pass, one component (the previous pass's
+    last step is the last use). The caller gives the law of p, through r = window - 1 - p (the steps after
+    that use; window = k, or l when k = 0).
+
+    Args:
+      step_mu: s, the shift one use claims (in per-step noise stds).
+      contraction: c in [0, 1], every step's Lipschitz constant.
+      steps_per_epoch: l >= 1.
+      steps: T >= 0.
+      block_weights: (starts, ends) -> the probability that the last pass's last use has r in
+        [start, end), for consecutive blocks covering 0..window - 1 (starts[0] = 0).
+      unreached_weight: the probability that a partial last pass does not use the example (0 when k = 0).
+      diameter_ratio: D / sigma_p, or None.
+
+    Returns:
+      (weights, mus): one component per r (per block of r, given the block's largest mu, its smallest r:
+      within the last pass mu is non-increasing in r by Lemma 2, when there are more than EXACT_POSITIONS),
+      plus one for a partial last pass that does not use the example.
+    """
+    c = _check(step_mu, contraction, diameter_ratio)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0. Found {steps}.")
+    full, rest = divmod(steps, steps_per_epoch)
+    window = rest if rest > 0 else steps_per_epoch  # positions used in the last pass started
+    # blocks of consecutive r = window - 1 - p, each given its smallest r (the largest mu)
+    starts = _block_starts(0, window - 1) if window > EXACT_POSITIONS else np.arange(window)
+    weights = [block_weights(starts, np.append(starts[1:], window))]
+    uses = [np.full(starts.size, full + 1 if rest > 0 else full, dtype=np.int64)]
+    gaps = [window - starts]  # g = p + 1 steps after the previous pass's last step
+    after = [starts]
+    if rest > 0:  # no use in the partial pass; the last use ends pass E - 1
+        weights.append(np.array([unreached_weight]))
+        uses.append(np.array([full], dtype=np.int64))
+        gaps.append(np.array([steps_per_epoch]))
+        after.append(np.array([rest]))
+    w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
+    return w, _schedule_mus(step_mu, c, steps_per_epoch, n_uses, g, r, diameter_ratio)
+
+
 def reshuffle_profile(
     *,
     step_mu: float,
@@ -437,11 +491,8 @@ def reshuffle_profile(
     (docs/derivations/schedule-mixtures.md#sm-reshuffle): the positions of the differing example in
     the passes are independent of each other and of the data, and the same in both
     datasets (replace-one), so the released laws are mixtures over them with the same
-    weights (joint convexity). Every pass but the last one started is relaxed to its
-    worst case, the use at the pass's last step (Lemma 2: a later use never lowers
-    :math:`\mu`); the last pass is mixed exactly over p (weight |B_p|/n). With
-    T = E l + k: for k = 0, the last use at (E-1) l + p; for k > 0 and p < k, the last
-    use at E l + p; for k > 0 and p >= k, no use in the partial pass (one component).
+    weights (joint convexity). The schedules are those of :func:`last_pass_mixture`, the last pass
+    mixed exactly over p (weight |B_p|/n).
 
     Assumptions as :func:`shuffle_once_profile`; c the weakest contraction over the
     batch sizes of a pass (fixed by n and b, not by the permutations).
@@ -452,27 +503,23 @@ def reshuffle_profile(
       EXACT_POSITIONS), plus one for the positions a partial last pass does not reach.
     """
     per_epoch, short = batch_sizes(dataset_size, batch_size)  # short: examples in the last batch
-    c = _check(step_mu, contraction, diameter_ratio)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0. Found {steps}.")
-    full, rest = divmod(steps, per_epoch)
-    window = rest if rest > 0 else per_epoch  # positions used in the last pass started
-    # blocks of consecutive r = window - 1 - p, each given its smallest r (the largest mu)
-    starts = _block_starts(0, window - 1) if window > EXACT_POSITIONS else np.arange(window)
-    examples = np.diff(np.append(starts, window)).astype(float) * batch_size
-    if rest == 0:
-        examples[0] -= batch_size - short  # r = 0 is p = l - 1, the short last batch
-    weights = [examples / dataset_size]
-    uses = [np.full(starts.size, full + 1 if rest > 0 else full, dtype=np.int64)]
-    gaps = [window - starts]  # g = p + 1 steps after the previous pass's last step
-    after = [starts]
-    if rest > 0:  # p >= k: no use in the partial pass; the last use ends pass E - 1
-        weights.append(np.array([(dataset_size - rest * batch_size) / dataset_size]))
-        uses.append(np.array([full], dtype=np.int64))
-        gaps.append(np.array([per_epoch]))
-        after.append(np.array([rest]))
-    w, n_uses, g, r = (np.concatenate(x) for x in (weights, uses, gaps, after))
-    return w, _schedule_mus(step_mu, c, per_epoch, n_uses, g, r, diameter_ratio)
+    rest = steps % per_epoch if steps >= 0 else 0
+
+    def block_weights(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        examples = (ends - starts).astype(float) * batch_size
+        if rest == 0:
+            examples[0] -= batch_size - short  # r = 0 is p = l - 1, the short last batch
+        return examples / dataset_size
+
+    return last_pass_mixture(
+        step_mu=step_mu,
+        contraction=contraction,
+        steps_per_epoch=per_epoch,
+        steps=steps,
+        block_weights=block_weights,
+        unreached_weight=(dataset_size - rest * batch_size) / dataset_size,
+        diameter_ratio=diameter_ratio,
+    )
 
 
 # ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
