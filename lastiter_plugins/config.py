@@ -54,6 +54,7 @@ class Sampling(ValueEnum):
     RESHUFFLE = "reshuffle"  # a new random permutation every epoch
     RANDOM_BATCH = "random_batch"  # a uniformly random b-subset every step
     POISSON = "poisson"  # each example joins each step with probability b/n
+    RANDOM_ALLOCATION = "random_allocation"  # each example in one of the epoch's steps, drawn afresh every epoch
 
     @classmethod
     def parse(cls, value: Any) -> Sampling:

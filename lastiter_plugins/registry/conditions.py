@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lastiter_plugins import baselines
-from lastiter_plugins.bounds import kong_ribero, membership_mixtures, ye_shokri
+from lastiter_plugins.bounds import allocation_mixture, kong_ribero, membership_mixtures, ye_shokri
 from lastiter_plugins.bounds._common import batch_sizes, non_expansive_max_learning_rate
 from lastiter_plugins.bounds._glue import given
 from lastiter_plugins.config import LossAssumptions, Sampling, TrainingConfig, Update
@@ -142,19 +142,44 @@ two_over_m_strict = _step_size(ye_shokri.ye_shokri_convex_step_limit, "2/M", str
 one_over_m_strict = _step_size(ye_shokri.ye_shokri_full_batch_step_limit, "1/M", strict=True)
 
 
-def poisson_sizes_contract(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
-    # only Poisson sampling has random batch sizes; a row with this condition fails any other scheme on its sampling
-    if cfg.sampling is not Sampling.POISSON or cfg.learning_rate is None or a.smoothness is None:
-        return None
-    if membership_mixtures.poisson_events(cfg, a):
-        return None
-    return (
-        "a step non-expansive (c <= 1) for every batch size between the low tail quantile and b + 1",
-        f"learning_rate={cfg.learning_rate:g} expands at batch size b + 1 = {cfg.batch_size + 1}",
-        "the Poisson bounds condition on the batch sizes staying in a range (its complement's probability, "
-        "at most 1e-12 unless the step size forces a narrower range, is added to delta) and need every step "
-        "there to be a contraction; see docs/derivations/random-batch.md#rb-poisson-batch-sizes",
-    )
+def _sizes_contract(
+    sampling: Sampling,
+    events: Callable[[TrainingConfig, LossAssumptions], tuple[tuple[float, float], ...]],
+    what: str,
+    anchor: str,
+) -> Condition:
+    """The batch-size condition of a scheme with random batch sizes: some range of sizes around b + 1 keeps
+    every step non-expansive. Only ``sampling`` has these sizes; a row with this condition fails any other
+    scheme on its sampling."""
+
+    def check(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
+        if cfg.sampling is not sampling or cfg.learning_rate is None or a.smoothness is None:
+            return None
+        if events(cfg, a):
+            return None
+        return (
+            "a step non-expansive (c <= 1) for every batch size between the low tail quantile and b + 1",
+            f"learning_rate={cfg.learning_rate:g} expands at batch size b + 1 = {cfg.batch_size + 1}",
+            f"the {what} bounds condition on the batch sizes staying in a range (its complement's probability, "
+            "at most 1e-12 unless the step size forces a narrower range, is added to delta) and need every step "
+            f"there to be a contraction; see {anchor}",
+        )
+
+    return check
+
+
+poisson_sizes_contract = _sizes_contract(
+    Sampling.POISSON,
+    membership_mixtures.poisson_events,
+    "Poisson",
+    "docs/derivations/random-batch.md#rb-poisson-batch-sizes",
+)
+allocation_sizes_contract = _sizes_contract(
+    Sampling.RANDOM_ALLOCATION,
+    allocation_mixture.random_allocation_events,
+    "random-allocation",
+    "docs/derivations/random-allocation-last-iterate.md#ra-sizes",
+)
 
 
 def pld_steps(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
@@ -233,6 +258,14 @@ POISSON_CONVEX_UNCLIPPED: tuple[Condition, ...] = (
     needs_convexity,
     needs_inactive_clipping,
     poisson_sizes_contract,
+)
+#: as CONVEX_UNCLIPPED over the range of random-allocation batch sizes
+ALLOCATION_CONVEX_UNCLIPPED: tuple[Condition, ...] = (
+    needs_learning_rate,
+    needs_smoothness,
+    needs_convexity,
+    needs_inactive_clipping,
+    allocation_sizes_contract,
 )
 #: where a pipeline with fixed batches leaves a published statement
 FIXED_BATCH_OUTSIDE: tuple[OutsidePublished, ...] = (short_last_batch, partial_epoch, projected, l2_outside, glm_route)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from lastiter_plugins import baselines
 from lastiter_plugins.bounds import (
+    allocation_mixture,
     altschuler_talwar,
     bounded_domain,
     composition,
@@ -63,6 +64,16 @@ _POISSON_PROVENANCE = Provenance(
     f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of docs/derivations/random-batch.md#random-batch-poisson"
 )
 
+_FUZZ_ALLOCATION = "benchmarks/fuzz_1000_random_allocation.json"
+#: both random-allocation rows (add-or-remove and replace-one) rest on the same derivation
+_ALLOCATION_PROVENANCE = Provenance(
+    derived="docs/derivations/random-allocation-last-iterate.md#ra-last-iterate (per-schedule shifted "
+    "interpolation, batch sizes conditioned, every epoch but the last one started at its worst steps; the last "
+    "epoch's positions mixed against the run without the record); checks: exact instances "
+    "(tests/core/bounds/test_allocation_mixture.py: every allocation of tiny runs enumerated, both relations), "
+    f"fuzzing ({_FUZZ_ALLOCATION})"
+)
+
 # Citations users can follow (authors, year, arXiv id); theorem numbers follow the
 # arXiv versions named here.
 KONG_RIBERO = "Kong & Ribero 2024, arXiv 2407.05237"
@@ -92,6 +103,13 @@ _POISSON_SI_ASSUMES = (
     "clipped gradients is divided by the fixed b (Opacus: the expected batch size); contraction over the "
     "batch sizes of a range around b (l2_outside_clip=True: lam does not grow with the batch size); each "
     "example joins each step independently with probability q = b/n, from a secret seed"
+)
+_ALLOCATION_SI_ASSUMES = (
+    f"per-example losses convex (lam-strongly convex, lam >= 0) and M-smooth; {_WITHIN_CLIP}; the sum of "
+    "clipped gradients is divided by the fixed b; contraction over the batch sizes of a range around b "
+    "(l2_outside_clip=True: lam does not grow with the batch size); every epoch each example is assigned to one "
+    "of the epoch's ceil(n/b) steps, uniformly, independently of the other examples and afresh each epoch, from a "
+    "secret seed; plain SGD with a constant learning rate"
 )
 _SI_ASSUMES = (
     f"per-example losses convex (lam-strongly convex, lam >= 0) and M-smooth; eta <= 2/M; {_WITHIN_CLIP}; "
@@ -467,6 +485,38 @@ _TABLE: tuple[BoundSpec, ...] = (
         conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=dominating_mixture.shifted_interpolation_poisson_replace_one,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-random-allocation",
+        provenance=_ALLOCATION_PROVENANCE,
+        title="f-DP, random allocation (balls in bins), add-or-remove: schedule mixture over the last epoch's position",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): every epoch "
+        "but the last one started at its worst steps, the last epoch's positions mixed against the run without "
+        "the record (a one-dimensional Gaussian mixture against N(0, 1): amplification by the secret allocation "
+        "kept), with the batch sizes conditioned on a range whose complement's probability is added to delta; "
+        "derivation in docs/derivations/random-allocation-last-iterate.md#ra-add-or-remove",
+        covers=_covers((Sampling.RANDOM_ALLOCATION,), Relation.ADD_OR_REMOVE_ONE),
+        assumptions=_ALLOCATION_SI_ASSUMES,
+        conditions=(c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
+        compute=None,  # delta = 1 off the batch-size event: no Renyi curve
+        profile=allocation_mixture.shifted_interpolation_random_allocation,
+        kind=Kind.GDP,
+    ),
+    BoundSpec(
+        id="shifted-interpolation-random-allocation-replace-one",
+        provenance=_ALLOCATION_PROVENANCE,
+        title="f-DP, random allocation (balls in bins), replace-one: schedule mixture over the last epoch's position",
+        reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): both worlds "
+        "compared through the run without the record (a one-dimensional Gaussian mixture against its "
+        "reflection: amplification by the secret allocation kept), every epoch but the last one started at its "
+        "worst steps, with the batch sizes conditioned on a range whose complement's probability is added to "
+        "delta; derivation in docs/derivations/random-allocation-last-iterate.md#ra-replace-one",
+        covers=_covers((Sampling.RANDOM_ALLOCATION,)),
+        assumptions=_ALLOCATION_SI_ASSUMES,
+        conditions=(c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
+        compute=None,  # delta = 1 off the batch-size event: no Renyi curve
+        profile=allocation_mixture.shifted_interpolation_random_allocation_replace_one,
         kind=Kind.GDP,
     ),
     BoundSpec(
