@@ -55,6 +55,7 @@ How the intervals are certified (docs/verification.md has the derivations):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -122,15 +123,19 @@ def _max_over_directions(lower_pq, upper_pq, lower_qp, upper_qp):
 # ------------------------------------------------------------------ Gaussian mixtures (G1, G2)
 
 
-def _mixture_log_cells(weights: np.ndarray, means: np.ndarray, edges: np.ndarray, std: float) -> np.ndarray:
-    """log masses of the mixture on (-inf, e0], (e0, e1], ..., (e_last, inf)."""
+def _mixture_log_cells(
+    weights: np.ndarray, means: np.ndarray, edges: np.ndarray, std: float | np.ndarray
+) -> np.ndarray:
+    """log masses of the mixture on (-inf, e0], (e0, e1], ..., (e_last, inf); ``std`` one for every component
+    or one per component."""
     bounds = np.concatenate(([-np.inf], edges, [np.inf]))
     out = np.full(bounds.size - 1, -np.inf)
     log_w = np.log(weights)
+    stds = np.broadcast_to(np.asarray(std, dtype=float), means.shape)
     chunk = max(1, 2_000_000 // bounds.size)
     for start in range(0, means.size, chunk):
         mu = means[start : start + chunk, None]
-        u = (bounds[None, :] - mu) / std
+        u = (bounds[None, :] - mu) / stds[start : start + chunk, None]
         logm = _log_cell_mass(u[:, :-1], u[:, 1:]) + log_w[start : start + chunk, None]
         out = np.logaddexp(out, _logsumexp(logm, axis=0))
     return out
@@ -367,8 +372,9 @@ def g1_laws(params: Mapping[str, Any], *, position: int | None = None) -> Gaussi
         if not 0 <= j < per_epoch:
             raise ValueError(f"position must be in [0, {per_epoch}). Found {position}.")
         counts, weights = np.array([e + (1 if j < r else 0)], float), np.array([1.0])
-    elif cfg.sampling in (Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
-        p_more = r * cfg.batch_size / cfg.dataset_size
+    elif cfg.sampling in (Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE, Sampling.RANDOM_ALLOCATION):
+        # random allocation (one step per epoch, uniform): the partial epoch uses the record w.p. r / l
+        p_more = r / per_epoch if cfg.sampling is Sampling.RANDOM_ALLOCATION else r * cfg.batch_size / cfg.dataset_size
         counts, weights = np.array([e, e + 1], float), np.array([1.0 - p_more, p_more])
         keep = weights > 0
         counts, weights = counts[keep], weights[keep]
@@ -377,10 +383,10 @@ def g1_laws(params: Mapping[str, Any], *, position: int | None = None) -> Gaussi
     detail = f"G1 {cfg.sampling.value} {cfg.relation.value}: N in [{counts.min():g}, {counts.max():g}]"
     if cfg.relation is Relation.REPLACE_ONE:
         return GaussianLaws(weights, a * counts, weights, -a * counts, variance, missing, detail)
-    if cfg.sampling is not Sampling.POISSON:
+    if cfg.sampling not in (Sampling.POISSON, Sampling.RANDOM_ALLOCATION):
         raise ValueError(
-            "relation must be replace_one for G1 with sampling != poisson (removing an example changes the "
-            f"batches). Found {cfg.relation.value} with {cfg.sampling.value}."
+            "relation must be replace_one for G1 with sampling other than poisson and random_allocation (removing "
+            f"an example changes the batches). Found {cfg.relation.value} with {cfg.sampling.value}."
         )
     return GaussianLaws(weights, a * counts, np.array([1.0]), np.array([0.0]), variance, missing, detail)
 
@@ -399,8 +405,9 @@ def g1_divergence(orders, params: Mapping[str, Any], *, position: int | None = N
 
     Fixed batches: ``2 alpha N^2 / (z^2 T)`` with N the number of uses (CYCLIC
     worst case N = E + 1 if T mod l > 0 else E). SHUFFLE_ONCE and RESHUFFLE: N is
-    E + 1 with probability ``r b / n`` (r = T mod l), else E. RANDOM_BATCH and
-    POISSON: N ~ Binomial(T, b/n). Add-or-remove (POISSON only): one law is the
+    E + 1 with probability ``r b / n`` (r = T mod l), else E; RANDOM_ALLOCATION (one
+    step per epoch): with probability ``r / l``. RANDOM_BATCH and
+    POISSON: N ~ Binomial(T, b/n). Add-or-remove (POISSON, RANDOM_ALLOCATION): one law is the
     mixture with shift ``a N``, the other ``N(0, V)``.
     """
     return g1_laws(params, position=position).divergence(orders, **kw)
@@ -481,6 +488,8 @@ def g2_laws(params: Mapping[str, Any], *, position: int | None = None, max_enume
     cfg, assumptions = _params(params)
     if cfg.sampling is Sampling.POISSON:
         return g2_poisson_laws(params, max_enumerated_steps=max_enumerated_steps)
+    if cfg.sampling is Sampling.RANDOM_ALLOCATION:
+        return g2_random_allocation_mixtures(params).common_variance()
     if cfg.relation is not Relation.REPLACE_ONE:
         raise ValueError(f"relation must be replace_one for G2. Found {cfg.relation.value}.")
     if cfg.learning_rate is None or assumptions.strong_convexity <= 0:
@@ -539,10 +548,130 @@ def g2_divergence(
     quadrature. RESHUFFLE: the mixture over one independent position per pass
     (exact; at most ``2000 * max_enumerated_steps`` distinct means). RANDOM_BATCH:
     exact enumeration of the ``2^T`` inclusion patterns (only for
-    ``T <= max_enumerated_steps``). Replace-one only.
+    ``T <= max_enumerated_steps``). Replace-one only, except POISSON and
+    RANDOM_ALLOCATION (:func:`g2_random_allocation_mixtures`, the l2 term outside the clip).
     """
     laws = g2_laws(params, position=position, max_enumerated_steps=max_enumerated_steps)
     return laws.divergence(orders, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianScaleMixtures:
+    r"""Two one-dimensional Gaussian mixtures whose components may have different variances:
+    :math:`P = \sum_j w_j \mathcal N(\mu_j, V_j)`, :math:`Q = \sum_k v_k \mathcal N(\nu_k, U_k)`."""
+
+    p_weights: np.ndarray
+    p_means: np.ndarray
+    p_variances: np.ndarray
+    q_weights: np.ndarray
+    q_means: np.ndarray
+    q_variances: np.ndarray
+    detail: str = ""
+
+    @property
+    def equal_variances(self) -> bool:
+        variances = np.concatenate((self.p_variances, self.q_variances))
+        return bool(np.all(variances == variances[0]))
+
+    def common_variance(self) -> GaussianLaws:
+        """The same laws as :class:`GaussianLaws` (every component with the same variance)."""
+        if not self.equal_variances:
+            raise ValueError("the components' variances differ: use hockey_stick() (lower end only).")
+        variance = float(self.p_variances[0])
+        return GaussianLaws(self.p_weights, self.p_means, self.q_weights, self.q_means, variance, detail=self.detail)
+
+    def hockey_stick(self, *, cells: int = 20_000, reach: float = 40.0) -> HockeyStick:
+        r"""The certified privacy profile: both ends (:func:`gaussian_mixture_hockey_stick`) when every variance
+        is the same; otherwise its lower end only, from the cell masses (data processing: for any union A of
+        cells, :math:`P(A) - e^\varepsilon Q(A)` is at most the divergence), each mass a sum of normal CDF
+        differences with the relative error of :func:`gaussian_mixture_hockey_stick`, on a window ``reach``
+        largest standard deviations beyond the extreme means (the two tails are cells of their own)."""
+        if self.equal_variances:
+            return self.common_variance().hockey_stick(cells=cells, reach=reach)
+        p_std, q_std = np.sqrt(self.p_variances), np.sqrt(self.q_variances)
+        widest = float(max(p_std.max(), q_std.max()))
+        means = np.concatenate((self.p_means, self.q_means))
+        x_left, x_right = float(means.min()) - reach * widest, float(means.max()) + reach * widest
+        edges = np.linspace(x_left, x_right, cells + 1)
+        h = (x_right - x_left) / cells
+        log_rel = math.log1p(1e-12 + 8.0 * _UNIT_ROUNDOFF * (x_right - x_left) / h)
+        log_p = _mixture_log_cells(self.p_weights, self.p_means, edges, p_std)
+        log_q = _mixture_log_cells(self.q_weights, self.q_means, edges, q_std)
+        no_ratio = np.full(log_p.size, np.inf)
+        directions = (
+            (log_p - log_rel, log_p + log_rel, log_q - log_rel, log_q + log_rel, no_ratio),
+            (log_q - log_rel, log_q + log_rel, log_p - log_rel, log_p + log_rel, no_ratio),
+        )
+        detail = f"{self.detail}; {cells} cells, lower end only (unequal variances)"
+        return HockeyStick(directions, certified_upper=False, detail=detail)
+
+
+def _unique_components(weights: np.ndarray, means: np.ndarray, variances: np.ndarray):
+    """Equal (mean, variance) components merged, their weights summed."""
+    pairs, inverse = np.unique(np.stack((means, variances), axis=1), axis=0, return_inverse=True)
+    return np.bincount(inverse.ravel(), weights=weights), pairs[:, 0], pairs[:, 1]
+
+
+def g2_random_allocation_mixtures(
+    params: Mapping[str, Any], *, allocations_per_epoch: int = 1, others: int | None = None, max_patterns: int = 1 << 16
+) -> GaussianScaleMixtures:
+    r"""Random allocation (docs/derivations/random-allocation-last-iterate.md#ra-ground-truth): 1-D noisy gradient
+    descent with gradient ``a_i + lam x``, ``a_i = +C`` for the differing record (``-C`` in the other world,
+    replace-one; absent, add-or-remove) and 0 for the others. Every epoch each example is in
+    ``allocations_per_epoch`` = k of the ``ceil(n/b)`` = t steps (a uniform k-subset, independent across examples
+    and epochs); the sum is divided by b. Given the allocation the last iterate is Gaussian: step factors
+    ``rho_t = 1 - eta lam`` when the l2 term is outside the clip (``l2_outside_clip``; only the record's
+    allocation is enumerated), else ``1 - eta lam |B_t| / b`` (every example's allocation is enumerated: the
+    variance then depends on the realised batch sizes); mean ``(eta C / b) sum_{uses t} prod_{s > t} rho_s``,
+    variance ``sigma_p^2 sum_t prod_{s > t} rho_s^2``.
+
+    Args:
+      params: the public API's keyword parameters (``sampling="random_allocation"``, ``learning_rate``,
+        ``strong_convexity`` = lam, ``l2_outside_clip``, ``relation``).
+      allocations_per_epoch: k.
+      others: the number of other records (default n - 1; add-or-remove with a record added to n: n).
+      max_patterns: the largest number of allocations enumerated.
+    """
+    cfg, assumptions = _params(params)
+    if cfg.sampling is not Sampling.RANDOM_ALLOCATION:
+        raise ValueError(f"sampling must be random_allocation. Found {cfg.sampling.value}.")
+    lr = _g2_learning_rate(cfg)
+    t, k, steps, lam = cfg.steps_per_epoch, int(allocations_per_epoch), cfg.steps, assumptions.strong_convexity
+    if not 1 <= k <= t:
+        raise ValueError(f"allocations_per_epoch must be in [1, {t}]. Found {allocations_per_epoch}.")
+    n_others = cfg.dataset_size - 1 if others is None else int(others)
+    per_example = lam > 0 and not assumptions.l2_outside_clip
+    epochs = -(-steps // t)
+    subsets = np.zeros((math.comb(t, k), t))
+    for row, chosen in enumerate(itertools.combinations(range(t), k)):
+        subsets[row, list(chosen)] = 1.0
+    units = 1 + n_others if per_example else 1  # the record first
+    patterns = subsets.shape[0] ** (units * epochs)
+    if patterns > max_patterns:
+        raise ValueError(f"{patterns} allocations to enumerate; at most max_patterns = {max_patterns}.")
+    index = np.array(list(itertools.product(range(subsets.shape[0]), repeat=units * epochs)), dtype=np.int64)
+    index = index.reshape(patterns, units, epochs)
+    member = subsets[index].reshape(patterns, units, epochs * t)[:, :, :steps]  # (pattern, example, step)
+    record, counts = member[:, 0, :], member[:, 1:, :].sum(axis=1)
+    a, sigma_p = lr * cfg.clip_norm / cfg.batch_size, lr * cfg.noise_multiplier * cfg.clip_norm / cfg.batch_size
+
+    def factors(sizes: np.ndarray) -> np.ndarray:
+        """prod_{s > t} rho_s per pattern and step."""
+        rho = 1.0 - lr * lam * sizes / cfg.batch_size if per_example else np.full(sizes.shape, 1.0 - lr * lam)
+        tail = np.cumprod(rho[:, ::-1], axis=1)[:, ::-1]
+        return np.concatenate((tail[:, 1:], np.ones((rho.shape[0], 1))), axis=1)
+
+    with_record = factors(counts + record)
+    means = a * np.sum(record * with_record, axis=1)
+    variances = sigma_p**2 * np.sum(with_record**2, axis=1)
+    weights = np.full(patterns, 1.0 / patterns)
+    detail = f"G2 random_allocation {cfg.relation.value}, k={k}, {patterns} allocations"
+    pw, pm, pv = _unique_components(weights, means, variances)
+    if cfg.relation is Relation.REPLACE_ONE:
+        return GaussianScaleMixtures(pw, pm, pv, pw, -pm, pv, detail)
+    without = factors(counts)
+    qw, qm, qv = _unique_components(weights, np.zeros(patterns), sigma_p**2 * np.sum(without**2, axis=1))
+    return GaussianScaleMixtures(pw, pm, pv, qw, qm, qv, detail)
 
 
 # ------------------------------------------------------------------ hockey-stick divergence (privacy profile)
@@ -888,8 +1017,9 @@ def g3_divergence(
     Per step the differing example is in the batch deterministically (CYCLIC,
     SHUFFLE_ONCE, RESHUFFLE: mixtures over its position, the permutation being
     independent of the data) or with probability q = b/n (RANDOM_BATCH,
-    POISSON). Replace-one: drifts ``+-eta C/b``; add-or-remove (POISSON): drift
-    ``eta C/b`` against no drift.
+    POISSON; RANDOM_ALLOCATION: one uniform step per pass, as a reshuffle of equal batches: the other
+    losses are 0, so the batch sizes do not matter). Replace-one: drifts ``+-eta C/b``; add-or-remove
+    (POISSON, RANDOM_ALLOCATION): drift ``eta C/b`` against no drift.
 
     Returns:
       (ExactDivergence, G3Grid with the grid sizes and error terms).
@@ -906,8 +1036,11 @@ def g3_divergence(
     if cfg.relation is Relation.REPLACE_ONE:
         d_p, d_q = step, -step
     else:
-        if cfg.sampling is not Sampling.POISSON:
-            raise ValueError(f"relation add_or_remove_one is implemented for poisson only. Found {cfg.sampling.value}.")
+        if cfg.sampling not in (Sampling.POISSON, Sampling.RANDOM_ALLOCATION):
+            raise ValueError(
+                "relation add_or_remove_one is implemented for poisson and random_allocation only. Found "
+                f"{cfg.sampling.value}."
+            )
         d_p, d_q = step, 0.0
     drifts = tuple(sorted({0.0, d_p, d_q}))
     steps, per_epoch = cfg.steps, cfg.steps_per_epoch
@@ -990,11 +1123,14 @@ def g3_divergence(
         p_cells = sum(w * fixed_position_law(d_p, j) for j, w in enumerate(weights))
         q_cells = sum(w * fixed_position_law(d_q, j) for j, w in enumerate(weights))
         pairs = [(p_cells, q_cells)]
-    elif cfg.sampling is Sampling.RESHUFFLE:
+    elif cfg.sampling in (Sampling.RESHUFFLE, Sampling.RANDOM_ALLOCATION):
         if per_epoch > max_positions:
             raise ValueError(
-                f"steps per epoch must be <= max_positions = {max_positions} for G3 reshuffle. Found {per_epoch}."
+                f"steps per epoch must be <= max_positions = {max_positions} for G3 {cfg.sampling.value}. Found "
+                f"{per_epoch}."
             )
+        if cfg.sampling is Sampling.RANDOM_ALLOCATION:  # one step per epoch, uniform (the others' losses are 0)
+            weights = np.full(per_epoch, 1.0 / per_epoch)
         pairs = [(reshuffle_law(d_p, weights), reshuffle_law(d_q, weights))]
     else:
         q = cfg.sampling_probability

@@ -300,6 +300,32 @@ def draw_g2_poisson(rng: np.random.Generator, relation: str = "replace_one") -> 
     return Instance("G2", params)
 
 
+def draw_g2_random_allocation(rng: np.random.Generator, relation: str = "replace_one") -> Instance:
+    """Random allocation with linear data losses and an l2 term outside the clip (``l2_outside_clip``): the
+    contraction 1 - eta lam holds at every batch size (exact laws: every allocation of the record, at most
+    t^E <= 4096 of them; partial last epochs included)."""
+    b = int(rng.integers(1, 9))
+    per_epoch = int(rng.integers(1, 7))
+    n = b * (per_epoch - 1) + (int(rng.integers(1, b + 1)) if per_epoch > 1 else b)  # ceil(n / b) = per_epoch
+    epochs = int(rng.integers(1, 5))
+    while per_epoch**epochs > 4096:
+        epochs -= 1
+    lam = _log_uniform(rng, 1e-3, 2.0)
+    params = g2_params(
+        strong_convexity=lam,
+        l2_outside_clip=True,
+        dataset_size=n,
+        batch_size=b,
+        noise_multiplier=_log_uniform(rng, 0.3, 5.0),
+        steps=int(rng.integers(1, epochs * per_epoch + 1)),
+        learning_rate=float(rng.uniform(0.01, 0.99)) / lam,
+        clip_norm=_log_uniform(rng, 0.1, 10.0),
+        sampling="random_allocation",
+        relation=relation,
+    )
+    return Instance("G2", params)
+
+
 def draw_g3(
     rng: np.random.Generator,
     sampling: str,
@@ -309,7 +335,7 @@ def draw_g3(
 ) -> Instance:
     """Projected walk with D / s in [0.2, 5], s = eta z C / b the per-step noise."""
     b = int(rng.integers(1, 6))
-    l_max = 5 if sampling in ("shuffle_once", "reshuffle") else 8
+    l_max = 5 if sampling in ("shuffle_once", "reshuffle", "random_allocation") else 8
     if shape == "full":
         n = b
     elif shape == "short":
@@ -351,6 +377,10 @@ def _g2(sampling: str, shape: str = "any") -> Drawer:
 
 def _g2p(relation: str = "replace_one") -> Drawer:
     return lambda r: draw_g2_poisson(r, relation)
+
+
+def _g2ra(relation: str = "replace_one") -> Drawer:
+    return lambda r: draw_g2_random_allocation(r, relation)
 
 
 def _g3(sampling: str, relation: str = "replace_one", shape: str = "any") -> Drawer:
@@ -458,6 +488,16 @@ TARGETS: dict[str, list[tuple[str, Drawer]]] = {
         ("G1 poisson", _g1("poisson")),
         ("G2 poisson, l2 outside the clip", _g2p()),
         ("G3 poisson", _g3("poisson")),
+    ],
+    "shifted-interpolation-random-allocation": [
+        ("G1 random_allocation add/remove", _g1("random_allocation", _ADD_REMOVE)),
+        ("G2 random_allocation add/remove, l2 outside the clip", _g2ra(_ADD_REMOVE)),
+        ("G3 random_allocation add/remove", _g3("random_allocation", _ADD_REMOVE)),
+    ],
+    "shifted-interpolation-random-allocation-replace-one": [
+        ("G1 random_allocation", _g1("random_allocation")),
+        ("G2 random_allocation, l2 outside the clip", _g2ra()),
+        ("G3 random_allocation", _g3("random_allocation")),
     ],
     "composition-gdp-epochs": [
         ("G1 cyclic", _g1("cyclic")),
