@@ -52,7 +52,8 @@ CONFIG_REFUSALS = [
         ("learning_rate", 0.0, "learning_rate must be a finite number > 0. Found 0.0."),
         ("clip_norm", 0.0, "clip_norm must be a finite number > 0. Found 0.0."),
         ("clip_norm", math.inf, "clip_norm must be a finite number > 0. Found inf."),
-        ("sampling", "shuffled", "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch, poisson. "
+        ("sampling", "shuffled", "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch, poisson, "
+                                 "random_allocation. "
                                  "Found 'shuffled'."),
         ("sampling", None, "sampling must be one of"),
         ("relation", "add_one", "relation must be one of replace_one, add_or_remove_one. Found 'add_one'."),
