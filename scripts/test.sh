@@ -4,8 +4,11 @@
 #   1. lint and format check (ruff), type check (mypy over the package and the adapters, [tool.mypy]
 #      in pyproject.toml);
 #   2. the whole pytest suite in .venv, except what builds and installs the distribution
-#      (tests marked `packaging`). Slow suites need --runslow (docs/verification.md). The
-#      layout and the tiers: tests/README.md.
+#      (tests marked `packaging`), on every core: pytest-xdist's `-n auto` (at most 4 workers: each
+#      imports torch and TensorFlow), a file's tests on one worker (`--dist loadfile`: what a test
+#      module sets up once, TensorFlow's one-thread configuration included, is set up once per file).
+#      `-n 0` among the arguments runs it in one process. Slow suites need --runslow
+#      (docs/verification.md). The layout and the tiers: tests/README.md.
 # What is slow and needs environments of its own (the packaging tests, dp-accounting 0.6,
 # Opacus 1.5) is scripts/test_environments.sh, the second step of .ci/run.
 # Arguments are passed to pytest. Every step runs even when an earlier one fails; the exit
@@ -20,8 +23,9 @@ step .venv/bin/ruff check .
 step .venv/bin/ruff format --check .
 step .venv/bin/python -m mypy
 
-echo "+ .venv/bin/python -m pytest -m 'not packaging' $*"
-.venv/bin/python -m pytest -m "not packaging" "$@"
+parallel=(-n auto --maxprocesses 4 --dist loadfile)
+echo "+ .venv/bin/python -m pytest -m 'not packaging' ${parallel[*]} $*"
+.venv/bin/python -m pytest -m "not packaging" "${parallel[@]}" "$@"
 status=$?
 
 if [ "${#failed[@]}" -ne 0 ]; then

@@ -17,7 +17,7 @@
 # dp-accounting adapter and its shared contract tests, the baselines pinned to
 # dp-accounting (known values, Liang's sampled Gaussian, the PLD baseline rows and the
 # entry points that report them), the conversion (dp-accounting's formula) and the
-# profiles (checked against its PLD). The rest of the core does not
+# profiles (checked against its PLD), on every core (pytest-xdist, at most 4 workers). The rest of the core does not
 # import dp-accounting and runs once, in .venv. Slow suites stay off unless --runslow
 # is passed. Exit status is pytest's.
 set -euo pipefail
@@ -30,7 +30,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "+ creating $venv with $python"
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest hypothesis "typing_extensions>=4.7,<5"
+"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest pytest-xdist hypothesis "typing_extensions>=4.7,<5"
 "$venv/bin/python" -m pip install -q --no-deps -e .
 
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("dp-accounting"))')"
@@ -43,7 +43,7 @@ case "$version" in
 esac
 
 if [ "$#" -eq 0 ]; then
-  set -- -q tests/adapters/dp_accounting/test_adapter.py tests/core/bounds/test_known_values.py tests/core/bounds/test_liang.py \
+  set -- -q -n auto --maxprocesses 4 tests/adapters/dp_accounting/test_adapter.py tests/core/bounds/test_known_values.py tests/core/bounds/test_liang.py \
     tests/core/test_conversion.py tests/core/test_profiles.py tests/core/test_baselines.py tests/stories/test_one_best.py tests/core/bounds/test_sgm.py
 fi
 echo "+ $venv/bin/python -m pytest $*"

@@ -21,8 +21,9 @@
 # pipelines and the built-in scenario. Opacus 1.5 has no accountant registry: the tests
 # attach the accountant to the engine there (docs/opacus.md, "Opacus 1.5"), and the few
 # that need the registry (make_private_with_epsilon with a last-iterate accountant, the
-# example script) are skipped with a reason naming the Opacus version. Slow suites stay
-# off unless --runslow is passed. Exit status is pytest's.
+# example script) are skipped with a reason naming the Opacus version. On every core
+# (pytest-xdist, at most 4 workers). Slow suites stay off unless --runslow is passed.
+# Exit status is pytest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +35,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q -c constraints/opacus15.txt \
-  torch opacus numpy scipy dp-accounting pytest hypothesis
+  torch opacus numpy scipy dp-accounting pytest pytest-xdist hypothesis
 "$venv/bin/python" -m pip install -q --no-deps -e .
 
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("opacus"), m.version("torch"))')"
@@ -48,7 +49,7 @@ esac
 
 if [ "$#" -eq 0 ]; then
   set -- tests/adapters/opacus tests/stories/test_opacus_randomised_pipelines.py tests/adapters/test_glm_adapters.py tests/core/compare/test_compare.py tests/core/bounds/test_known_values.py -q -rs \
-    -k 'opacus or poisson or builtin_rows'
+    -k 'opacus or poisson or builtin_rows' -n auto --maxprocesses 4
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"
