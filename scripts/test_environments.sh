@@ -7,8 +7,9 @@
 #      (.venv-dpa06, pinned by constraints/dpa06.txt);
 #   3. the Opacus adapter and comparison tests against Opacus 1.5.x in a third venv
 #      (.venv-opacus15, pinned by constraints/opacus15.txt);
-#   4. the randomised ground-truth and property sweeps at full size (--runslow; the full soundness
-#      fuzzing, about 100 min of CPU, stays by hand: tests/README.md, tier 3).
+#   4. the randomised ground-truth and property sweeps at full size and the fixed-seed subset of the
+#      soundness fuzzing (--runslow; each takes a minute or more of CPU, too long for the README's
+#      command; the full soundness fuzzing, about 100 min of CPU, stays by hand: tests/README.md, tier 3).
 # Every step runs even when an earlier one fails; the exit status is the first failing
 # step's. A fixed selection that collects no test (pytest's 5) is a failure here.
 set -uo pipefail
@@ -19,7 +20,8 @@ source scripts/_steps.sh
 step .venv/bin/python -m pytest -q -m packaging tests/stories/test_packaging.py
 step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
 step bash scripts/test_opacus_15.sh
-step .venv/bin/python -m pytest -q --runslow tests/core/verification/test_ground_truth.py tests/core/test_properties.py
+step .venv/bin/python -m pytest -q --runslow -n auto --maxprocesses 4 tests/core/verification/test_ground_truth.py \
+  tests/core/test_properties.py tests/core/verification/test_verification.py::test_fuzz_subset_fast
 
 if [ "${#failed[@]}" -ne 0 ]; then
   echo "test_environments.sh: steps that failed:" >&2

@@ -71,7 +71,7 @@ def test_rdp_non_negative_and_best_below_every_applicable_proven_bound(params):
     np.testing.assert_allclose(best, stacked.min(axis=0), rtol=0, atol=0)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=sweep_size(25, 150))  # two epsilons per applicable row, PLD rows included: seconds
 @given(pipelines(), st.floats(1.01, 3.0))
 def test_epsilon_non_increasing_in_noise_multiplier(params, factor):
     bounds = applicable(params)

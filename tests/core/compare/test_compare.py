@@ -429,7 +429,7 @@ def test_plot_into_a_missing_folder_exits_with_status_2(capsys, tmp_path):
 
 def test_a_bounds_own_warnings_reach_its_row():
     """An optimal order at the edge of the grid is noted on the row of the bound it concerns."""
-    params = dict(dataset_size=1000, batch_size=10, noise_multiplier=0.3, epochs=50, sampling="cyclic",
+    params = dict(dataset_size=1000, batch_size=10, noise_multiplier=0.3, epochs=2, sampling="cyclic",
                   learning_rate=0.1, smoothness=1.0, gradient_norms_within_clip=True)  # fmt: skip
     result = compare.compare(1e-5, orders=[2.0, 3.0], **params)
     assert any("edge of the order grid" in note for note in result.row("composition").notes)

@@ -197,6 +197,10 @@ def test_fuzz_targets_every_bound_of_the_table():
     assert set(fuzz.TARGETS) == set(lp.BOUNDS)
 
 
+# The second CI step (scripts/test_environments.sh) runs it, not the README's test command: a minute of CPU or more,
+# most of it in dp-accounting's PLD of the random-batch instances; the ground-truth sweeps of test_ground_truth.py
+# check every bound on exact instances in the default run.
+@pytest.mark.slow
 def test_fuzz_subset_fast():
     """A fixed-seed subset of the soundness fuzzing: every bound checked >= 4 times,
     every f-DP bound's profile against the exact hockey-stick divergence too."""
