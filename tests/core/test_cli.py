@@ -548,34 +548,6 @@ def test_shell_pipe_into_true_ends_quietly():
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
-# ---------------------------------------------------------------- the README's abridged compare output
-
-README = ROOT / "README.md"
-
-
-def test_readme_compare_output_is_what_its_first_command_prints(capsys, monkeypatch):
-    """The README's first command installs the `plot` extra only (no Opacus): its abridged table is that run's
-    output, line for line ("..." marks rows left out), with no Opacus row."""
-    from lastiter_plugins.compare import hosts
-
-    monkeypatch.setattr(hosts, "_host_available", lambda host: host == "dp-accounting")
-    text = README.read_text(encoding="utf-8")
-    assert '-e ".[plot]" && .venv/bin/lastiter compare' in text
-    section = text[text.index("## The comparison a newcomer sees first") :]
-    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
-    code, out, err = run(capsys, "compare")
-    assert code == 0, err
-    lines = iter(out.splitlines())
-    for shown in block.splitlines():
-        if shown == "...":
-            continue
-        assert any(line == shown for line in lines), f"not in lastiter compare's output (in order): {shown!r}"
-    assert "opacus" not in block
-    for readme_number in ("1.359", "1.035", "24.4x"):
-        assert readme_number in section[: section.index("![")], readme_number
-    assert "`advise`" in text[text.index("## Command line") :] or "lastiter advise" in text
-
-
 BUILTIN_FLAGS = ["--dataset-size", "10000", "--batch-size", "100", "--noise-multiplier", "4", "--clip-norm", "1.05",
                  "--learning-rate", "1", "--epochs", "100", "--sampling", "shuffle_once", "--smoothness", "0.26",
                  "--strong-convexity", "0.01", "--diameter", "10", "--gradient-norms-within-clip"]  # fmt: skip

@@ -1,29 +1,169 @@
-"""The docs' code samples run (issue "One number on every route", item 6).
+"""The docs run (issue 36, item 4): every code block of README.md and docs/*.md runs, or says why it does not, and
+every output block, generated page and number quoted from an output is what a fresh run prints.
 
-The self-contained pages (README.md, docs/api.md, docs/dp_accounting.md, docs/choosing.md) are run block by block,
-in order, in one namespace per page, as a reader pasting them into one session would. The host guides
-(docs/opacus.md, docs/tf_privacy.md) show fragments of a training loop that need your data and model;
-their complete runs are the scripts of examples/, which tests/adapters/test_glm_adapters.py and the adapters'
-tests run. The README's abridged compare output is checked against a real run in tests/core/test_cli.py.
+What each block is, the markers, and the command that rewrites the outputs after a change
+(``python -m tests.stories.docs_blocks``): tests/stories/docs_blocks.py. Each ``lastiter`` command runs once
+per process, shared by the blocks that show it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 
 import pytest
 
+from tests.stories.docs_blocks import (
+    PAGES,
+    Block,
+    DocsError,
+    abridge,
+    blocks,
+    claimed_numbers,
+    comparable,
+    decimals,
+    generated_pages,
+    lastiter,
+    lastiter_argv,
+    paragraphs_with_numbers,
+    regenerated,
+    shell_commands,
+    signature_differences,
+)
 from tests.support import ROOT
 
-SELF_CONTAINED = ("README.md", "docs/api.md", "docs/dp_accounting.md", "docs/choosing.md")
-_PYTHON = re.compile(r"```python\n(.*?)```", re.S)
+ALL = [block for page in PAGES for block in blocks(page)]
+REFRESH = "refresh with: python -m tests.stories.docs_blocks (tests/stories/docs_blocks.py)"
 
 
-@pytest.mark.parametrize("page", SELF_CONTAINED)
-def test_every_python_sample_of_a_self_contained_page_runs(page, capsys):
-    blocks = _PYTHON.findall((ROOT / page).read_text(encoding="utf-8"))
-    assert blocks, f"{page} has no python sample"
+def _of(kind: str, *langs: str) -> list[Block]:
+    return [b for b in ALL if b.kind == kind and b.lang in langs]
+
+
+def _ids(selection: list[Block]) -> list[str]:
+    return [b.where for b in selection]
+
+
+def test_every_block_is_run_or_says_what_it_is():
+    for block in ALL:
+        if block.lang in ("python", "bash"):
+            assert block.kind in ("", "not run"), f"{block.where}: a {block.lang} block is run, or `not run: REASON`"
+        else:
+            assert not block.lang, f"{block.where}: a ```{block.lang} block: use python, bash, or an output block"
+            assert block.kind in ("output of", "signature of"), (
+                f"{block.where}: a block without a language is `output of: COMMAND` or `signature of: NAME`"
+            )
+        if block.kind == "not run":
+            assert len(block.argument) > 20, f"{block.where}: say why the block is not run"
+    # every page still has what this test runs, so a parsing slip cannot make it vacuous
+    assert {b.page for b in _of("", "python")} >= {"README.md", "docs/api.md", "docs/dp_accounting.md"}
+    assert {b.page for b in _of("output of", "")} >= {"README.md", "docs/choosing.md"}
+
+
+def test_a_fragment_not_run_names_the_example_that_runs_in_its_place():
+    tests = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").rglob("test_*.py")
+                      if p.name != "test_docs_samples.py")  # fmt: skip
+    for block in _of("not run", "python"):
+        examples = re.findall(r"examples/\w+\.py", block.argument)
+        assert examples, f"{block.where}: name the examples/ script that is the complete run"
+        for example in examples:
+            assert (ROOT / example).is_file(), f"{block.where}: {example} does not exist"
+            assert example.split("/")[1].removesuffix(".py") in tests, f"{example}: no test runs it"
+
+
+@pytest.mark.parametrize("page", sorted({b.page for b in _of("", "python")}))
+def test_python_samples_run_and_print_the_numbers_their_comments_quote(page):
     namespace: dict = {}
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{page} (python block {i + 1})", "exec"), namespace)
-    capsys.readouterr()  # the samples print; what they print is not pinned here
+    for block in (b for b in blocks(page) if b.lang == "python" and not b.kind):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.text, block.where, "exec"), namespace)
+        for number in claimed_numbers(block.text):
+            assert number in out.getvalue(), (
+                f"{block.where}: a comment quotes {number}; the block printed:\n{out.getvalue()}"
+            )
+
+
+@pytest.mark.parametrize("block", _of("", "bash"), ids=_ids(_of("", "bash")))
+def test_shell_commands_run(block):
+    commands = shell_commands(block)
+    assert commands
+    for command in commands:
+        lastiter(command)  # raises with lastiter's error when the exit status is not 0
+
+
+@pytest.mark.parametrize("block", _of("output of", ""), ids=_ids(_of("output of", "")))
+def test_output_block_is_what_a_fresh_run_prints(block):
+    assert block.text == regenerated(block), f"{block.where}: `{block.argument}` prints otherwise; {REFRESH}"
+
+
+GENERATED = [pytest.param(g, id=g.page, marks=[pytest.mark.slow] if g.slow else []) for g in generated_pages()]
+
+
+@pytest.mark.parametrize("generated", GENERATED)
+def test_generated_page_is_what_a_fresh_run_prints(generated):
+    """Timings left out (the durations of "Generated by" lines, a `seconds` column)."""
+    fresh = comparable(generated.make())
+    assert comparable(generated.committed()) == fresh, f"{generated.page}: `{generated.command}` differs; {REFRESH}"
+
+
+def test_numbers_quoted_from_an_output_are_in_a_fresh_run():
+    quoted = [(page, command, paragraph) for page in PAGES for command, paragraph in paragraphs_with_numbers(page)]
+    assert {page for page, *_ in quoted} >= {"README.md", "docs/choosing.md"}
+    for page, command, paragraph in quoted:
+        numbers = decimals(paragraph)
+        assert numbers, f"{page}: a `numbers of` paragraph without numbers: {paragraph[:80]!r}"
+        out = lastiter(command)
+        missing = [n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", out)]
+        assert not missing, f"{page}: {missing} quoted from `{command}`, which prints otherwise (edit by hand)"
+
+
+def test_the_readme_shows_every_subcommand_and_its_first_command_installs_no_opacus():
+    from lastiter_plugins.cli import build_parser
+
+    subcommands = next(a for a in build_parser()._actions if a.choices and "compare" in a.choices).choices
+    cli = next(b for b in _of("", "bash") if b.page == "README.md")
+    assert set(subcommands) <= {lastiter_argv(command)[0] for command in shell_commands(cli)}
+    # the abridged output the README shows is that of its first command, which installs the `plot` extra only
+    assert '-e ".[plot]" && .venv/bin/lastiter compare' in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert [b.page for b in ALL if "without opacus" in b.argument] == ["README.md"]
+
+
+@pytest.mark.parametrize("block", _of("signature of", ""), ids=_ids(_of("signature of", "")))
+def test_signature_block_is_the_code_s(block):
+    assert not signature_differences(block), f"{block.where}: {signature_differences(block)}"
+
+
+# ---------------------------------------------------------------- the machinery itself
+
+
+def test_abridged_output_takes_each_shown_line_from_the_fresh_run():
+    fresh = (
+        "title\n\nname  a\n----  -\nx [1]  1.5\ny [2]  2.5\nz [3]  3.5\nBest:\n  x: 1.5 because\n    reasons 1.5\nend\n"
+    )
+    shown = "name  a\n------  -\nx [1]  9.9\n...\nz [3]  9.9\nBest:\n  x: 9.9 because\n"
+    assert (
+        abridge(shown, fresh)
+        == "name  a\n----  -\nx [1]  1.5\n...\nz [3]  3.5\nBest:\n  x: 1.5 because\n    reasons 1.5\n"
+    )
+    with pytest.raises(DocsError, match="no line like 'w"):
+        abridge("w [4]  1\n", fresh)
+    with pytest.raises(DocsError, match="no line like 'x"):  # in order: x comes before z
+        abridge("z [3]  1\nx [1]  1\n", fresh)
+
+
+def test_a_failing_command_and_a_wrong_signature_are_reported():
+    with pytest.raises(DocsError, match=r"exited with status 2.*--dataset-size is required"):
+        lastiter("lastiter compare --sampling reshuffle")
+    block = next(b for b in _of("signature of", ""))
+    wrong = Block(block.page, block.line, "", block.text.replace("(", "(extra, ", 1), block.kind, block.argument, 0, 0)
+    assert signature_differences(wrong)
+    assert claimed_numbers("x = 1.25  # gives 0.957, version 0.4.3, 1e-05\n") == ["0.957"]
+
+
+def test_timings_and_nothing_else_are_left_out_of_a_generated_page_s_comparison():
+    page = "Generated by `x` in 198 s (v).\n\n| a | seconds | b |\n|---|---|---|\n| 1 | 2.5 | 3 |\n\nafter | x | 2.5\n"
+    assert comparable(page) == comparable(page.replace("198", "7").replace("| 2.5 |", "| 9.1 |"))
+    assert comparable(page) != comparable(page.replace("| 3 |", "| 4 |"))
+    assert comparable(page) != comparable(page.replace("x | 2.5", "x | 9.1"))  # a table's end ends its columns

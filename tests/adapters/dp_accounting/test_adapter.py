@@ -8,7 +8,9 @@ RDP takes about 2 s on the default grid.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import math
+import re
 import types
 import warnings
 
@@ -31,6 +33,7 @@ from lastiter_plugins.adapters.dp_accounting import (
     SamplingScheme,
     _pld,
 )
+from tests.support import ROOT
 
 from .accountant_contract import (
     AccountantContract,
@@ -934,3 +937,27 @@ def test_statements_say_what_the_winner_protects():
     assert "the final model only" in acc.statement(DELTA)
     acc = LastIterateAccountant(bound="composition", orders=ORDERS).compose(SI_CYCLIC).compose(GAUSS)
     assert "every iterate of 1 DP-SGD run(s), bound composition" in acc.statement(DELTA)
+
+
+# ---------------------------------------------------------------- the example
+
+
+def test_example_runs_and_its_numbers_hang_together(capsys):
+    """examples/dp_accounting_last_iterate.py (docs/dp_accounting.md's complete run)."""
+    spec = importlib.util.spec_from_file_location(
+        "dp_accounting_example", ROOT / "examples" / "dp_accounting_last_iterate.py"
+    )
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main()
+    out = capsys.readouterr().out
+
+    def number(label: str) -> float:
+        return float(re.search(re.escape(label) + r" epsilon = ([\d.]+)", out).group(1))
+
+    standard, alone = number("standard RDP accounting (every iterate released):"), number("last-iterate run alone:")
+    rdp, pld = number("last-iterate accountant (RDP):"), number("last-iterate accountant (PLD):")
+    assert alone < pld < rdp < standard  # the feature mean costs something; the PLD composes it more tightly
+    assert number("ledger replayed into a fresh accountant:") == rdp
+    assert float(re.search(r"\(check: epsilon = ([\d.]+)\)", out).group(1)) <= 3.0
+    assert out.count("for the final model only") == 3 and "replace_one" in out
