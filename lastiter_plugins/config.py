@@ -20,7 +20,12 @@ import dataclasses
 import enum
 import math
 import numbers
-from typing import Any
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, cast
 
 
 def _check_flag(name: str, value: Any) -> bool:
@@ -88,6 +93,78 @@ class Relation(ValueEnum):
         return _parse_enum(cls, value, "relation")
 
 
+#: The neighbouring relation a pipeline is accounted under when none is given, by sampling scheme: the
+#: one rule of every route (the API, the command line, compare, advice, calibration and the adapters).
+#: Add-or-remove where the scheme has bounds for it, the relation of Opacus' and dp-accounting's own
+#: accountants (a record present or absent); replace-one where only it is defined (fixed-size batches: a
+#: dataset one record larger has another batch structure). A new scheme joins with one line.
+DEFAULT_RELATION: Mapping[Sampling, Relation] = MappingProxyType(
+    {
+        Sampling.CYCLIC: Relation.REPLACE_ONE,
+        Sampling.SHUFFLE_ONCE: Relation.REPLACE_ONE,
+        Sampling.RESHUFFLE: Relation.REPLACE_ONE,
+        Sampling.RANDOM_BATCH: Relation.REPLACE_ONE,
+        Sampling.POISSON: Relation.ADD_OR_REMOVE_ONE,
+    }
+)
+
+#: The schemes whose default changed in 0.3.0 (0.2.0 accounted every scheme under replace_one): leaving
+#: the relation out with one of them warns (FutureWarning) until 0.4.0. A scheme added later is not here.
+_CHANGED_IN_0_3 = frozenset({Sampling.POISSON})
+
+
+def default_relation(sampling: Sampling | str) -> Relation:
+    """The relation a pipeline of ``sampling`` is accounted under when none is given
+    (:data:`DEFAULT_RELATION`)."""
+    return DEFAULT_RELATION[Sampling.parse(sampling)]
+
+
+def resolve_relation(relation: Any, sampling: Sampling | str, *, name: str = "relation") -> Relation:
+    """``relation`` parsed, or, when it is None (left out), the scheme's default (:func:`default_relation`).
+
+    Left out where the default changed in 0.3.0 (Poisson: add-or-remove, was replace-one), it warns with a
+    ``FutureWarning`` that names ``name`` (the parameter as the caller's route spells it: ``relation``,
+    ``neighboring_relation``, ``--relation``) and what to pass to keep the old number; the warning goes in
+    0.4.0. The warning is attributed to the first caller outside this package (the user's line).
+    """
+    if relation is not None:
+        return Relation.parse(relation)
+    sampling = Sampling.parse(sampling)
+    chosen = DEFAULT_RELATION[sampling]
+    if sampling in _CHANGED_IN_0_3:
+        before = Relation.REPLACE_ONE
+        warn_at_caller(
+            f"{name} left out with sampling={sampling.value!r}: accounted under {chosen.value}, the relation of "
+            f"Opacus' and dp-accounting's accountants, since lastiter-plugins 0.3.0 (0.2.0 used {before.value}, "
+            f"which gives a larger epsilon for a stronger guarantee). Pass {_spelled(name, before)} to keep the "
+            f"0.2.0 number, or {_spelled(name, chosen)} to silence this warning, which goes in 0.4.0.",
+            FutureWarning,
+        )
+    return chosen
+
+
+def _spelled(name: str, relation: Relation) -> str:
+    """``relation='replace_one'`` in Python, ``--relation replace_one`` on the command line."""
+    return f"{name} {relation.value}" if name.startswith("--") else f"{name}={relation.value!r}"
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` attributed to the first frame outside this package (and outside the code that
+    ``dataclasses`` generates): the user's line, whichever route led here, so Python's filter shows it
+    once per line of the user's code."""
+    frame = sys._getframe(1)
+    level = 2  # warnings.warn(stacklevel=2) names warn_at_caller's caller
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(_PACKAGE) or frame.f_code.co_filename == "<string>"
+    ):
+        frame, level = frame.f_back, level + 1
+    del frame
+    warnings.warn(message, category, stacklevel=level)
+
+
 def _parse_enum(cls, value, name):
     if isinstance(value, cls):
         return value
@@ -145,6 +222,11 @@ def _check_real(name: str, value: Any, *, positive: bool) -> float:
     return value + 0.0  # -0.0 is 0
 
 
+#: ``TrainingConfig(relation=...)`` left out: None, replaced on construction by the sampling scheme's default
+#: (typed as a Relation: every constructed TrainingConfig holds one).
+_BY_SAMPLING = cast(Relation, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
     r"""A DP-SGD run.
@@ -160,6 +242,9 @@ class TrainingConfig:
       clip_norm: C, per-example clipping norm.
       relation: the neighbouring relation asked for (used by ``best`` and
         ``composition``; a single bound refuses a relation it is not proven for).
+        Left out: the sampling scheme's default (:data:`DEFAULT_RELATION`: add_or_remove_one for
+        Poisson, replace_one for the other schemes), resolved on construction; with Poisson sampling
+        that warns (``FutureWarning``) until 0.4.0, since the default was replace_one before 0.3.0.
       update: what the optimizer does with the noisy clipped sums (:class:`Update`): ``sgd`` (default),
         plain SGD with the constant ``learning_rate``, the map the last-iterate bounds analyse; ``any``
         (Adam, momentum, a learning-rate schedule fixed in advance, ...): only the every-iterate rows hold.
@@ -172,7 +257,7 @@ class TrainingConfig:
     sampling: Sampling
     learning_rate: float | None = None
     clip_norm: float = 1.0
-    relation: Relation = Relation.REPLACE_ONE
+    relation: Relation = _BY_SAMPLING  # left out: the scheme's default, set in __post_init__
     update: Update = Update.SGD
 
     def __post_init__(self) -> None:
@@ -187,7 +272,7 @@ class TrainingConfig:
         if self.learning_rate is not None:
             set_(self, "learning_rate", _check_real("learning_rate", self.learning_rate, positive=True))
         set_(self, "clip_norm", _check_real("clip_norm", self.clip_norm, positive=True))
-        set_(self, "relation", Relation.parse(self.relation))
+        set_(self, "relation", resolve_relation(self.relation, self.sampling))
         set_(self, "update", Update.parse(self.update))
 
     @classmethod
@@ -227,6 +312,80 @@ class TrainingConfig:
     def sampling_probability(self) -> float:
         """q = b / n."""
         return self.batch_size / self.dataset_size
+
+
+def _check_rate(sample_rate: Any) -> float:
+    try:
+        q = (
+            float(sample_rate)
+            if isinstance(sample_rate, numbers.Real) and not isinstance(sample_rate, bool)
+            else math.nan
+        )
+    except OverflowError:  # an integer beyond the largest double
+        q = math.nan
+    if not 0 < q <= 1:
+        raise ValueError(f"sample_rate must be a number in (0, 1]. Found {_shown(sample_rate)}.")
+    return q
+
+
+def _batches_of_rate(q: float) -> int | None:
+    """L when the rate is the float 1/L (Opacus' ``1 / len(data_loader)``), else None."""
+    batches = round(1.0 / q)
+    return batches if batches >= 1 and 1.0 / batches == q else None
+
+
+def poisson_batch_size(dataset_size: int, sample_rate: float) -> int:
+    r"""b of the core for Poisson sampling at rate ``sample_rate`` (Opacus' ``sample_rate``, the probability
+    of dp-accounting's ``PoissonSampledDpEvent``): the smallest b with b/n >= the rate (in floating point
+    too), so the core accounts a rate q = b/n with q >= the rate > q - 1/n: ``ceil(n / L)`` when the rate
+    is 1/L (Opacus' ``1/len(data_loader)``, whose float n * q may fall just above an integer), else
+    ``ceil(n q)``. Every Poisson row's number is non-decreasing in the rate at a fixed b:
+    docs/derivations/poisson-amplification.md#sample-rate. The one definition: the command line's
+    ``--sample-rate`` and the Opacus adapter use it.
+
+    Raises:
+      ValueError: ``dataset_size`` not an integer >= 1; ``sample_rate`` not in (0, 1]; or a rate below 1
+        that would give b = n (a full batch every step, which the full-batch bounds assume and a rate
+        below 1 does not give).
+    """
+    n = _check_int("dataset_size", dataset_size, 1)
+    q = _check_rate(sample_rate)
+    batches = _batches_of_rate(q)
+    b = min(n, -(-n // batches) if batches is not None else math.ceil(n * q))  # q = 1/L: b = ceil(n / L)
+    if b < n and b / n < q:  # n * q rounded down below an integer
+        b += 1
+    if b == n and q < 1:
+        raise ValueError(
+            f"sample_rate must be 1 or at most (n - 1) / n = {(n - 1) / n!r} for dataset_size = {n}: a rate in "
+            "between would be accounted as a full batch every step (b = n), which it is not. Found "
+            f"{_shown(sample_rate)}."
+        )
+    return b
+
+
+def poisson_steps(epochs: int, sample_rate: float) -> int:
+    r"""T of ``epochs`` passes at Poisson rate 1/L: ``epochs * L``, the steps Opacus' Poisson loader takes
+    (``len(data_loader)`` = L batches an epoch). The count must be the run's own (the last-iterate bounds
+    are not monotone in T), so another rate has no number of steps per epoch: give the steps.
+
+    Raises:
+      ValueError: ``epochs`` not an integer >= 1, ``sample_rate`` not 1/L for an integer L, or more than
+        2**53 steps.
+    """
+    epochs = _check_int("epochs", epochs, 1)
+    q = _check_rate(sample_rate)
+    per_epoch = _batches_of_rate(q)
+    if per_epoch is None:
+        raise ValueError(
+            "sample_rate must be 1/L for an integer L (Opacus' 1/len(data_loader): L steps an epoch) to count "
+            f"epochs; at another rate give the number of steps the run took. Found {_shown(sample_rate)}."
+        )
+    if epochs * per_epoch > MAX_COUNT:
+        raise ValueError(
+            f"epochs must be <= 2**53 / {per_epoch} = {MAX_COUNT // per_epoch} at sample_rate 1/{per_epoch} (the "
+            f"run may have at most 2**53 steps). Found {_shown(epochs)}."
+        )
+    return epochs * per_epoch
 
 
 #: Keywords that were renamed, with the message that names the new one.

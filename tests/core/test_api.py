@@ -95,8 +95,8 @@ REFUSALS = [
      "learning_rate must be <= 2/M"),
     ("altschuler-talwar", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
      "learning_rate must be <= 2b/(nM) (poisson: a batch can hold all n examples) = 0.02 for altschuler-talwar"),
-    ("liang-bounded", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson"),
-     "relation must be add_or_remove_one for liang-bounded"),
+    ("liang-bounded", pipeline(learning_rate=0.1, smoothness=1.0, diameter=1.0, sampling="poisson",
+                               relation="replace_one"), "relation must be add_or_remove_one for liang-bounded"),
     ("liang-unbounded", pipeline(sampling="poisson", relation="add_or_remove_one"), "smoothness (M"),
     ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", gradient_norms_within_clip=False), "gradient_norms_within_clip or clipped_loss_convex_smooth"),
     ("ye-shokri-cyclic", strongly_convex(sampling="cyclic", strong_convexity=0.0), "strong_convexity (lam) must be > 0"),
@@ -112,7 +112,8 @@ REFUSALS = [
     ("ye-shokri-full-batch", strongly_convex(sampling="cyclic", batch_size=1000, learning_rate=1.0),
      "learning_rate must be < 1/M"),
     ("composition", pipeline(relation="add_or_remove_one"), "relation must be replace_one for composition"),
-    ("composition", pipeline(sampling="poisson"), "relation must be add_or_remove_one for composition"),
+    ("composition", pipeline(sampling="poisson", relation="replace_one"),
+     "relation must be add_or_remove_one for composition"),
     ("best", pipeline(relation="add_or_remove_one"), "no proven bound applies to sampling=cyclic"),
 ]  # fmt: skip
 
@@ -277,7 +278,7 @@ def test_relation_accepts_dp_accounting_enum():
 def test_calibrate_noise_reaches_target_and_refuses_impossible_targets():
     params = strongly_convex(sampling="shuffle_once")
     params.pop("noise_multiplier")
-    z = lp.calibrate_noise("best", 2.0, 1e-5, **params)
+    z = lp.calibrate_noise("best", 2.0, 1e-5, **params).noise_multiplier
     assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params).epsilon <= 2.0
     assert lp.epsilon("best", 1e-5, noise_multiplier=0.99 * z, **params).epsilon > 2.0
     with pytest.raises(lp.CalibrationError, match="no noise_multiplier <= max_noise_multiplier = 10"):

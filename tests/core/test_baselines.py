@@ -191,7 +191,8 @@ def test_replace_one_pair_dominates_every_configuration():
 def test_replace_one_row_on_dp_accounting_hosts():
     """0.4.3 refuses Poisson under REPLACE_ONE; 0.5 and later compose the same pair: equal to 1e-6."""
     q, z, steps = 256 / 60000, 1.1, 7050
-    params = dict(dataset_size=60000, batch_size=256, noise_multiplier=z, steps=steps, sampling="poisson")
+    params = dict(dataset_size=60000, batch_size=256, noise_multiplier=z, steps=steps, sampling="poisson",
+                  relation="replace_one")  # fmt: skip
     ours = lp.epsilon(PLD_R1_ROW, DELTA, **params).epsilon
     accountant = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.REPLACE_ONE)
     event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
@@ -305,7 +306,8 @@ def test_best_skips_a_pld_row_that_cannot_win_and_keeps_the_minimum():
     """A long run in a small projection ball: bounded-domain-random (independent of T, 9.0) wins by far
     over the PLD (about 50), so the PLD row is not computed."""
     params = dict(dataset_size=1000, batch_size=10, noise_multiplier=1.0, steps=200_000, sampling="poisson",
-                  learning_rate=0.01, smoothness=1.0, diameter=1e-4, gradient_norms_within_clip=True)  # fmt: skip
+                  relation="replace_one", learning_rate=0.01, smoothness=1.0, diameter=1e-4,
+                  gradient_norms_within_clip=True)  # fmt: skip
     config, assumptions = lp.build(**params)
     lazy = evaluation.evaluate_for_best(config, assumptions, DELTA)
     assert lazy[PLD_R1_ROW].applies and lazy[PLD_R1_ROW].result is None
@@ -321,7 +323,8 @@ def test_best_skips_a_pld_row_that_cannot_win_and_keeps_the_minimum():
 
 
 def test_pld_rows_need_at_most_a_million_steps():
-    params = dict(dataset_size=60000, batch_size=256, noise_multiplier=1.1, steps=10**6 + 1, sampling="poisson")
+    params = dict(dataset_size=60000, batch_size=256, noise_multiplier=1.1, steps=10**6 + 1, sampling="poisson",
+                  relation="replace_one")  # fmt: skip
     table = lp.applicable_bounds(**params)
     assert not table[PLD_R1_ROW].applies and "steps must be <= 1e+06" in table[PLD_R1_ROW].reason
     with pytest.raises(lp.NotApplicableError, match="no proven bound applies"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -215,3 +216,153 @@ def test_a_renamed_keyword_is_refused_naming_the_new_one():
     refuse_renamed({"gradient_norms_within_clip": True})  # the new name passes
     with pytest.raises(TypeError):
         lp.LossAssumptions(clipping=False)
+
+
+# ------------------------------------------------------------------ the relation left out: the scheme's default
+
+
+def test_the_default_relation_follows_the_sampling_scheme():
+    """add_or_remove_one for Poisson (Opacus' and dp-accounting's convention), replace_one where only it is
+    defined; one table, read by every route."""
+    from lastiter_plugins.config import DEFAULT_RELATION, default_relation
+
+    assert set(DEFAULT_RELATION) == set(lp.Sampling)
+    assert default_relation("poisson") is lp.Relation.ADD_OR_REMOVE_ONE
+    for sampling in ("cyclic", "shuffle_once", "reshuffle", "random_batch"):
+        assert default_relation(sampling) is lp.Relation.REPLACE_ONE
+        assert config(sampling=sampling).relation is lp.Relation.REPLACE_ONE
+    # every scheme's default has bounds: some row covers the scheme under that relation
+    for sampling, relation in DEFAULT_RELATION.items():
+        assert any(spec.relation_for(sampling) is relation for spec in lp.BOUNDS.values()), sampling
+
+
+def test_poisson_without_a_relation_is_add_or_remove_with_a_future_warning():
+    with pytest.warns(FutureWarning) as caught:
+        c = config(sampling="poisson")
+    assert c.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    (warning,) = caught
+    message = str(warning.message)
+    assert message.startswith("relation left out with sampling='poisson': accounted under add_or_remove_one")
+    assert "since lastiter-plugins 0.3.0 (0.2.0 used replace_one" in message and "goes in 0.4.0" in message
+    assert "Pass relation='replace_one' to keep the 0.2.0 number" in message
+    assert warning.filename == __file__  # attributed to the caller, not to the library
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # given, or another scheme, or a copy: no warning
+        assert config(sampling="poisson", relation="replace_one").relation is lp.Relation.REPLACE_ONE
+        assert config(sampling="cyclic").relation is lp.Relation.REPLACE_ONE
+        assert c.replace(steps=3).relation is lp.Relation.ADD_OR_REMOVE_ONE
+        # a copy keeps the relation it was built with, also when the sampling changes
+        assert config(sampling="cyclic").replace(sampling="poisson").relation is lp.Relation.REPLACE_ONE
+
+
+def test_the_warning_spells_the_parameter_as_the_route_does():
+    from lastiter_plugins.config import resolve_relation
+
+    with pytest.warns(FutureWarning, match="Pass --relation replace_one to keep the 0.2.0 number, or --relation "):
+        resolve_relation(None, "poisson", name="--relation")
+    with pytest.warns(FutureWarning, match="Pass neighboring_relation='replace_one'"):
+        resolve_relation(None, "poisson", name="neighboring_relation")
+
+
+# ------------------------------------------------------------------ a sample rate as a batch size
+
+
+@pytest.mark.parametrize(
+    ("n", "rate", "b"),
+    [
+        (60000, 1 / 235, 256),  # Opacus' 1/len(loader) with batch_size 256
+        (125, 1 / 6, 21),  # n not a multiple of L
+        (11, 1 / 5, 3),  # a drop_last loader: L = floor(11 / 2)
+        (100, 0.1, 10),
+        (100, 0.35, 35),
+        (20, 0.33, 7),  # n q = 6.6
+        (10, 1.0, 10),
+        (3, 1 / 5, 1),  # fewer examples than batches
+    ],
+)
+def test_poisson_batch_size_never_accounts_a_smaller_rate(n, rate, b):
+    """b/n >= the rate > b/n - 1/n (docs/derivations/poisson-amplification.md#sample-rate, part 1)."""
+    from lastiter_plugins.config import poisson_batch_size
+
+    assert poisson_batch_size(n, rate) == b
+    assert rate <= b / n < rate + 1 / n
+
+
+def test_poisson_batch_size_rounds_up_in_floating_point_too():
+    from lastiter_plugins.config import poisson_batch_size
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n = int(rng.integers(2, 10**6))
+        rate = float(rng.uniform(1 / n, (n - 1) / n))
+        b = poisson_batch_size(n, rate)
+        assert b / n >= rate and (b - 1) / n < rate, (n, rate, b)
+
+
+@pytest.mark.parametrize(
+    ("n", "rate", "fragment"),
+    [
+        (10, 0.95, r"sample_rate must be 1 or at most \(n - 1\) / n = 0.9 for dataset_size = 10"),
+        (10, 0.0, r"sample_rate must be a number in \(0, 1\]. Found 0.0."),
+        (10, 1.5, r"sample_rate must be a number in \(0, 1\]. Found 1.5."),
+        (10, True, r"sample_rate must be a number in \(0, 1\]. Found True."),
+        (0, 0.5, "dataset_size must be an integer >= 1. Found 0."),
+    ],
+)
+def test_poisson_batch_size_refuses(n, rate, fragment):
+    from lastiter_plugins.config import poisson_batch_size
+
+    with pytest.raises(ValueError, match=fragment):
+        poisson_batch_size(n, rate)
+
+
+def test_poisson_steps_counts_the_run_s_own_steps():
+    from lastiter_plugins.config import poisson_steps
+
+    assert poisson_steps(30, 1 / 235) == 7050 and poisson_steps(1, 1 / 5) == 5 and poisson_steps(2, 1.0) == 2
+    with pytest.raises(ValueError, match=r"sample_rate must be 1/L for an integer L .* give the number of steps"):
+        poisson_steps(3, 0.3)
+    with pytest.raises(ValueError, match=r"epochs must be an integer >= 1\. Found 0\."):
+        poisson_steps(0, 0.5)
+
+
+def _exact_one_step_epsilon(rate: float, z: float, delta: float) -> float:
+    """The exact epsilon at ``delta`` of one step of the Poisson-sampled Gaussian (add-or-remove, sensitivity 1,
+    noise z): P = N(0, z^2) against M = (1 - q) P + q N(1, z^2), both orders. The privacy loss is monotone in
+    the output, so each hockey-stick divergence is a difference of normal CDFs."""
+    from scipy import optimize, stats
+
+    def hockey(eps: float) -> float:
+        def tail(x):  # P(X > x) for X ~ N(0, z^2) and N(1, z^2)
+            return stats.norm.sf(x / z), stats.norm.sf((x - 1) / z)
+
+        # M over P: the loss log(1 - q + q exp((2x - 1) / (2 z^2))) exceeds eps for x > x1
+        arg = (math.exp(eps) - 1 + rate) / rate
+        x1 = z * z * math.log(arg) + 0.5
+        p0, p1 = tail(x1)
+        forward = (1 - rate) * p0 + rate * p1 - math.exp(eps) * p0
+        # P over M: the loss -log(1 - q + q exp(...)) exceeds eps for x < x2 (if any)
+        inner = (math.exp(-eps) - 1 + rate) / rate
+        backward = 0.0
+        if inner > 0:
+            x2 = z * z * math.log(inner) + 0.5
+            p0, p1 = tail(x2)
+            backward = (1 - p0) - math.exp(eps) * ((1 - rate) * (1 - p0) + rate * (1 - p1))
+        return max(forward, backward, 0.0)
+
+    return optimize.brentq(lambda e: hockey(e) - delta, 0.0, 50.0, xtol=1e-12)
+
+
+@pytest.mark.parametrize(("n", "rate"), [(20, 0.33), (30, 1 / 7), (12, 0.26), (40, 0.5)])
+def test_ground_truth_the_rate_a_sample_rate_is_accounted_at_is_never_too_small(n, rate):
+    """One step of the run at rate q' has an exact epsilon; best at b = poisson_batch_size(n, q') is never
+    below it, while describing the run by b - 1 (a rate below q') is: the test fails if the mapping ever
+    rounds the rate down (docs/derivations/poisson-amplification.md#sample-rate)."""
+    from lastiter_plugins.config import poisson_batch_size
+
+    z, delta = 0.8, 1e-3
+    truth = _exact_one_step_epsilon(rate, z, delta)
+    b = poisson_batch_size(n, rate)
+    common = dict(dataset_size=n, noise_multiplier=z, steps=1, sampling="poisson", relation="add_or_remove_one")
+    assert lp.epsilon("best", delta, batch_size=b, **common).epsilon >= truth
+    assert (b - 1) / n < rate and lp.epsilon("best", delta, batch_size=b - 1, **common).epsilon < truth

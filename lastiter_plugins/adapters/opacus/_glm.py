@@ -56,7 +56,6 @@ from lastiter_plugins.adapters.opacus._observe import (
     core_batch,
     optimizer_normaliser,
     planned_normaliser,
-    poisson_batch_size,
     unwrap,
 )
 from lastiter_plugins.adapters.opacus._registration import (
@@ -64,6 +63,7 @@ from lastiter_plugins.adapters.opacus._registration import (
     LastIteratePipelineChangedError,
     Registration,
 )
+from lastiter_plugins.config import poisson_batch_size
 
 _Error = LastIterateConfigurationError
 _Changed = LastIteratePipelineChangedError

@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import PackedSequence
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
 from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError, Registration
+from lastiter_plugins.config import poisson_batch_size
 
 Sampling = lp.Sampling
 ALLOWED_OPTIMIZERS = (DPOptimizer, DistributedDPOptimizer)  # exact types: flat clipping, hooks/ew/functorch
@@ -53,14 +54,6 @@ class Observed:
         if set(data) != fields:
             raise ValueError(f"observation must have the keys {sorted(fields)}. Found {sorted(data)}.")
         return cls(**data)
-
-
-def poisson_batch_size(n: int, sample_rate: float) -> int:
-    """b with b/n >= the Poisson sample rate (exact when n * q is an integer)."""
-    batches = round(1.0 / sample_rate)
-    if batches >= 1 and math.isclose(1.0 / batches, sample_rate, rel_tol=1e-12, abs_tol=0.0):
-        return min(n, -(-n // batches))  # q = 1/L exactly: b = ceil(n / L)
-    return min(n, math.ceil(n * sample_rate))
 
 
 def check_sgd(optimizer: Any, reg: Registration) -> float:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import lastiter_plugins as lp
-from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.config import refuse_renamed, resolve_relation
 from lastiter_plugins.validation import validate_orders
 
 if TYPE_CHECKING:
@@ -124,10 +123,11 @@ def register(
       l2_outside_clip: ``strong_convexity`` is torch SGD's ``weight_decay`` (added after the noisy
         clipped mean): every parameter group's ``weight_decay`` must then equal it, checked at every
         step; ``smoothness`` includes it.
-      relation: the neighbouring relation of the guarantee. Default: ``add_or_remove_one`` with
-        ``sampling="poisson"`` (the relation of Opacus' own accountants; before 0.3 it was
-        ``replace_one``, and leaving it out warns with a ``FutureWarning``), else ``replace_one`` (the
-        only relation the other schemes have bounds for).
+      relation: the neighbouring relation of the guarantee. Default: the sampling scheme's
+        (``lastiter_plugins.config.DEFAULT_RELATION``, the rule of every route): ``add_or_remove_one``
+        with ``sampling="poisson"`` (the relation of Opacus' own accountants; lastiter-plugins 0.2.0 used
+        ``replace_one``, and until 0.4.0 leaving it out warns with a ``FutureWarning``), else
+        ``replace_one`` (the only relation the other schemes have bounds for).
       orders: Renyi orders (default: the library's grid).
       published_only: ``best`` over bounds whose proof is a published theorem for the run (not this
         library's derivations; a named ``bound`` must be one).
@@ -162,7 +162,7 @@ def register(
     if bound not in lp.BOUND_IDS:
         raise ValueError(f"bound must be one of {', '.join(lp.BOUND_IDS)}. Found {bound!r}.")
     sampling = lp.Sampling.parse(sampling)
-    relation = _default_relation(sampling) if relation is None else lp.Relation.parse(relation)
+    relation = resolve_relation(relation, sampling)
     glm = None
     if model is not None:
         from lastiter_plugins.adapters.opacus._glm_declaration import declare
@@ -262,21 +262,6 @@ def _flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False. Found {value!r}.")
     return value
-
-
-def _default_relation(sampling: lp.Sampling) -> lp.Relation:
-    """add_or_remove_one for Poisson sampling (Opacus' convention; a FutureWarning says it changed), else
-    replace_one (the relation every bound for the other schemes is proven for)."""
-    if sampling is not lp.Sampling.POISSON:
-        return lp.Relation.REPLACE_ONE
-    warnings.warn(
-        "register(sampling='poisson') now accounts under relation='add_or_remove_one', the relation of Opacus' own "
-        "accountants (before lastiter-plugins 0.3 the default was 'replace_one', which gives a larger epsilon for "
-        "a stronger guarantee). Pass relation= explicitly to choose and to silence this warning.",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return lp.Relation.ADD_OR_REMOVE_ONE
 
 
 def create_accountant(name: str) -> Any:

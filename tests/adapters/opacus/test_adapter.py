@@ -1123,8 +1123,15 @@ def test_poisson_defaults_to_add_or_remove_with_a_warning(request):
     """Opacus' accountants account Poisson sampling under add-or-remove; register follows them (it was
     replace-one), and says so when the relation is left out."""
     params = {k: v for k, v in BASE.items()}
-    with pytest.warns(FutureWarning, match="now accounts under relation='add_or_remove_one'"):
+    with pytest.warns(
+        FutureWarning, match="relation left out with sampling='poisson': accounted under add_or_remove_one"
+    ) as caught:
         name = lo.register(_name(request), force=True, sampling="poisson", **params)
+    (warning,) = caught
+    assert "since lastiter-plugins 0.3.0 (0.2.0 used replace_one" in str(warning.message)
+    assert "relation='replace_one' to keep the 0.2.0 number" in str(warning.message)
+    assert "which goes in 0.4.0" in str(warning.message)
+    assert warning.filename == __file__  # the user's line, not the adapter's
     assert lo.registration(name).relation is lp.Relation.ADD_OR_REMOVE_ONE
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -123,8 +123,9 @@ def test_poisson_only_accountants_are_flagged_with_their_number(sampling):
 
 
 def test_poisson_pipeline_counts_the_registry_rows_and_keeps_relations_apart():
-    params = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling="poisson")
-    result = compare.compare(1e-5, **params)  # declared relation: replace_one (default)
+    params = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling="poisson",
+                  relation="replace_one")  # fmt: skip
+    result = compare.compare(1e-5, **params)
     for row_id in ("composition-pld-poisson-replace-one", "composition-pld-poisson", "composition"):
         assert result.row(row_id).valid and result.row(row_id).counted
     # dp-accounting's Poisson accountants are the registry rows here: no second row for them
