@@ -206,7 +206,8 @@ def ratio_rows(repeats: int, log=print) -> list[dict]:
             calib = {k: v for k, v in params.items() if k != "noise_multiplier"}
             if calibration_host == "prv" and steps > PRV_MAX_STEPS:
                 continue  # one PRV calibration at T = 1e6 takes minutes: measured at T = 1e4 only
-            pair("calibration", pipeline, steps, lambda p=calib: lp.calibrate_noise("best", 1.0, DELTA, **p),
+            calibrated = lambda p=calib: lp.calibrate_noise("best", 1.0, DELTA, **p).noise_multiplier  # noqa: E731
+            pair("calibration", pipeline, steps, calibrated,
                  _opacus_calibration(q, steps, calibration_host), f"Opacus get_noise_multiplier ({calibration_host})",
                  2.0)  # fmt: skip
     for bound, changes in NEW_ROWS.items():

@@ -127,8 +127,10 @@ def calibration_rows(repeats: int = 3) -> list[dict]:
                   "bounded-domain-random", "composition (random_batch)", "best (shuffle_once)"):  # fmt: skip
         params = {k: v for k, v in CONFIGS[bound].items() if k != "noise_multiplier"}
         name = bound.split(" ")[0]
-        timing = forked_median(lambda n=name, p=params: lp.calibrate_noise(n, 1.0, DELTA, steps=10**4, **p),
-                               repeats=repeats)  # fmt: skip
+        timing = forked_median(
+            lambda n=name, p=params: lp.calibrate_noise(n, 1.0, DELTA, steps=10**4, **p).noise_multiplier,
+            repeats=repeats,
+        )
         rows.append({"bound": bound, "steps": 10**4, "target_epsilon": 1.0, **timing})
     return rows
 

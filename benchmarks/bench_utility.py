@@ -204,7 +204,7 @@ def calibrate(task: Task, arm: Arm, sampler: str, target: float, epochs: int, fr
     found = []
     for bound in candidates:
         try:
-            z = lp.calibrate_noise(bound, target, task.delta, **params)
+            z = lp.calibrate_noise(bound, target, task.delta, **params).noise_multiplier
         except lp.NotApplicableError as exc:
             return Calibration(None, f"refused: {str(exc).splitlines()[0]}", "-")
         result = lp.epsilon(bound, task.delta, noise_multiplier=z, **params)

@@ -20,7 +20,7 @@ __version__ = "0.2.0"
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("Suggestion", "advise", "baseline_note", "is_standard_baseline"), "advice"),
     **dict.fromkeys(("PARAMETERS", "Parameters", "applicable_bounds", "build", "epsilon", "rdp"), "api"),
-    "calibrate_noise": "calibration",
+    **dict.fromkeys(("CalibrationResult", "calibrate_noise"), "calibration"),
     **dict.fromkeys(("LossAssumptions", "Relation", "Sampling", "TrainingConfig", "Update"), "config"),
     "OrderGridWarning": "conversion",
     "DEFAULT_ORDERS": "validation",
@@ -45,6 +45,7 @@ __all__ = [
     "BoundEvaluation",
     "BoundSpec",
     "CalibrationError",
+    "CalibrationResult",
     "EpsilonResult",
     "Kind",
     "LossAssumptions",
@@ -98,7 +99,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
     from lastiter_plugins._deprecated import evaluate_all as evaluate_all
     from lastiter_plugins.advice import Suggestion, advise, baseline_note, is_standard_baseline
     from lastiter_plugins.api import PARAMETERS, Parameters, applicable_bounds, build, epsilon, rdp
-    from lastiter_plugins.calibration import calibrate_noise
+    from lastiter_plugins.calibration import CalibrationResult, calibrate_noise
     from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
     from lastiter_plugins.conversion import OrderGridWarning
     from lastiter_plugins.errors import (

@@ -1,7 +1,9 @@
-r"""Noise calibration: the smallest noise multiplier whose epsilon meets a target (safe)."""
+r"""Noise calibration: the smallest noise multiplier whose epsilon meets a target (safe), and the
+guarantee it reaches (:class:`CalibrationResult`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -11,12 +13,83 @@ from typing_extensions import Unpack, overload
 
 from lastiter_plugins import evaluation
 from lastiter_plugins.api import Parameters, pipeline
-from lastiter_plugins.config import LossAssumptions, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
 from lastiter_plugins.errors import CalibrationError
+from lastiter_plugins.evaluation import EpsilonResult
+from lastiter_plugins.registry import Protects
 from lastiter_plugins.validation import positive_number, validate_delta, validate_orders
 
 #: Below this noise multiplier the search stops and returns the last value that met the target.
 MIN_NOISE_MULTIPLIER = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+    r"""The noise multiplier :func:`calibrate_noise` found and the guarantee it reaches: what
+    ``lastiter calibrate`` prints.
+
+    ``float(result)`` is the noise multiplier (pass ``float(result)`` or ``result.noise_multiplier``
+    where a number is expected, e.g. ``make_private(noise_multiplier=...)``); ``str(result)`` is the
+    command line's line; the other fields are the reached guarantee's (:class:`EpsilonResult`).
+
+    Attributes:
+      noise_multiplier: z, the smallest noise multiplier found (to ``rtol``) whose epsilon meets the target.
+      target_epsilon: the target.
+      result: the guarantee at ``noise_multiplier``, computed as :func:`lastiter_plugins.epsilon` computes
+        it (its epsilon is <= the target): the winner, the relation, what it protects, delta, the proof.
+    """
+
+    noise_multiplier: float
+    target_epsilon: float
+    result: EpsilonResult
+
+    @property
+    def epsilon(self) -> float:
+        """The epsilon reached at ``noise_multiplier`` (<= ``target_epsilon``)."""
+        return self.result.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.result.delta
+
+    @property
+    def bound(self) -> str:
+        """The bound calibrated for (a bound id or ``best``)."""
+        return self.result.bound
+
+    @property
+    def winner(self) -> str:
+        """The bound that gives the number (== ``bound`` unless ``bound`` is ``best``)."""
+        return self.result.winner
+
+    @property
+    def relation(self) -> Relation:
+        """The neighbouring relation of the guarantee."""
+        return self.result.relation
+
+    @property
+    def protects(self) -> Protects:
+        """What the guarantee covers: the final model only, or every iterate."""
+        return self.result.protects
+
+    def __float__(self) -> float:
+        """The noise multiplier, so ``float(result)`` works where a number is expected."""
+        return float(self.noise_multiplier)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: the noise multiplier and the target, then the reached guarantee's fields."""
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "target_epsilon": self.target_epsilon,
+        } | self.result.to_dict()
+
+    def __str__(self) -> str:
+        r = self.result
+        return (
+            f"noise_multiplier = {self.noise_multiplier:.6g} reaches epsilon = {r.epsilon:.6g} <= "
+            f"{self.target_epsilon:g} at delta = {r.delta:g} ({r.relation.value} neighbours), for "
+            f"{r.protects.value}, via {r.winner}"
+        )
 
 
 @overload
@@ -30,7 +103,7 @@ def calibrate_noise(
     rtol: float = 1e-4,
     published_only: bool = False,
     **params: Unpack[Parameters],
-) -> float: ...
+) -> CalibrationResult: ...
 @overload
 def calibrate_noise(
     bound: str,
@@ -43,7 +116,7 @@ def calibrate_noise(
     published_only: bool = False,
     config: TrainingConfig,
     assumptions: LossAssumptions | None = None,
-) -> float: ...
+) -> CalibrationResult: ...
 def calibrate_noise(
     bound: str,
     target_epsilon: float,
@@ -56,7 +129,7 @@ def calibrate_noise(
     config: TrainingConfig | None = None,
     assumptions: LossAssumptions | None = None,
     **params: Any,
-) -> float:
+) -> CalibrationResult:
     r"""Smallest noise multiplier (to relative precision ``rtol``) such that
     ``bound`` gives epsilon <= ``target_epsilon`` at ``delta``.
 
@@ -98,7 +171,10 @@ def calibrate_noise(
         (ignored if given).
 
     Returns:
-      A noise multiplier z with epsilon(z) <= target_epsilon.
+      A :class:`CalibrationResult`: the noise multiplier z with epsilon(z) <= target_epsilon
+      (``float(result)``) and the guarantee it reaches (winner, relation, what it protects, epsilon,
+      delta). The relation is the pipeline's: given, or the sampling scheme's default
+      (:data:`lastiter_plugins.config.DEFAULT_RELATION`).
 
     Raises:
       NotApplicableError: the bound does not apply (independent of the noise).
@@ -116,11 +192,12 @@ def calibrate_noise(
     config = config.replace(noise_multiplier=1.0)
     evaluation.require_applicable(bound, config, assumptions, published_only)  # refuses before any search
 
-    def epsilon_at(z: float) -> float:
+    def result_at(z: float) -> EpsilonResult:
         at_z = config.replace(noise_multiplier=z)
-        return evaluation.epsilon_result(
-            bound, at_z, assumptions, delta, use_orders, published_only=published_only
-        ).epsilon
+        return evaluation.epsilon_result(bound, at_z, assumptions, delta, use_orders, published_only=published_only)
+
+    def epsilon_at(z: float) -> float:
+        return result_at(z).epsilon
 
     def probe(z: float) -> tuple[bool, float | None]:
         eps = epsilon_at(z)
@@ -129,14 +206,14 @@ def calibrate_noise(
     if bound == evaluation.BEST:
         probe = _BestSearch(config, assumptions, delta, use_orders, target_epsilon, published_only).probe
 
-    def certified(z: float) -> float:
-        found = epsilon_at(z)
-        if not found <= target_epsilon:  # never return a value that misses the target
+    def certified(z: float) -> CalibrationResult:
+        found = result_at(z)
+        if not found.epsilon <= target_epsilon:  # never return a value that misses the target
             raise CalibrationError(
-                f"calibration failed to certify noise_multiplier = {z:g} for {bound}: epsilon = {found:.6g} > "
+                f"calibration failed to certify noise_multiplier = {z:g} for {bound}: epsilon = {found.epsilon:.6g} > "
                 f"target_epsilon = {target_epsilon:g}."
             )
-        return z
+        return CalibrationResult(z, target_epsilon, found)
 
     seen: dict[float, float | None] = {}  # z -> the epsilon that guided the search (None: not known)
 

@@ -51,7 +51,7 @@ BOUNDED_RANDOM = dict(
     diameter=0.5,
     gradient_norms_within_clip=True,
 )
-BOUNDED_POISSON = {**BOUNDED_RANDOM, "sampling": "poisson", "learning_rate": 0.1}
+BOUNDED_POISSON = {**BOUNDED_RANDOM, "sampling": "poisson", "relation": "replace_one", "learning_rate": 0.1}
 
 CASES = [
     ("shifted-interpolation-full-batch", SI_FULL, 3.0),
@@ -82,7 +82,7 @@ def _eps(bound, params, z, orders=None):
 @pytest.mark.parametrize(("bound", "params", "target"), CASES, ids=IDS)
 def test_calibration_hits_the_target_and_one_percent_less_noise_misses_it(bound, params, target):
     assert lp.applicable_bounds(noise_multiplier=1.0, **params)[bound].applies  # the case tests what it names
-    z = lp.calibrate_noise(bound, target, DELTA, **params)
+    z = lp.calibrate_noise(bound, target, DELTA, **params).noise_multiplier
     assert _eps(bound, params, z) <= target  # the default conversion, as lp.epsilon computes it
     assert _eps(bound, params, 0.99 * z) > target
     # the winner of best is a last-iterate bound the cases are about (on the random-batch run, the schedule
@@ -95,7 +95,7 @@ def test_calibration_hits_the_target_and_one_percent_less_noise_misses_it(bound,
 
 @pytest.mark.parametrize(("bound", "params", "target"), CASES[:4], ids=IDS[:4])
 def test_calibration_with_custom_orders_uses_those_orders(bound, params, target):
-    z = lp.calibrate_noise(bound, target, DELTA, orders=ORDERS, **params)
+    z = lp.calibrate_noise(bound, target, DELTA, orders=ORDERS, **params).noise_multiplier
     assert _eps(bound, params, z, ORDERS) <= target
     assert _eps(bound, params, 0.99 * z, ORDERS) > target
 
@@ -123,10 +123,12 @@ def test_calibration_never_exceeds_the_cap():
     # returned (in particular not one found above the cap); reachable without it.
     bound = "shifted-interpolation-cyclic"
     target = _eps(bound, SI_CYCLIC, 0.9)
-    assert lp.calibrate_noise(bound, target, DELTA, **SI_CYCLIC) == pytest.approx(0.9, rel=2e-4)
+    assert lp.calibrate_noise(bound, target, DELTA, **SI_CYCLIC).noise_multiplier == pytest.approx(0.9, rel=2e-4)
     with pytest.raises(lp.CalibrationError, match=r"max_noise_multiplier = 0\.8"):
         lp.calibrate_noise(bound, target, DELTA, max_noise_multiplier=0.8, **SI_CYCLIC)
-    below_cap = lp.calibrate_noise(bound, _eps(bound, SI_CYCLIC, 0.7), DELTA, max_noise_multiplier=0.8, **SI_CYCLIC)
+    below_cap = lp.calibrate_noise(
+        bound, _eps(bound, SI_CYCLIC, 0.7), DELTA, max_noise_multiplier=0.8, **SI_CYCLIC
+    ).noise_multiplier
     assert below_cap <= 0.8 and below_cap == pytest.approx(0.7, rel=2e-4)
 
 
@@ -163,7 +165,7 @@ def test_non_monotone_epsilon_still_returns_an_evaluated_value_that_meets_the_ta
 
     calls = _fake_epsilon(monkeypatch, epsilon_of_z)
     target = 1.3
-    z = lp.calibrate_noise("shifted-interpolation-cyclic", target, DELTA, **SI_CYCLIC)
+    z = lp.calibrate_noise("shifted-interpolation-cyclic", target, DELTA, **SI_CYCLIC).noise_multiplier
     assert z in calls and epsilon_of_z(z) <= target
     assert calls[-1] == z  # the final re-check is of the returned value
     missed = [c for c in calls if epsilon_of_z(c) > target and z / (1 + 1e-4) <= c < z]
@@ -191,7 +193,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
     (calibration._BestSearch); a search that asks best itself at every step must end at the same value
     to rtol (1e-4; the tries follow the epsilons seen, and at a noise multiplier that misses, the rows
     asked may not include best's winner there), and both must be minimal to rtol."""
-    fast = lp.calibrate_noise("best", 2.0, DELTA, **params)
+    fast = lp.calibrate_noise("best", 2.0, DELTA, **params).noise_multiplier
 
     class WholeBest:
         def __init__(self, config, assumptions, delta, orders, target, published_only=False):
@@ -203,7 +205,7 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
             return eps <= self.target, eps
 
     monkeypatch.setattr(calibration, "_BestSearch", WholeBest)
-    whole = lp.calibrate_noise("best", 2.0, DELTA, **params)
+    whole = lp.calibrate_noise("best", 2.0, DELTA, **params).noise_multiplier
     assert whole == pytest.approx(fast, rel=1e-4)
     for z in (fast, whole):
         assert lp.epsilon("best", DELTA, noise_multiplier=z, **params).epsilon <= 2.0
@@ -211,5 +213,5 @@ def test_best_search_by_rows_finds_what_best_itself_finds(monkeypatch, params):
 
 
 def test_calibrated_noise_is_monotone_in_the_target():
-    zs = [lp.calibrate_noise("best", t, DELTA, **SI_SHUFFLE) for t in (1.0, 2.0, 4.0)]
+    zs = [lp.calibrate_noise("best", t, DELTA, **SI_SHUFFLE).noise_multiplier for t in (1.0, 2.0, 4.0)]
     assert np.all(np.diff(zs) < 0)

@@ -211,6 +211,6 @@ def test_calibration_skips_rows_whose_estimate_is_above_the_target():
     misses it, so nothing is lost by skipping."""
     params = dict(dataset_size=60000, batch_size=600, learning_rate=0.5, steps=10**4, smoothness=1.0,
                   strong_convexity=0.05, gradient_norms_within_clip=True, diameter=1.0, sampling="random_batch")  # fmt: skip
-    z = lp.calibrate_noise("best", 1.0, 1e-5, **params)
+    z = lp.calibrate_noise("best", 1.0, 1e-5, **params).noise_multiplier
     assert lp.epsilon("best", 1e-5, noise_multiplier=z, **params).epsilon <= 1.0
     assert lp.epsilon("best", 1e-5, noise_multiplier=z / (1 + 2e-4), **params).epsilon > 1.0

@@ -284,7 +284,7 @@ def test_calibrate_noise_at_extreme_sizes(sampling, assumptions, shape):
     params.update(ASSUMPTIONS[assumptions])
     params.pop("noise_multiplier")
     try:
-        z = _strict(lambda: lp.calibrate_noise("best", 1.0, DELTA, **params))
+        z = _strict(lambda: lp.calibrate_noise("best", 1.0, DELTA, **params)).noise_multiplier
     except lp.CalibrationError as exc:
         assert "max_noise_multiplier" in str(exc)
         assert lp.epsilon("best", DELTA, noise_multiplier=1e4, **params).epsilon > 1.0
@@ -337,12 +337,12 @@ def _extreme_flags(z, sampling, shape="n1e9-b1-T1e12", assumptions="strongly-con
 @pytest.mark.parametrize("sampling", ["shuffle_once", "random_batch", "poisson"], ids=str)
 def test_cli_epsilon_and_bounds_at_extremes(capsys, z, sampling):
     code, out, err = _cli(
-        capsys, ["epsilon", "--bound", "best", "--delta", DELTA, *_extreme_flags(z, sampling), "--json"]
+        capsys, ["epsilon", "--bound", "best", "--delta", DELTA, *_extreme_flags(z, sampling), "--format", "json"]
     )
     assert code == 0 and not err, err
     eps = json.loads(out)["epsilon"]  # JSON writes inf as null
     assert (eps is None or eps > 0) if z < 1 else eps == pytest.approx(0.0, abs=1e-6)
-    code, out, err = _cli(capsys, ["bounds", "--delta", DELTA, *_extreme_flags(z, sampling), "--json"])
+    code, out, err = _cli(capsys, ["bounds", "--delta", DELTA, *_extreme_flags(z, sampling), "--format", "json"])
     assert code == 0 and not err, err
     rows = json.loads(out)["bounds"]
     assert all(r["epsilon"] is None or r["epsilon"] >= 0 for r in rows)

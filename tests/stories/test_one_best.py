@@ -59,7 +59,7 @@ def test_compare_best_line_is_best(case):
 def test_cli_epsilon_and_compare_json_give_best(case, capsys):
     params, best = case
     flags = cli_flags(params)
-    epsilon = _run(capsys, "epsilon", "--bound", "best", "--delta", "1e-5", *flags, "--json")
+    epsilon = _run(capsys, "epsilon", "--bound", "best", "--delta", "1e-5", *flags, "--format", "json")
     assert (epsilon["epsilon"], epsilon["winner"], epsilon["relation"]) == (
         best.epsilon,
         best.winner,
@@ -77,12 +77,12 @@ def test_cli_epsilon_and_compare_json_give_best(case, capsys):
 def test_calibration_inverts_the_same_best(case, capsys):
     params, best = case
     pipeline = {k: v for k, v in params.items() if k != "noise_multiplier"}
-    z = lp.calibrate_noise("best", best.epsilon, DELTA, **pipeline)
+    z = lp.calibrate_noise("best", best.epsilon, DELTA, **pipeline).noise_multiplier
     assert z == pytest.approx(params["noise_multiplier"], rel=2e-4)  # the same epsilon(z), inverted
     assert lp.epsilon("best", DELTA, **{**params, "noise_multiplier": z}).epsilon <= best.epsilon
     flags = cli_flags(pipeline)
     out = _run(capsys, "calibrate", "--bound", "best", "--target-epsilon", repr(best.epsilon), "--delta", "1e-5",
-               *flags, "--json")  # fmt: skip
+               *flags, "--format", "json")  # fmt: skip
     assert out["noise_multiplier"] == z
 
 
