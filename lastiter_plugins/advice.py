@@ -22,7 +22,7 @@ from typing import Any
 from typing_extensions import Unpack, overload
 
 from lastiter_plugins.api import Parameters, epsilon, pipeline
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, default_relation
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult
 from lastiter_plugins.registry import Protects
@@ -88,7 +88,7 @@ def _scaled_length(params: Mapping[str, Any], factor: float) -> dict[str, Any] |
 def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool, str]]:
     """(words, parameter changes, changes_training, note), in a fixed order."""
     sampling = Sampling(params["sampling"])
-    relation = Relation(params.get("relation", Relation.REPLACE_ONE))
+    relation = Relation.parse(params["relation"])  # resolved by advise: every candidate keeps it
     lr, smooth = params.get("learning_rate"), params.get("smoothness")
     convex = params.get("weak_convexity", 0.0) == 0.0
     lam = params.get("strong_convexity", 0.0) or 0.0
@@ -172,7 +172,10 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
         )
     if sampling is not Sampling.POISSON:
         poisson = "sample each batch by Poisson sampling at rate b/n from a secret seed (Opacus: poisson_sampling=True)"
-        yield poisson, {"sampling": Sampling.POISSON.value}, True, ""
+        same: dict[str, Any] = {"sampling": Sampling.POISSON.value}
+        if default_relation(Sampling.POISSON) is not relation:  # named: the number holds in this relation
+            same["relation"] = relation.value
+        yield poisson, same, True, ""
         if relation is Relation.REPLACE_ONE:
             changes = {"sampling": Sampling.POISSON.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
             yield poisson + ", accounted under add-or-remove as Opacus does", changes, True, RELATION_NOTE
@@ -224,6 +227,9 @@ def advise(
         config, assumptions = pipeline(config, assumptions, params)
         params = _as_params(config, assumptions)
     current = epsilon("best", delta, **params)
+    # the relation resolved once (the scheme's default when left out): a candidate that changes the sampling
+    # keeps it, unless the change names another relation
+    params = {**params, "relation": current.relation}
     best_per_kind: dict[tuple[str, str], Suggestion] = {}
     for words, changes, changes_training, note in _candidates(params):
         try:

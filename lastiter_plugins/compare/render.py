@@ -65,8 +65,13 @@ def _scenario_line(c: Comparison) -> str:
     return ", ".join(parts) + f"; {c.steps} steps ({c.steps / c.steps_per_epoch:g} epochs of {c.steps_per_epoch})"
 
 
+def _best_heading(c: Comparison) -> str:
+    only = " (over published theorems only: --published-only)" if c.published_only else ""
+    return f"Best valid for this pipeline, per neighbouring relation{only}"
+
+
 def _best_text(b: BestLine) -> str:
-    declared = " (declared relation)" if b.declared else ""
+    declared = " (the pipeline's relation)" if b.declared else ""
     if b.epsilon is None:
         return f"{b.relation}{declared}: no valid accountant for this pipeline"
     order = f", order {b.order:g}" if b.order is not None else ""
@@ -201,7 +206,7 @@ def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = Fals
         out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
     if any(_proof_cell(r) == "ours" for r in rows):
         out += _wrap(f"({PROOF_LEGEND})", "", " ")
-    out += ["", "Best valid for this pipeline, per neighbouring relation:"]
+    out += ["", _best_heading(c) + ":"]
     for b in c.best:
         out += _wrap(_best_text(b), "  ", "    ")
     numbered = list(enumerate(rows, start=1))
@@ -259,7 +264,7 @@ def format_markdown(c: Comparison, *, every_row: bool = False) -> str:
         out += ["", _md_escape(_hidden_line(hidden, c.params.get("sampling", "")))]
     if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out += ["", f"{_md_escape(TOO_LARGE)}: an epsilon above 1e4 protects nothing (JSON and CSV give the number)."]
-    out += ["", "Best valid for this pipeline, per neighbouring relation:", ""]
+    out += ["", _best_heading(c) + ":", ""]
     out += [f"- {_md_escape(_best_text(b))}" for b in c.best]
     out += ["", "References:", ""]
     for i, r, same in _references(rows):

@@ -86,7 +86,7 @@ class BestLine:
     """The smallest valid epsilon for one neighbouring relation: the registry's ``best`` for it."""
 
     relation: str
-    declared: bool  # the relation the user asked for
+    declared: bool  # the pipeline's relation: the one asked for, or the sampling scheme's default
     epsilon: float | None  # None: no valid accountant for this relation
     winner: str | None
     order: float | None
@@ -121,6 +121,7 @@ class Comparison:
     best: tuple[BestLine, ...]
     hosts: Mapping[str, str | None]
     host_log: tuple[str, ...] = ()  # host libraries' log records while the rows were computed (not in JSON)
+    published_only: bool = False  # the best lines are over published theorems only
 
     def row(self, row_id: str) -> Row:
         for r in self.rows:
@@ -138,6 +139,7 @@ class Comparison:
             "epochs": self.steps / self.steps_per_epoch,
             "rows": [r.to_dict() for r in self.rows],
             "best": [b.to_dict() for b in self.best],
+            "published_only": self.published_only,
             "hosts": dict(self.hosts),
             "note": FOOTER,
         }

@@ -61,7 +61,7 @@ def evaluate_rows(
     return out
 
 
-def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation) -> Row:
+def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation, published_only: bool) -> Row:
     if e.applies and not e.proof.proven and e.result is None:
         notes += (f"unproven: computed only when asked for by name (--unproven {e.bound}).",)
     return Row(
@@ -78,7 +78,9 @@ def _registry_row(e: BoundEvaluation, notes: tuple[str, ...], declared: Relation
         protects=e.protects.value,
         reference=e.reference,
         # in its relation's best line (a row with no relation covers no sampling here: it does not apply)
-        counted=e.relation is not None and evaluation.counts_for_best(e, e.relation) and e.result is not None,
+        counted=e.relation is not None
+        and evaluation.counts_for_best(e, e.relation, published_only)
+        and e.result is not None,
         proof=str(e.proof),
         provenance=e.provenance,
         notes=e.notes + notes,
@@ -103,8 +105,9 @@ def _rows(
     evaluated: Mapping[str, tuple[BoundEvaluation, tuple[str, ...]]],
     delta: float,
     orders: np.ndarray | None,
+    published_only: bool = False,
 ) -> tuple[Row, ...]:
-    bounds = [_registry_row(e, notes, config.relation) for e, notes in evaluated.values()]
+    bounds = [_registry_row(e, notes, config.relation, published_only) for e, notes in evaluated.values()]
     return (*_sorted(bounds), *_sorted(hosts.host_rows(config, delta, orders)))
 
 
@@ -137,8 +140,10 @@ def best_lines(
     assumptions: LossAssumptions | None = None,
     *,
     lower_bound: bool = True,
+    published_only: bool = False,
 ) -> tuple[BestLine, ...]:
-    """The best line of each neighbouring relation (declared relation first).
+    """The best line of each neighbouring relation (the pipeline's relation first: declared, or the
+    sampling scheme's default).
 
     Each is :func:`lastiter_plugins.evaluation.best_of` over the registry's evaluations
     of that relation (for the declared one: what ``lp.epsilon("best")`` returns), with the
@@ -147,18 +152,23 @@ def best_lines(
     carries its lower bound (:func:`lastiter_plugins.evaluation.with_lower_bound`, under that
     line's relation; unless ``lower_bound`` is False) and, when its winner is this library's
     derivation, what ``best`` gives over published theorems only
-    (:func:`lastiter_plugins.evaluation.published_note`).
+    (:func:`lastiter_plugins.evaluation.published_note`). ``published_only``: each line is ``best`` over the
+    rows whose proof is a published theorem for this pipeline (``published_only=True`` of the API).
     """
     evaluations = list(evaluations)
     out = []
     for relation in (config.relation, *(r for r in Relation if r is not config.relation)):
-        winner = evaluation.best_of(evaluations, relation)
+        winner = evaluation.best_of(evaluations, relation, published_only)
         if winner is None:
             if relation is config.relation:
                 out.append(BestLine(relation.value, True, None, None, None, None, "no valid accountant"))
             continue
         every = evaluation.best_of((e for e in evaluations if e.protects is Protects.EVERY_ITERATE), relation)
-        counted = [e.bound for e in evaluations if evaluation.counts_for_best(e, relation) and e.result is not None]
+        counted = [
+            e.bound
+            for e in evaluations
+            if evaluation.counts_for_best(e, relation, published_only) and e.result is not None
+        ]
         at_relation = config.replace(relation=relation)
         lower = (
             None
@@ -176,7 +186,7 @@ def best_lines(
                 winner=winner.winner,
                 order=winner.order,
                 protects=winner.protects.value,
-                how="smallest epsilon of " + ", ".join(counted),
+                how=f"smallest epsilon of {'the published theorems ' if published_only else ''}" + ", ".join(counted),
                 every_iterate_epsilon=None if every is None else every.epsilon,
                 every_iterate_winner=None if every is None else every.winner,
                 provenance=winner.provenance,
@@ -193,6 +203,7 @@ def compare(
     name: str = "custom scenario",
     unproven: Iterable[str] = (),
     lower_bound: bool = True,
+    published_only: bool = False,
     **params: Any,
 ) -> Comparison:
     """The side-by-side comparison for the keyword-API ``params`` (see :func:`lastiter_plugins.api.build`).
@@ -200,14 +211,18 @@ def compare(
     Pure: the same scenario gives the same :class:`Comparison`. ``unproven`` names
     unproven bounds whose numbers are shown (marked, never counted). ``lower_bound``: each
     best line carries the exact epsilon of an instance meeting the declarations (up to about
-    a second per relation; docs/derivations/lower-end.md#lower-end).
+    a second per relation; docs/derivations/lower-end.md#lower-end). ``published_only``: the best
+    lines are over published theorems only; every row is still shown. The relation left out is the
+    sampling scheme's default (:data:`lastiter_plugins.config.DEFAULT_RELATION`); the comparison's
+    ``params`` name it.
     """
     config, assumptions = api.build(**params)
+    params = {**params, "relation": config.relation.value}
     delta = validate_delta(delta)
     grid = None if orders is None else validate_orders(orders)  # None: the library's lossless default conversion
     with host_log() as log:  # kept in the Comparison: ``lastiter compare --verbose`` prints it
         evaluated = evaluate_rows(config, assumptions, delta, grid, unproven)
-        rows = _rows(config, evaluated, delta, grid)
+        rows = _rows(config, evaluated, delta, grid, published_only)
     return Comparison(
         name=name,
         params=dict(params),
@@ -215,7 +230,14 @@ def compare(
         steps=config.steps,
         steps_per_epoch=config.steps_per_epoch,
         rows=rows,
-        best=best_lines(config, (e for e, _ in evaluated.values()), assumptions, lower_bound=lower_bound),
+        best=best_lines(
+            config,
+            (e for e, _ in evaluated.values()),
+            assumptions,
+            lower_bound=lower_bound,
+            published_only=published_only,
+        ),
+        published_only=published_only,
         hosts=hosts.host_versions(),
         host_log=tuple(log),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -90,14 +91,20 @@ def test_learning_rate_and_weight_decay_are_offered(params, rate, decay):
 
 
 def test_switching_the_sampler_is_weighed_on_the_anchor():
-    """Poisson (replace-one, every iterate) against reshuffling (final model), in the same relation."""
+    """Poisson (replace-one, every iterate) against reshuffling (final model), in the same relation: the
+    suggestion names the relation (Poisson's default is add_or_remove_one), so its parameters give its number."""
     anchor = dict(dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=50, learning_rate=1.0,
                   smoothness=1.0, strong_convexity=1e-4, gradient_norms_within_clip=True, sampling="reshuffle")  # fmt: skip
-    advice = _by_kind(lp.advise(1e-5, **anchor))
-    poisson = advice["sampling"]
-    assert poisson.parameters == {"sampling": "poisson"} and poisson.relation is lp.Relation.REPLACE_ONE
+    advice = lp.advise(1e-5, **anchor)
+    poisson, other = (next(s for s in advice if s.parameters.get("sampling") == "poisson" and s.relation is r)
+                      for r in (lp.Relation.REPLACE_ONE, lp.Relation.ADD_OR_REMOVE_ONE))  # fmt: skip
+    assert poisson.parameters == {"sampling": "poisson", "relation": "replace_one"} and not poisson.note
     assert poisson.epsilon == pytest.approx(3.12, abs=0.01)
-    assert advice["relation,sampling"].note == lp.advice.RELATION_NOTE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the parameters name the relation: no default is involved
+        assert lp.epsilon("best", 1e-5, **{**anchor, **poisson.parameters}).epsilon == poisson.epsilon
+    assert other.parameters == {"sampling": "poisson", "relation": "add_or_remove_one"}
+    assert other.note == lp.advice.RELATION_NOTE
 
 
 def test_a_declaration_alone_is_marked_accounting_only():
@@ -153,7 +160,7 @@ def _run(*argv: str) -> subprocess.CompletedProcess:
 
 
 def test_lastiter_advise_json_is_the_api():
-    proc = _run("advise", *_flags(), "--json")
+    proc = _run("advise", *_flags(), "--format", "json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     api = lp.advise(1e-5, **RESHUFFLE_LR_TOO_LARGE)

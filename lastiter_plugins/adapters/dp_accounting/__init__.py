@@ -78,7 +78,15 @@ from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.adapters.dp_accounting import _gdp
 from lastiter_plugins.api import build
-from lastiter_plugins.config import Relation, Sampling, Update, refuse_renamed
+from lastiter_plugins.config import (
+    Relation,
+    Sampling,
+    Update,
+    default_relation,
+    refuse_renamed,
+    resolve_relation,
+    warn_at_caller,
+)
 from lastiter_plugins.conversion import rdp_to_epsilon
 from lastiter_plugins.registry import BEST, BOUND_IDS, Protects
 from lastiter_plugins.validation import validate_orders
@@ -289,11 +297,12 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         self,
         bound: str = "best",
         orders=None,
-        neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
+        neighboring_relation: Any = None,
         published_only: bool = False,
     ) -> np.ndarray:
-        """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation`` (``published_only``:
-        ``best`` over the bounds whose proof is a published theorem).
+        """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation`` (default: the sampling
+        scheme's, ``lastiter_plugins.config.DEFAULT_RELATION``: ADD_OR_REMOVE_ONE for Poisson, REPLACE_ONE
+        otherwise; ``published_only``: ``best`` over the bounds whose proof is a published theorem).
 
         Raises:
           NotApplicableError: the bound does not apply (wrong sampling or relation,
@@ -304,8 +313,9 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         curve = evaluation.rdp_of(_to_bound(bound).value, config, assumptions, validate_orders(orders), published_only)
         return np.full_like(curve, np.inf) if no_noise else curve
 
-    def gaussian_mu(self, bound: str = "best", neighboring_relation: Any = NeighboringRelation.REPLACE_ONE) -> float:
-        r"""mu such that the run is mu-GDP for ``neighboring_relation`` by ``bound``.
+    def gaussian_mu(self, bound: str = "best", neighboring_relation: Any = None) -> float:
+        r"""mu such that the run is mu-GDP for ``neighboring_relation`` (default: the sampling scheme's, as
+        :meth:`rdp`) by ``bound``.
 
         ``bound``: a GDP bound whose privacy profile is one Gaussian
         (``shifted-interpolation-full-batch``, ``shifted-interpolation-cyclic``),
@@ -323,14 +333,42 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         return math.inf if no_noise else mu
 
     def _build(self, neighboring_relation: Any) -> tuple[Any, Any, bool]:
-        """(TrainingConfig, LossAssumptions, noise is zero) for the relation, validated."""
-        relation = _parse_relation(neighboring_relation)
+        """(TrainingConfig, LossAssumptions, noise is zero) for the relation (None: the sampling scheme's
+        default), validated."""
+        if neighboring_relation is None:
+            relation = resolve_relation(None, self.sampling.value, name="neighboring_relation")
+        else:
+            relation = _parse_relation(neighboring_relation)
         params = self.to_params()
         no_noise = _is_zero(self.noise_multiplier)
         if no_noise:  # no precondition depends on z; validate everything else with a placeholder
             params["noise_multiplier"] = 1.0
         config, assumptions = build(relation=relation, **params)
         return config, assumptions, no_noise
+
+
+#: The FutureWarning of ``LastIterateAccountant()`` without ``neighboring_relation`` (until 0.4.0).
+_DEFAULT_CHANGED = (
+    "LastIterateAccountant() without neighboring_relation accounts under ADD_OR_REMOVE_ONE, the default of "
+    "dp-accounting's own accountants, since lastiter-plugins 0.3.0 (0.2.0 used REPLACE_ONE, which gives a larger "
+    "epsilon for Poisson runs; runs of the other sampling schemes have bounds under REPLACE_ONE only and are "
+    "refused under ADD_OR_REMOVE_ONE). Pass neighboring_relation=NeighboringRelation.REPLACE_ONE to keep the 0.2.0 "
+    "numbers, or NeighboringRelation.ADD_OR_REMOVE_ONE to silence this warning, which goes in 0.4.0."
+)
+
+
+def _relation_hint(event: Any, relation: Relation) -> str:
+    """What to pass when a run is refused under a relation other than its sampling scheme's default."""
+    try:
+        native = default_relation(event.sampling.value)
+    except (AttributeError, ValueError):
+        return ""
+    if native is relation:
+        return ""
+    return (
+        f". Runs with sampling={event.sampling.value} are accounted under {native.value}: pass "
+        f"neighboring_relation=NeighboringRelation.{native.name} to the accountant"
+    )
 
 
 def _parse_relation(value: Any) -> Relation:
@@ -611,9 +649,14 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         minimum over the proven bounds valid for each run; ``composition`` is the
         standard baseline, which covers every iterate).
       orders: Renyi orders (> 1), copied; default ``lastiter_plugins.DEFAULT_ORDERS``.
-      neighboring_relation: ``NeighboringRelation.REPLACE_ONE`` (default, the
-        relation of most last-iterate bounds) or ``ADD_OR_REMOVE_ONE`` (also
-        accepted: ``lastiter_plugins.Relation`` or its string value).
+      neighboring_relation: ``NeighboringRelation.ADD_OR_REMOVE_ONE`` (default, the
+        default of dp-accounting's own accountants and the relation Poisson runs
+        default to everywhere in lastiter-plugins) or ``REPLACE_ONE``, the only
+        relation with bounds for runs of the other sampling schemes (cyclic,
+        shuffle_once, reshuffle, random_batch), which are refused under
+        ADD_OR_REMOVE_ONE (also accepted: ``lastiter_plugins.Relation`` or its
+        string value). lastiter-plugins 0.2.0 defaulted to REPLACE_ONE; until
+        0.4.0, leaving it out warns with a ``FutureWarning``.
       published_only: ``best`` over the bounds whose proof is a published theorem for each run (not
         this library's derivations; a named bound must be one).
 
@@ -625,13 +668,13 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self,
         bound: Any = "best",
         orders=None,
-        neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
+        neighboring_relation: Any = None,
         published_only: bool = False,
     ):
         if not isinstance(published_only, bool):
             raise ValueError(f"published_only must be True or False. Found {published_only!r}.")
         self._published_only = published_only
-        relation = _parse_relation(neighboring_relation)
+        relation = Relation.ADD_OR_REMOVE_ONE if neighboring_relation is None else _parse_relation(neighboring_relation)
         self._bound = _to_bound(bound)
         super().__init__(_HOST_RELATION[relation])
         self._relation = relation
@@ -646,6 +689,8 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._run: LastIterateDpSgdEvent | None = None
         self._alone_only = ""
         self._final_model_only = False
+        if neighboring_relation is None:  # after every check: a refused constructor says only why
+            warn_at_caller(_DEFAULT_CHANGED, FutureWarning)
 
     # ------------------------------------------------------------ planning
 
@@ -664,7 +709,8 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             curve = event.rdp(self._bound.value, self._orders, self._relation, self._published_only)
         except (TypeError, ValueError) as exc:  # NotApplicableError is a ValueError
             if not self._applies_without_curve(event):
-                raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value})") from None
+                hint = _relation_hint(event, self._relation)
+                raise _Refusal(event, f"{exc} (LastIterateAccountant, relation {self._relation.value}){hint}") from None
             # Its rows have an (epsilon, delta) profile but no Renyi curve: the run alone is answered by the
             # core from that profile; composed with anything else it has no RDP to add (refused then).
             curve, alone_only = np.full_like(self._orders, np.inf), str(exc)

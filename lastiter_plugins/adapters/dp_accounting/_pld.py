@@ -144,9 +144,10 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         ``shifted-interpolation-cyclic``; ``shifted-interpolation-shuffle`` is a
         mixture and refused unless it has one component). A run with no such
         bound is refused (use ``LastIterateAccountant``, Renyi DP).
-      neighboring_relation: ``REPLACE_ONE`` (default) or ``ADD_OR_REMOVE_ONE``
-        (no mu-GDP bound is proven for it yet: runs are refused, standard
-        events work).
+      neighboring_relation: ``REPLACE_ONE`` (default: the only relation a run is
+        certified mu-GDP for, so the default differs from dp-accounting's
+        ``PLDAccountant``'s ADD_OR_REMOVE_ONE) or ``ADD_OR_REMOVE_ONE`` (no
+        mu-GDP bound is proven for it yet: runs are refused, standard events work).
       value_discretization_interval: the host's PLD discretisation (> 0).
 
     Raises:

@@ -71,7 +71,7 @@ class Report:
     def __str__(self) -> str:
         head = (
             f"accountant {self.name!r}: {self.steps} steps, sampling {self.sampling}, delta {self.delta:g}, "
-            f"declared relation {self.relation}"
+            f"relation {self.relation}"
         )
         table = [("bound", "relation", "epsilon", "order", "protects", "applies / why not")]
         for r in self.rows:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, PipelineChangedError, Relation, Sampling, TrainingConfig
-from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.config import refuse_renamed, resolve_relation
 from lastiter_plugins.validation import validate_delta, validate_orders
 
 from . import _derive as derive
@@ -72,7 +72,9 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         is refused: TF Privacy's optimizers add no l2 term outside the clip.
       diameter: D of the projection; requires exactly one
         :class:`ProjectionCallback` with diameter <= D in the same fit call.
-      relation: ``replace_one`` (default) or ``add_or_remove_one``.
+      relation: ``replace_one`` or ``add_or_remove_one``. Default: the sampling scheme's
+        (``lastiter_plugins.config.DEFAULT_RELATION``, the rule of every route): ``replace_one`` for the
+        schemes Keras runs, the only relation their bounds are proven for.
       orders: Renyi orders (default: the library's grid).
       model: ``"glm"`` derives the loss assumptions instead of taking them (a certified linear model:
         one trainable ``Dense`` without activation, fed by a ``FeatureNormClip``, and the loss read from
@@ -103,7 +105,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         gradient_norms_within_clip: bool = False,
         clipped_loss_convex_smooth: bool = False,
         l2_outside_clip: bool = False,
-        relation: str | Relation = Relation.REPLACE_ONE,
+        relation: str | Relation | None = None,
         orders: Sequence[float] | None = None,
         model: str | None = None,
         feature_norm: float | None = None,
@@ -135,7 +137,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         TrainingConfig(dataset_size=dataset_size, batch_size=1, noise_multiplier=1.0, steps=1, sampling=self.sampling)
         self.dataset_size = int(dataset_size)
         self.delta = validate_delta(delta)
-        self.relation = Relation.parse(relation)
+        self.relation = resolve_relation(relation, self.sampling)
         given = {
             "smoothness": smoothness is not None,
             "weak_convexity": weak_convexity != 0.0,

@@ -12,7 +12,7 @@ from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _t
 
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
-from lastiter_plugins.config import refuse_renamed
+from lastiter_plugins.config import default_relation, refuse_renamed
 from lastiter_plugins.evaluation import evaluate_all
 from lastiter_plugins.validation import validate_delta
 
@@ -88,9 +88,10 @@ def compute_last_iterate_privacy_statement(
     counterpart of TF Privacy's ``compute_dp_sgd_privacy_statement``.
 
     It states the setup, the threat model (the final model only; TF Privacy's
-    statement protects every checkpoint), the neighbouring relation, the loss
-    assumptions with their constants, the epsilon of every applicable bound and
-    the best, and TF Privacy's own statement as the baseline (computed with
+    statement protects every checkpoint), the loss assumptions with their
+    constants, for each neighbouring relation (the sampling scheme's default first:
+    ``lastiter_plugins.config.DEFAULT_RELATION``) the epsilon of every applicable
+    bound and the best, and TF Privacy's own statement as the baseline (computed with
     ``used_microbatching=False``: one example per microbatch, the only setting
     :class:`LastIterateCallback` accepts).
 
@@ -155,6 +156,7 @@ def compute_last_iterate_privacy_statement(
         sampling=Sampling.parse(sampling),
         learning_rate=learning_rate,
         clip_norm=l2_norm_clip,
+        relation=default_relation(sampling),  # the statement reports both relations, the default first
     )
     if shape.dataset_size % shape.batch_size:
         raise ValueError(
@@ -187,7 +189,8 @@ def compute_last_iterate_privacy_statement(
         model_words = None
     delta = validate_delta(delta)
     sections: dict[Relation, tuple[list[tuple[str, lp.EpsilonResult]], lp.EpsilonResult, list[str]]] = {}
-    for relation in Relation:
+    relations = (config.relation, *(r for r in Relation if r is not config.relation))  # the default first
+    for relation in relations:
         cfg = config.replace(relation=relation)
         evaluations = evaluate_all(cfg, assumptions, delta)
         rows = [(bid, e.result) for bid, e in evaluations.items() if e.applies and e.result is not None]
@@ -250,7 +253,7 @@ def compute_last_iterate_privacy_statement(
             lines.append("  Not applicable here (the first condition each fails):")
             lines.extend(_fill_item(m) for m in missing)
         paragraphs.append("\n".join(lines))
-    for relation in Relation:
+    for relation in relations:
         if relation not in sections:
             paragraphs.append(
                 _fill(f"No bound covers sampling={config.sampling.value} under {_RELATION_WORDS[relation]}.")

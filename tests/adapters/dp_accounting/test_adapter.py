@@ -153,7 +153,7 @@ class _IgnoresCount(LastIterateAccountant):
 
 
 def test_contract_detects_a_ledger_poisoned_by_late_validation():
-    broken = _LedgerFirst(orders=ORDERS).compose(KR)
+    broken = _LedgerFirst(orders=ORDERS, neighboring_relation=R1).compose(KR)
     with pytest.raises(AssertionError, match="ledger changed"):
         assert_refused_untouched(broken, attr.evolve(KR, noise_multiplier=-1.0))
 
@@ -167,13 +167,13 @@ class _GridDeltaOnly(LastIterateAccountant):
 
 def test_contract_detects_a_delta_inconsistent_with_epsilon():
     with pytest.raises(AssertionError, match="get_delta"):
-        assert_epsilon_delta_consistent(_GridDeltaOnly(orders=ORDERS).compose(SI_CYCLIC))
+        assert_epsilon_delta_consistent(_GridDeltaOnly(orders=ORDERS, neighboring_relation=R1).compose(SI_CYCLIC))
     assert_epsilon_delta_consistent(accountant().compose(SI_CYCLIC))
 
 
 def test_contract_detects_an_ignored_count():
     with pytest.raises(AssertionError):
-        assert_count_equivalences(lambda: _IgnoresCount(orders=ORDERS), KR, 3, 1e-12)
+        assert_count_equivalences(lambda: _IgnoresCount(orders=ORDERS, neighboring_relation=R1), KR, 3, 1e-12)
 
 
 # ---------------------------------------------------------------- the event
@@ -413,7 +413,7 @@ def test_statement_says_how_a_single_run_was_converted():
 
 
 def test_default_orders_agree_with_lastiter_epsilon():
-    acc = LastIterateAccountant().compose(KR)
+    acc = LastIterateAccountant(neighboring_relation=R1).compose(KR)
     np.testing.assert_array_equal(acc.orders, lp.DEFAULT_ORDERS)
     assert acc.neighboring_relation is R1
     assert acc.get_epsilon(DELTA) == lp.epsilon("best", DELTA, **KR.to_params()).epsilon
@@ -556,7 +556,7 @@ def test_constructor_validates_and_copies():
         with pytest.raises(ValueError, match="orders"):
             LastIterateAccountant(orders=bad)
     orders = np.array(ORDERS)
-    acc = LastIterateAccountant(orders=orders)
+    acc = LastIterateAccountant(orders=orders, neighboring_relation=R1)
     orders[:] = 2.0
     np.testing.assert_array_equal(acc.orders, ORDERS)
     for relation in (lp.Relation.ADD_OR_REMOVE_ONE, "add_or_remove_one", AOR):
@@ -599,7 +599,7 @@ def test_calibrate_dp_mechanism_finds_the_noise_multiplier(event, target):
     )
     assert eps(z) <= target < eps(z * (1 - 1e-4))
     params = {k: v for k, v in event.to_params().items() if k != "noise_multiplier"}
-    core = lp.calibrate_noise("best", target, DELTA, orders=list(ORDERS), **params)
+    core = lp.calibrate_noise("best", target, DELTA, orders=list(ORDERS), **params).noise_multiplier
     # both are the smallest noise meeting the target, each to its own tolerance: the core's meets it through the
     # host's accountant too, and they agree (which of the two lies closer to the root depends on the searches)
     assert eps(core) <= target and z == pytest.approx(core, rel=2e-4)
@@ -612,7 +612,7 @@ def test_calibrate_dp_mechanism_with_the_pld_accountant():
     )
     assert pld(interval=interval).compose(attr.evolve(SI_CYCLIC, noise_multiplier=z)).get_epsilon(DELTA) <= target
     params = {k: v for k, v in SI_CYCLIC.to_params().items() if k != "noise_multiplier"}
-    core = lp.calibrate_noise("shifted-interpolation-cyclic", target, DELTA, **params)
+    core = lp.calibrate_noise("shifted-interpolation-cyclic", target, DELTA, **params).noise_multiplier
     assert lp.epsilon("shifted-interpolation-cyclic", DELTA, noise_multiplier=z, **params).epsilon <= target
     assert z == pytest.approx(core, rel=1e-3)  # PLD rounds up by at most its discretisation
 
@@ -871,7 +871,7 @@ POISSON_PROFILE_ONLY = dict(sampling="poisson", dataset_size=1000, batch_size=50
 def test_the_event_takes_every_declaration_of_the_core_and_gives_its_number():
     event = LastIterateDpSgdEvent(**GLM_WEIGHT_DECAY)
     assert event.to_params() == {k: v for k, v in {**GLM_WEIGHT_DECAY, **event.to_params()}.items()}
-    acc = LastIterateAccountant()
+    acc = LastIterateAccountant(neighboring_relation=R1)
     acc.compose(event)
     core = lp.epsilon("best", DELTA, **event.to_params())
     assert acc.get_epsilon(DELTA) == core.epsilon
@@ -900,7 +900,7 @@ def test_a_run_alone_gets_the_cores_number_from_its_profile(bound, relation):
 def test_a_run_without_a_renyi_curve_is_refused_in_company_and_the_ledger_is_untouched():
     event = LastIterateDpSgdEvent(**POISSON_PROFILE_ONLY)
     gaussian = dp_event.GaussianDpEvent(2.0)
-    acc = LastIterateAccountant()
+    acc = LastIterateAccountant(neighboring_relation=R1)  # replace-one: the run's rows have no Renyi curve
     acc.compose(event)
     before = acc.get_epsilon(DELTA)
     for other in (gaussian, event):
@@ -909,34 +909,67 @@ def test_a_run_without_a_renyi_curve_is_refused_in_company_and_the_ledger_is_unt
             acc.compose(other)
     assert acc.get_epsilon(DELTA) == before and acc.ledger == event
     # the other order: a standard event first, then the run
-    acc = LastIterateAccountant()
+    acc = LastIterateAccountant(neighboring_relation=R1)
     acc.compose(gaussian)
     assert not acc.supports(event)
     with pytest.raises(dp_accounting.UnsupportedEventError, match="answered on its own"):
         acc.compose(event)
     # twice the same run is two events
     with pytest.raises(dp_accounting.UnsupportedEventError):
-        LastIterateAccountant().compose(event, 2)
+        LastIterateAccountant(neighboring_relation=R1).compose(event, 2)
 
 
 def test_statements_say_what_the_winner_protects():
     """The issue: the PLD accountant's statement said "final model only" when the winner (a standard
     baseline) covers every iterate."""
     plain = LastIterateDpSgdEvent("reshuffle", 2000, 100, 1.0, 400, 0.5)  # best: composition-gdp-epochs
-    for acc in (LastIterateAccountant(), LastIteratePldAccountant()):
+    for acc in (LastIterateAccountant(neighboring_relation=R1), LastIteratePldAccountant()):
         acc.compose(plain)
         text = acc.statement(DELTA)
         assert "every iterate of 1 DP-SGD run(s)" in text and "final model only" not in text
         assert "composition-gdp-epochs" in text
-    for acc in (LastIterateAccountant(), LastIteratePldAccountant()):
+    for acc in (LastIterateAccountant(neighboring_relation=R1), LastIteratePldAccountant()):
         acc.compose(SI_CYCLIC)
         text = acc.statement(DELTA)
         assert "the final model only of 1 DP-SGD run(s)" in text and "shifted-interpolation-cyclic" in text
     # composed with another mechanism: the per-order minimum may use a last-iterate curve
-    acc = LastIterateAccountant(orders=ORDERS).compose(SI_CYCLIC).compose(GAUSS)
+    acc = LastIterateAccountant(orders=ORDERS, neighboring_relation=R1).compose(SI_CYCLIC).compose(GAUSS)
     assert "the final model only" in acc.statement(DELTA)
-    acc = LastIterateAccountant(bound="composition", orders=ORDERS).compose(SI_CYCLIC).compose(GAUSS)
+    acc = LastIterateAccountant(bound="composition", orders=ORDERS, neighboring_relation=R1).compose(SI_CYCLIC)
+    acc.compose(GAUSS)
     assert "every iterate of 1 DP-SGD run(s), bound composition" in acc.statement(DELTA)
+
+
+def test_the_accountant_defaults_to_add_or_remove_as_dp_accounting_s_do_and_says_so():
+    """LastIterateAccountant() accounts under ADD_OR_REMOVE_ONE, the default of dp-accounting's accountants and
+    the relation a Poisson run defaults to everywhere (it was REPLACE_ONE): a FutureWarning says so until 0.4.0.
+    A run of a scheme with replace-one bounds only is refused, naming what to pass (as dp-accounting refuses
+    a SampledWithoutReplacementDpEvent under ADD_OR_REMOVE_ONE)."""
+    with pytest.warns(FutureWarning) as caught:
+        acc = LastIterateAccountant()
+    (warning,) = caught
+    message = str(warning.message)
+    assert message.startswith("LastIterateAccountant() without neighboring_relation accounts under ADD_OR_REMOVE_ONE")
+    assert "since lastiter-plugins 0.3.0 (0.2.0 used REPLACE_ONE" in message and "goes in 0.4.0" in message
+    assert "neighboring_relation=NeighboringRelation.REPLACE_ONE to keep the 0.2.0 numbers" in message
+    assert warning.filename == __file__
+    assert acc.neighboring_relation is AOR and acc.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    poisson = LastIterateDpSgdEvent("poisson", 1000, 10, 1.0, 200, None)
+    acc.compose(poisson)
+    core = lp.epsilon("best", DELTA, relation="add_or_remove_one", **poisson.to_params())
+    assert acc.get_epsilon(DELTA) == core.epsilon and "under add_or_remove_one neighbours" in acc.statement(DELTA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        explicit = LastIterateAccountant(neighboring_relation=AOR)
+        assert not explicit.supports(KR)
+        with pytest.raises(dp_accounting.UnsupportedEventError, match=r"Runs with sampling=cyclic are accounted "
+                           r"under replace_one: pass neighboring_relation=NeighboringRelation\.REPLACE_ONE"):  # fmt: skip
+            explicit.compose(KR)
+        # the event's own methods follow its scheme's default; no warning where it did not change
+        np.testing.assert_array_equal(KR.rdp(orders=ORDERS), KR.rdp(orders=ORDERS, neighboring_relation=R1))
+    with pytest.warns(FutureWarning, match="neighboring_relation left out with sampling='poisson'"):
+        curve = poisson.rdp(orders=ORDERS)
+    np.testing.assert_array_equal(curve, poisson.rdp(orders=ORDERS, neighboring_relation=AOR))
 
 
 # ---------------------------------------------------------------- the example

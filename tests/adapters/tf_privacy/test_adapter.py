@@ -638,9 +638,14 @@ def test_statement_content():
 
 
 def test_statement_lists_both_relations_for_poisson():
+    """Both relations, the sampling scheme's default first (add-or-remove for Poisson, replace-one otherwise)."""
     params = dict(STATEMENT, sampling="poisson")
     text = " ".join(compute_last_iterate_privacy_statement(**params).split())
     assert "replace-one adjacency" in text and "add-or-remove-one adjacency" in text
+    head = "Example-level DP with {}-one adjacency"
+    assert text.index(head.format("add-or-remove")) < text.index(head.format("replace"))
+    cyclic = " ".join(compute_last_iterate_privacy_statement(**dict(STATEMENT, sampling="cyclic")).split())
+    assert cyclic.index(head.format("replace")) < cyclic.index("add-or-remove-one adjacency")
     eps = lp.epsilon("liang-unbounded", DELTA, relation="add_or_remove_one", **_keyword(sampling="poisson")).epsilon
     assert f"liang-unbounded {eps:.3f}" in text
 
