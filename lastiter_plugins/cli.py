@@ -1,21 +1,29 @@
 r"""The ``lastiter`` command line: a thin layer over the keyword API.
 
-    lastiter rdp [--bound ID] --orders 2,4,8 <pipeline> [--json]
-    lastiter epsilon [--bound ID] [--delta 1e-5] <pipeline> [--json]
-    lastiter bounds <pipeline> [--delta 1e-5] [--json]
-    lastiter calibrate [--bound ID] --target-epsilon 1 [--delta 1e-5] <pipeline> [--json]
-    lastiter advise [--delta 1e-5] [--top K] <pipeline> [--json]
+    lastiter rdp [--bound ID] --orders 2,4,8 <pipeline> [--format json]
+    lastiter epsilon [--bound ID] [--delta 1e-5] <pipeline> [--format json]
+    lastiter bounds <pipeline> [--delta 1e-5] [--format json]
+    lastiter calibrate [--bound ID] --target-epsilon 1 [--delta 1e-5] <pipeline> [--format json]
+    lastiter advise [--delta 1e-5] [--top K] <pipeline> [--format json]
     lastiter compare [<pipeline>] [...]  (see ``lastiter compare --help``)
     lastiter --version
 
 <pipeline> is ``--config FILE`` (a TOML scenario, as in examples/scenarios/),
 one flag per keyword-API parameter (``--dataset-size``, ...,
 ``--clipped-loss-convex-smooth``), or both: flags given as well override the
-file. Every subcommand has the same defaults: ``--bound best``, and delta from
-``--delta``, else the file, else :data:`lastiter_plugins.defaults.DEFAULT_DELTA`.
-User errors (a value out of range, a file that cannot be read or written) exit
-with status 2 and one line on stderr; output into a closed pipe ends quietly.
-JSON output never contains NaN or Infinity (non-finite numbers are written as null).
+file. The hosts' names are taken too: ``--sigma`` is ``--noise-multiplier``, and
+``--sample-rate Q`` (Poisson) replaces ``--batch-size`` by
+:func:`lastiter_plugins.config.poisson_batch_size` (and ``--epochs`` counts
+:func:`lastiter_plugins.config.poisson_steps`). Every subcommand has the same
+defaults: ``--bound best``, delta from ``--delta``, else the file, else
+:data:`lastiter_plugins.defaults.DEFAULT_DELTA`, and the relation from
+``--relation``, else the file, else the sampling scheme's
+(:data:`lastiter_plugins.config.DEFAULT_RELATION`). Every subcommand takes
+``--format json`` (``--json`` is its deprecated spelling). User errors (a value
+out of range, a file that cannot be read or written) exit with status 2 and one
+line on stderr; warnings go to stderr, each once; output into a closed pipe ends
+quietly. JSON output never contains NaN or Infinity (non-finite numbers are
+written as null).
 
 The parser imports no numerics: ``lastiter --help`` and every subcommand's help
 are answered without numpy, scipy, dp-accounting or matplotlib, which the
@@ -35,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lastiter_plugins import __version__
-from lastiter_plugins.config import Relation, Sampling, Update
+from lastiter_plugins.config import DEFAULT_RELATION, Relation, Sampling, Update
 from lastiter_plugins.defaults import BEST, DEFAULT_DELTA, FORMATS
 
 EXIT_USAGE = 2
@@ -52,6 +60,18 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage block
         raise UsageError(message)
+
+
+class _DeprecatedJson(argparse.Action):
+    """``--json``, the old spelling of ``--format json``: still works, with a warning on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(
+            "--json is deprecated: use --format json (--json goes in lastiter-plugins 0.4.0).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        namespace.format = "json"
 
 
 class _Renamed(argparse.Action):
@@ -94,6 +114,15 @@ def _unproven_id(text: str) -> str:
     return text
 
 
+def _default_relations() -> str:
+    """``add_or_remove_one for poisson; replace_one for cyclic, ...``: the rule, as the help states it."""
+    schemes: dict[Relation, list[str]] = {}
+    for sampling, relation in DEFAULT_RELATION.items():
+        schemes.setdefault(relation, []).append(sampling.value)
+    ordered = sorted(schemes.items(), key=lambda item: len(item[1]))
+    return "; ".join(f"{relation.value} for {', '.join(names)}" for relation, names in ordered)
+
+
 #: One command-line flag per keyword-API parameter (the keys are ``lastiter_plugins.api.PARAMETERS``, in
 #: its order: tests/core/test_cli.py checks it), as (group, argparse keywords). No defaults here: a flag not given
 #: leaves the value to the --config file, else to the API's default (named in the help).
@@ -103,7 +132,12 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "batch_size": (_TRAINING, {"type": int, "metavar": "B", "help": "b, the (expected) batch size"}),
     "noise_multiplier": (
         _TRAINING,
-        {"type": float, "metavar": "Z", "help": "z: the noise std on the clipped-gradient sum is z*C"},
+        {
+            "type": float,
+            "metavar": "Z",
+            "help": "z: the noise std on the clipped-gradient sum is z*C (also --sigma, Opacus' and dp-accounting's "
+            "name)",
+        },
     ),
     "learning_rate": (_TRAINING, {"type": float, "metavar": "ETA", "help": "eta, constant plain-SGD step size"}),
     "clip_norm": (_TRAINING, {"type": float, "metavar": "C", "help": "C, per-example clipping norm (default 1)"}),
@@ -113,7 +147,10 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "relation": (
         _TRAINING,
-        {"choices": [r.value for r in Relation], "help": "neighbouring relation (default replace_one)"},
+        {
+            "choices": [r.value for r in Relation],
+            "help": f"neighbouring relation (default: the sampling scheme's, {_default_relations()})",
+        },
     ),
     "update": (
         _TRAINING,
@@ -164,8 +201,25 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+#: Other spellings of a flag: the names Opacus' and dp-accounting's users know.
+_ALIASES = {"noise_multiplier": ("--sigma",)}
+
+
+def _sample_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a number in (0, 1], e.g. 0.004 or 1/len(data_loader). Found {text!r}."
+        )
+    return value
+
+
 def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config FILE`` and one flag per keyword-API parameter (see :data:`PARAMETER_FLAGS`)."""
+    """``--config FILE``, one flag per keyword-API parameter (see :data:`PARAMETER_FLAGS`) and the hosts'
+    spellings: ``--sigma`` and ``--sample-rate``."""
     parser.add_argument(
         "--config",
         metavar="FILE",
@@ -174,9 +228,22 @@ def add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     )
     groups = {name: parser.add_argument_group(name) for name in (_TRAINING, _ASSUMPTIONS)}
     steps_or_epochs = groups[_TRAINING].add_mutually_exclusive_group()
+    batch_or_rate = groups[_TRAINING].add_mutually_exclusive_group()
     for key, (group, options) in PARAMETER_FLAGS.items():
-        target = steps_or_epochs if key in ("steps", "epochs") else groups[group]
-        target.add_argument("--" + key.replace("_", "-"), dest=key, default=None, **options)
+        target = (
+            steps_or_epochs if key in ("steps", "epochs") else batch_or_rate if key == "batch_size" else groups[group]
+        )
+        flags = ("--" + key.replace("_", "-"), *_ALIASES.get(key, ()))
+        target.add_argument(*flags, dest=key, default=None, **options)
+    batch_or_rate.add_argument(
+        "--sample-rate",
+        type=_sample_rate,
+        metavar="Q",
+        help="Poisson sampling at rate Q (Opacus' sample_rate, 1/len(data_loader); dp-accounting's "
+        "PoissonSampledDpEvent probability) instead of --batch-size: b = ceil(n Q), so b/n >= Q; --epochs E "
+        "counts E*L steps when Q = 1/L (else give --steps); --learning-rate is the step on the noisy sum "
+        "divided by that b (Opacus with loss_reduction='mean' divides by int(n Q): scale its lr by b/int(n Q))",
+    )
     groups[_ASSUMPTIONS].add_argument("--no-clipping", action=_Renamed, nargs=0, help=argparse.SUPPRESS)
 
 
@@ -194,12 +261,40 @@ def _flag(key: str) -> str:
     return "--steps or --epochs" if key == "steps" else "--" + key.replace("_", "-")
 
 
-def _missing(params: dict[str, Any], required: Sequence[str]) -> list[str]:
-    """The flags of the ``required`` keys (``steps``: steps or epochs) that ``params`` lacks."""
-    missing = [key for key in required if key != "steps" and key not in params]
+def _missing(params: dict[str, Any], required: Sequence[str], sample_rate: float | None = None) -> list[str]:
+    """The flags of the ``required`` keys (``steps``: steps or epochs; ``batch_size``: or a sample rate)
+    that ``params`` lacks."""
+    missing = [key for key in required if key not in ("steps", "batch_size") and key not in params]
     if "steps" in required and "steps" not in params and "epochs" not in params:
         missing.append("steps")
-    return [_flag(key) for key in sorted(missing, key=list(required).index)]
+    if "batch_size" in required and "batch_size" not in params and sample_rate is None:
+        missing.append("batch_size")
+    flags = {"steps": "--steps or --epochs", "batch_size": "--batch-size or --sample-rate"}
+    return [flags.get(key) or _flag(key) for key in sorted(missing, key=list(required).index)]
+
+
+def _hosts_dialect(params: dict[str, Any], sample_rate: float | None) -> dict[str, Any]:
+    """The keyword-API params with ``--sample-rate`` turned into the core's batch size (and ``--epochs`` into
+    the steps of that many epochs at rate 1/L), by the core's definitions; and the relation resolved once, by
+    the core's rule (the sampling scheme's default when left out, warning in the command line's spelling)."""
+    from lastiter_plugins.config import poisson_batch_size, poisson_steps, resolve_relation
+
+    if "sampling" not in params:
+        return params  # the API names what is missing
+    sampling = Sampling.parse(params["sampling"])
+    if sample_rate is not None:
+        if sampling is not Sampling.POISSON:
+            raise UsageError(
+                f"--sample-rate needs --sampling poisson (each example joins each step with probability Q); give "
+                f"--batch-size for sampling {sampling.value}. Found --sample-rate {sample_rate!r}."
+            )
+        if "dataset_size" not in params:
+            raise UsageError("--sample-rate needs --dataset-size (b = ceil(n Q)). Found none.")
+        params = {k: v for k, v in params.items() if k != "batch_size"}  # the flag replaces the file's
+        params["batch_size"] = poisson_batch_size(params["dataset_size"], sample_rate)
+        if "epochs" in params:
+            params["steps"] = poisson_steps(params.pop("epochs"), sample_rate)
+    return {**params, "relation": resolve_relation(params.get("relation"), sampling, name="--relation").value}
 
 
 _PIPELINE_KEYS = ("dataset_size", "batch_size", "noise_multiplier", "steps", "sampling")
@@ -216,6 +311,7 @@ def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[st
     from lastiter_plugins.validation import validate_delta
 
     given = params_from_args(args)
+    rate = getattr(args, "sample_rate", None)
     delta = DEFAULT_DELTA
     if args.config:
         scenario = scenarios.load_scenario(args.config)
@@ -228,7 +324,7 @@ def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[st
         params.update(given)
     else:
         required = [key for key in _PIPELINE_KEYS if needs_noise or key != "noise_multiplier"]
-        missing = _missing(given, required)
+        missing = _missing(given, required, rate)
         if missing:
             raise UsageError(
                 f"the following arguments are required: {', '.join(missing)} (or --config FILE, a TOML scenario "
@@ -237,7 +333,7 @@ def _pipeline(args: argparse.Namespace, *, needs_noise: bool = True) -> tuple[st
         name, params = "custom scenario", given
     if getattr(args, "delta", None) is not None:
         delta = validate_delta(args.delta)
-    return name, params, delta
+    return name, _hosts_dialect(params, rate), delta
 
 
 def _bound_argument(parser: argparse.ArgumentParser) -> None:
@@ -270,16 +366,22 @@ def _orders_argument(parser: argparse.ArgumentParser, *, required: bool = False)
     parser.add_argument("--orders", type=_orders, required=required, metavar="A1,A2,...", help=help_)
 
 
-def _json_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON (strict: no NaN or Infinity) instead of text")
+def _format_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="output format: text (default) or json (strict: no NaN or Infinity)",
+    )
+    parser.add_argument("--json", action=_DeprecatedJson, nargs=0, help="deprecated: use --format json")
 
 
-def _published_only_argument(parser: argparse.ArgumentParser) -> None:
+def _published_only_argument(parser: argparse.ArgumentParser, what: str = "a named bound must be one") -> None:
     parser.add_argument(
         "--published-only",
         action="store_true",
-        help="best over bounds whose proof is a published theorem only (not this library's derivations; "
-        "docs/bounds.md); a named bound must be one",
+        help=f"best over bounds whose proof is a published theorem only (not this library's derivations; "
+        f"docs/bounds.md); {what}",
     )
 
 
@@ -314,7 +416,7 @@ def _cmd_rdp(args) -> str:
         native = spec.relation_for(config.sampling)
         assert native is not None  # rdp returned: the bound applies, so it covers this sampling
         relation, protects, proof = native, spec.protects, spec.proof
-    if args.json:
+    if args.format == "json":
         return dump_json(
             {
                 "bound": args.bound,
@@ -339,7 +441,7 @@ def _cmd_epsilon(args) -> str:
     _, params, delta = _pipeline(args)
     best = args.bound == BEST
     result = api.epsilon(args.bound, delta, args.orders, lower_bound=best, published_only=args.published_only, **params)
-    if args.json:
+    if args.format == "json":
         return dump_json(result.to_dict())
     head = f"{result}\n{result.tightness_line}" if best else str(result)
     if best:
@@ -358,7 +460,7 @@ def _cmd_advise(args) -> str:
     _, params, delta = _pipeline(args)
     current = api.epsilon(BEST, delta, **params)
     suggestions = advice.advise(delta, top=args.top, **params)
-    if args.json:
+    if args.format == "json":
         rows = [
             {
                 "change": s.change,
@@ -391,6 +493,7 @@ def _cmd_bounds(args) -> str:
     from lastiter_plugins.jsonout import dump_json
 
     _, params, delta = _pipeline(args, needs_noise=False)
+    only = args.published_only
     with_numbers = "noise_multiplier" in params
     params.setdefault("noise_multiplier", 1.0)  # no precondition depends on it
     config, assumptions = api.build(**params)
@@ -407,7 +510,7 @@ def _cmd_bounds(args) -> str:
                 "proof": str(e.proof),
                 "protects": e.protects.value,
                 "kind": e.kind.value,
-                "reason": _conditions(e, short=args.json is False) or None,
+                "reason": _conditions(e, short=args.format != "json") or None,
                 "reference": e.reference,
                 "epsilon": e.epsilon,
                 "order": e.order,
@@ -415,7 +518,7 @@ def _cmd_bounds(args) -> str:
         )
     if with_numbers:
         try:
-            best = api.epsilon(BEST, delta, args.orders, config=config, assumptions=assumptions)
+            best = api.epsilon(BEST, delta, args.orders, published_only=only, config=config, assumptions=assumptions)
         except NotApplicableError as exc:
             rows.append({"bound": BEST, "applies": False, "reason": str(exc), "epsilon": None})
         else:
@@ -424,7 +527,7 @@ def _cmd_bounds(args) -> str:
                 | {"protects": best.protects.value, "epsilon": best.epsilon, "order": best.order}
                 | {"winner": best.winner, "reference": best.reference, "reason": None}
             )
-    if args.json:
+    if args.format == "json":
         return dump_json({"delta": delta if with_numbers else None, "bounds": rows})
     return _bounds_text(rows, registry.DOCS)
 
@@ -467,7 +570,6 @@ def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
 
 
 def _cmd_calibrate(args) -> str:
-    from lastiter_plugins import api
     from lastiter_plugins.calibration import calibrate_noise
     from lastiter_plugins.jsonout import dump_json
 
@@ -475,16 +577,10 @@ def _cmd_calibrate(args) -> str:
     _, params, delta = _pipeline(args, needs_noise=False)
     params.pop("noise_multiplier", None)  # the unknown
     only = args.published_only
-    z = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, published_only=only, **params)
-    # as calibration computed it
-    achieved = api.epsilon(args.bound, delta, args.orders, published_only=only, noise_multiplier=z, **params)
-    if args.json:
-        return dump_json({"noise_multiplier": z, "target_epsilon": args.target_epsilon} | achieved.to_dict())
-    return (
-        f"noise_multiplier = {z:.6g} reaches epsilon = {achieved.epsilon:.6g} <= {args.target_epsilon:g} at delta = "
-        f"{delta:g} ({achieved.relation.value} neighbours), for {achieved.protects.value}, via {achieved.winner}\n"
-        f"achieved: {achieved}"
-    )
+    found = calibrate_noise(args.bound, args.target_epsilon, delta, orders=args.orders, published_only=only, **params)
+    if args.format == "json":
+        return dump_json(found.to_dict())
+    return f"{found}\nachieved: {found.result}"
 
 
 def _compare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -496,6 +592,7 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     _delta_argument(parser)
+    _published_only_argument(parser, "the other rows are still shown")
     parser.add_argument(
         "--all",
         action="store_true",
@@ -527,7 +624,7 @@ def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], 
     from lastiter_plugins.validation import validate_delta
 
     given = params_from_args(args)
-    if not args.config and not given:
+    if not args.config and not given and args.sample_rate is None:
         name, params, delta = scenarios.split_scenario(scenarios.BUILTIN_SCENARIO)
         if args.delta is not None:
             delta = validate_delta(args.delta)
@@ -535,7 +632,7 @@ def _scenario_from_args(args: argparse.Namespace) -> tuple[str, dict[str, Any], 
     if not args.config:
         # Flags never fill in from the built-in scenario: its loss assumptions
         # (gradient_norms_within_clip=True, ...) are true of its model, not of yours.
-        missing = _missing(given, (*scenarios.REQUIRED_KEYS, "steps"))
+        missing = _missing(given, (*scenarios.REQUIRED_KEYS, "steps"), args.sample_rate)
         if missing:
             raise ValueError(
                 f"{missing[0]} is required when compare is given flags without --config (flags describe your whole "
@@ -551,7 +648,8 @@ def _cmd_compare(args: argparse.Namespace) -> str:
 
     name, params, delta = _scenario_from_args(args)
     plot_path = None if args.plot is None else plot.check_can_plot(args.plot)  # before the (slow) sweep
-    comparison = compare.compare(delta, name=name, unproven=args.unproven, **params)
+    only = args.published_only
+    comparison = compare.compare(delta, name=name, unproven=args.unproven, published_only=only, **params)
     output = compare.format_comparison(comparison, args.format, verbose=args.verbose, every_row=args.all)
     if plot_path is not None:
         with compare.host_log() as log:  # the sweep's host-library log, printed with --verbose only
@@ -560,7 +658,7 @@ def _cmd_compare(args: argparse.Namespace) -> str:
             output += f"\n\nPlot written to {written}"
         if args.verbose and log:
             print("\n".join(["Host library log of the plot's sweep:", *log]), file=sys.stderr)
-    if args.format == "table" and not args.config and not params_from_args(args):
+    if args.format == "table" and not args.config and not params_from_args(args) and args.sample_rate is None:
         output += "\n\n" + "\n".join(NEXT_STEPS)
     return output
 
@@ -579,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     _bound_argument(p)
     _orders_argument(p, required=True)
     _published_only_argument(p)
-    _json_argument(p)
+    _format_argument(p)
     p.set_defaults(run=_cmd_rdp)
 
     p = sub.add_parser("epsilon", help="(epsilon, delta) of one bound, or of best")
@@ -587,14 +685,15 @@ def build_parser() -> argparse.ArgumentParser:
     _delta_argument(p)
     _orders_argument(p)
     _published_only_argument(p)
-    _json_argument(p)
+    _format_argument(p)
     p.set_defaults(run=_cmd_epsilon)
 
     p = sub.add_parser("bounds", help="every bound: applies or why not, relation, proof status, epsilon")
     _delta_argument(p, "compute each epsilon at this delta (needs --noise-multiplier)")
     _orders_argument(p)
     _unproven_argument(p)
-    _json_argument(p)
+    _published_only_argument(p, "every row is still listed")
+    _format_argument(p)
     p.set_defaults(run=_cmd_bounds)
 
     p = sub.add_parser("calibrate", help="smallest noise multiplier reaching a target epsilon")
@@ -603,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     _delta_argument(p)
     _orders_argument(p)
     _published_only_argument(p)
-    _json_argument(p)
+    _format_argument(p)
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("advise", help="single changes to the pipeline that would lower best, best first")
@@ -611,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--top", type=_positive_int, default=None, metavar="K", help="show at most K >= 1 suggestions (default: all)"
     )
-    _json_argument(p)
+    _format_argument(p)
     p.set_defaults(run=_cmd_advise)
 
     p = sub.add_parser("compare", help="side-by-side comparison of every accountant")
@@ -626,12 +725,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            output = args.run(args)
-        for w in caught:
-            print(f"lastiter: warning: {w.message}", file=sys.stderr)
+            try:
+                args = parser.parse_args(argv)
+                output = args.run(args)
+            finally:  # each warning once, also before an error
+                for message in dict.fromkeys(str(w.message) for w in caught):
+                    print(f"lastiter: warning: {message}", file=sys.stderr)
     except UsageError as exc:
         print(f"lastiter: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

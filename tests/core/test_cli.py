@@ -29,7 +29,9 @@ def run(capsys, *argv):
 
 
 def test_rdp_json(capsys):
-    code, out, err = run(capsys, "rdp", "--bound", "ye-shokri-shuffle", "--orders", "2,4,8", *PARAMS, "--json")
+    code, out, err = run(
+        capsys, "rdp", "--bound", "ye-shokri-shuffle", "--orders", "2,4,8", *PARAMS, "--format", "json"
+    )
     assert code == 0, err
     data = json.loads(out)
     assert data["bound"] == "ye-shokri-shuffle" and data["orders"] == [2, 4, 8] and data["relation"] == "replace_one"
@@ -37,7 +39,7 @@ def test_rdp_json(capsys):
 
 
 def test_epsilon_json_names_the_winner(capsys):
-    code, out, _ = run(capsys, "epsilon", "--bound", "best", "--delta", "1e-5", *PARAMS, "--json")
+    code, out, _ = run(capsys, "epsilon", "--bound", "best", "--delta", "1e-5", *PARAMS, "--format", "json")
     assert code == 0
     data = json.loads(out)
     assert {"epsilon", "order", "delta", "relation", "bound", "winner"} <= set(data)
@@ -61,7 +63,7 @@ def test_bounds_table_and_json(capsys):
                           "projection)")  # every failed condition, short, without the theorem  # fmt: skip
     for reference in {spec.reference for spec in lp.BOUNDS.values()}:  # each cited once, at the end
         assert " ".join(out.split()).count(" ".join(reference.split())) == 1, reference
-    code, out, _ = run(capsys, "bounds", *PARAMS, "--delta", "1e-5", "--json")
+    code, out, _ = run(capsys, "bounds", *PARAMS, "--delta", "1e-5", "--format", "json")
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert set(rows) == set(lp.BOUND_IDS)
     assert rows["liang-bounded"]["applies"] is False and rows["liang-bounded"]["epsilon"] is None
@@ -79,7 +81,7 @@ def test_calibrate(capsys):
     i = args.index("--noise-multiplier")
     del args[i : i + 2]
     code, out, _ = run(
-        capsys, "calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *args, "--json"
+        capsys, "calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *args, "--format", "json"
     )
     assert code == 0
     z = json.loads(out)["noise_multiplier"]
@@ -124,7 +126,7 @@ def test_json_never_contains_nan_or_infinity(capsys):
     # a huge-RDP case whose epsilon may be infinite must still give strict JSON
     code, out, _ = run(
         capsys, "rdp", "--bound", "kong-ribero-curvature-free", "--orders", "2,10000", "--dataset-size", "10",
-        "--batch-size", "10", "--noise-multiplier", "1e-300", "--steps", "10", "--sampling", "cyclic", "--json",
+        "--batch-size", "10", "--noise-multiplier", "1e-300", "--steps", "10", "--sampling", "cyclic", "--format", "json",
     )  # fmt: skip
     assert code == 0
     assert "NaN" not in out and "Infinity" not in out
@@ -144,10 +146,10 @@ def test_console_script_entry_point_runs():
 
 
 def test_rdp_json_says_what_the_number_protects(capsys):
-    code, out, err = run(capsys, "rdp", "--bound", "composition", "--orders", "2", *PARAMS, "--json")
+    code, out, err = run(capsys, "rdp", "--bound", "composition", "--orders", "2", *PARAMS, "--format", "json")
     assert code == 0, err
     assert json.loads(out)["protects"] == "every iterate"
-    code, out, _ = run(capsys, "rdp", "--bound", "ye-shokri-shuffle", "--orders", "2", *PARAMS, "--json")
+    code, out, _ = run(capsys, "rdp", "--bound", "ye-shokri-shuffle", "--orders", "2", *PARAMS, "--format", "json")
     assert json.loads(out)["protects"] == "the final model only" and json.loads(out)["proof"] == "proven"
 
 
@@ -161,12 +163,14 @@ def test_unproven_bound_is_marked_in_the_bounds_table(capsys):
     argv = ["--dataset-size", "1000", "--batch-size", "10", "--noise-multiplier", "1", "--steps", "500",
             "--learning-rate", "0.5", "--smoothness", "1", "--diameter", "0.5", "--gradient-norms-within-clip",
             "--sampling", "random_batch"]  # fmt: skip
-    code, out, err = run(capsys, "bounds", "--delta", "1e-5", *argv, "--json")
+    code, out, err = run(capsys, "bounds", "--delta", "1e-5", *argv, "--format", "json")
     assert code == 0, err
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert rows["altschuler-talwar"]["proof"].startswith("unproven: ") and rows["altschuler-talwar"]["epsilon"] is None
     assert rows["best"]["winner"] != "altschuler-talwar"
-    code, out, _ = run(capsys, "bounds", "--delta", "1e-5", *argv, "--json", "--unproven", "altschuler-talwar")
+    code, out, _ = run(
+        capsys, "bounds", "--delta", "1e-5", *argv, "--format", "json", "--unproven", "altschuler-talwar"
+    )
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert rows["altschuler-talwar"]["epsilon"] is not None
 
@@ -233,7 +237,7 @@ def test_every_option_has_help_text():
 
 
 def test_epsilon_from_a_config_equals_compare_on_the_same_file():
-    proc = lastiter("epsilon", "--bound", "best", "--config", SHUFFLE_SCENARIO, "--json")
+    proc = lastiter("epsilon", "--bound", "best", "--config", SHUFFLE_SCENARIO, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     eps = json.loads(proc.stdout)
     proc = lastiter("compare", "--config", SHUFFLE_SCENARIO, "--format", "json")
@@ -246,7 +250,7 @@ def test_epsilon_from_a_config_equals_compare_on_the_same_file():
 def test_flags_override_the_config_file():
     _, params, _ = scenarios.split_scenario(scenarios.load_scenario(GLM_SCENARIO))
     proc = lastiter("epsilon", "--bound", "composition", "--config", GLM_SCENARIO, "--epochs", "10",
-                    "--delta", "1e-6", "--noise-multiplier", "3", "--json")  # fmt: skip
+                    "--delta", "1e-6", "--noise-multiplier", "3", "--format", "json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     expected = lp.epsilon("composition", 1e-6, **(params | {"epochs": 10, "noise_multiplier": 3.0}))
     assert json.loads(proc.stdout)["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
@@ -261,7 +265,7 @@ def test_flags_override_the_config_file():
 
 def test_clipped_loss_convex_smooth_flag_is_the_api_parameter():
     kwargs = strongly_convex(sampling="shuffle_once", gradient_norms_within_clip=False)
-    argv = ["epsilon", "--bound", "best", "--delta", "1e-5", *cli_flags(kwargs), "--json"]
+    argv = ["epsilon", "--bound", "best", "--delta", "1e-5", *cli_flags(kwargs), "--format", "json"]
     with_flag = lastiter(*argv, "--clipped-loss-convex-smooth")
     without = lastiter(*argv)
     assert with_flag.returncode == 0 and without.returncode == 0, with_flag.stderr + without.stderr
@@ -276,7 +280,7 @@ def test_calibrate_reports_winner_relation_delta_protects_and_achieved_epsilon()
     kwargs = strongly_convex(sampling="shuffle_once")
     del kwargs["noise_multiplier"]
     argv = ["calibrate", "--bound", "best", "--target-epsilon", "3", "--delta", "1e-5", *cli_flags(kwargs)]
-    proc = lastiter(*argv, "--json")
+    proc = lastiter(*argv, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     achieved = lp.epsilon("best", 1e-5, **kwargs, noise_multiplier=data["noise_multiplier"])
@@ -299,10 +303,10 @@ def test_subcommands_need_the_pipeline_from_flags_or_a_config(tmp_path):
     partial.write_text(
         "dataset_size = 1000\nbatch_size = 10\nnoise_multiplier = 1.0\nsteps = 50\nsampling = 'cyclic'\n"
     )
-    proc = lastiter("epsilon", "--config", partial, "--json")  # delta and bound: compare's defaults
+    proc = lastiter("epsilon", "--config", partial, "--format", "json")  # delta and bound: compare's defaults
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["delta"] == scenarios.DEFAULT_DELTA and json.loads(proc.stdout)["bound"] == "best"
-    proc = lastiter("bounds", "--config", partial, "--json")  # bounds needs no delta
+    proc = lastiter("bounds", "--config", partial, "--format", "json")  # bounds needs no delta
     assert proc.returncode == 0, proc.stderr
     assert_one_line_error(lastiter("calibrate", "--bound", "best", "--delta", "1e-5", "--config", partial),
                           "--target-epsilon")  # fmt: skip
@@ -401,7 +405,7 @@ PUBLIC_NAMES = (
     "build",
     # what it gives
     "epsilon", "rdp", "applicable_bounds", "calibrate_noise", "advise", "baseline_note", "is_standard_baseline",
-    "EpsilonResult", "BoundEvaluation", "Suggestion",
+    "EpsilonResult", "BoundEvaluation", "Suggestion", "CalibrationResult",
     # the table of bounds
     "BEST", "BOUNDS", "BOUND_IDS", "BoundSpec", "Kind", "Proof", "Protects",
     # errors and warnings
@@ -442,13 +446,13 @@ def test_every_subcommand_has_the_same_defaults():
 
 
 def test_epsilon_defaults_are_compares(capsys):
-    code, out, err = run(capsys, "epsilon", *PARAMS, "--json")
+    code, out, err = run(capsys, "epsilon", *PARAMS, "--format", "json")
     assert code == 0, err
     data = json.loads(out)
     expected = lp.epsilon("best", scenarios.DEFAULT_DELTA, **KWARGS)
     assert (data["bound"], data["delta"], data["winner"]) == ("best", scenarios.DEFAULT_DELTA, expected.winner)
     assert data["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
-    code, out, err = run(capsys, "bounds", *PARAMS, "--json")  # numbers at the default delta
+    code, out, err = run(capsys, "bounds", *PARAMS, "--format", "json")  # numbers at the default delta
     assert code == 0, err
     rows = {r["bound"]: r for r in json.loads(out)["bounds"]}
     assert rows["best"]["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
@@ -571,3 +575,110 @@ def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_giv
     code, out, _ = run(capsys, "calibrate", "--published-only", "--target-epsilon", "5", *BUILTIN_FLAGS[:4],
                        *BUILTIN_FLAGS[6:])  # fmt: skip
     assert code == 0 and "via kong-ribero-cyclic" in out
+
+
+# ------------------------------------------------------------------ the hosts' dialect (issue 36, item 3)
+
+#: A small Poisson pipeline as Opacus states it: n, the loader's sample rate 1/L and sigma (L = 100: b = 10).
+POISSON_HOST = ["--dataset-size", "1000", "--sample-rate", repr(1 / 100), "--sigma", "1", "--steps", "200",
+                "--sampling", "poisson", "--relation", "add_or_remove_one"]  # fmt: skip
+POISSON_CORE = ["--dataset-size", "1000", "--batch-size", "10", "--noise-multiplier", "1", "--steps", "200",
+                "--sampling", "poisson", "--relation", "add_or_remove_one"]  # fmt: skip
+#: Each subcommand with what it needs besides the pipeline.
+EXTRA = {"rdp": ["--orders", "2,8"], "calibrate": ["--target-epsilon", "2"], "advise": ["--top", "1"]}
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_takes_the_hosts_spellings_and_format_json(capsys, command):
+    """--format json everywhere; --sigma is --noise-multiplier and --sample-rate 1/L is --batch-size ceil(n/L):
+    the same output, and no warning (the relation is given)."""
+    argv = [command, *EXTRA.get(command, []), "--format", "json"]
+    if command == "calibrate":  # the noise multiplier is the unknown
+        host = [a for i, a in enumerate(POISSON_HOST) if a != "--sigma" and POISSON_HOST[i - 1] != "--sigma"]
+        core = [a for i, a in enumerate(POISSON_CORE) if a != "--noise-multiplier" and POISSON_CORE[i - 1] != "--noise-multiplier"]  # fmt: skip
+    else:
+        host, core = POISSON_HOST, POISSON_CORE
+    code, out, err = run(capsys, *argv, *host)
+    assert code == 0 and err == "", err
+    code, same, err = run(capsys, *argv, *core)
+    assert code == 0 and err == "" and json.loads(same) == json.loads(out)
+    assert '"add_or_remove_one"' in out  # every output names the relation
+
+
+@pytest.mark.parametrize("command", [c for c in SUBCOMMANDS if c != "compare"])
+def test_json_is_a_deprecated_spelling_of_format_json(capsys, command):
+    argv = [
+        command,
+        *EXTRA.get(command, []),
+        *(POISSON_CORE if command != "calibrate" else POISSON_CORE[:4] + POISSON_CORE[6:]),
+    ]
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0
+    assert (
+        err == "lastiter: warning: --json is deprecated: use --format json (--json goes in lastiter-plugins 0.4.0).\n"
+    )
+    assert run(capsys, *argv, "--format", "json") == (0, out, "")
+    code, text, _ = run(capsys, *argv)  # the default stays text
+    assert code == 0 and text != out
+
+
+def test_sample_rate_is_poisson_only_and_replaces_the_batch_size(capsys):
+    pipeline = ["--dataset-size", "1000", "--sigma", "1", "--relation", "add_or_remove_one"]
+    code, out, _ = run(capsys, "epsilon", "--format", "json", "--sample-rate", repr(1 / 100), "--epochs", "2",
+                       "--sampling", "poisson", *pipeline)  # fmt: skip
+    assert code == 0 and json.loads(out)["steps"] == 200  # two epochs of 100 batches: the run's own steps
+    for argv, fragment in [
+        (["--sample-rate", "0.01", "--sampling", "cyclic", "--steps", "5"], "--sample-rate needs --sampling poisson"),
+        (["--sample-rate", "0.3", "--sampling", "poisson", "--epochs", "2"], "sample_rate must be 1/L for an integer L"),
+        (["--sample-rate", "0.9999", "--sampling", "poisson", "--steps", "5"], "sample_rate must be 1 or at most"),
+        (["--sample-rate", "0", "--sampling", "poisson", "--steps", "5"], "argument --sample-rate: must be a number in (0, 1]"),
+        (["--sample-rate", "0.01", "--batch-size", "10", "--sampling", "poisson", "--steps", "5"],
+         "argument --batch-size: not allowed with argument --sample-rate"),
+    ]:  # fmt: skip
+        code, out, err = run(capsys, "epsilon", *argv, *pipeline)
+        assert code == 2 and out == "" and fragment in err, (argv, err)
+
+
+def test_sample_rate_overrides_the_config_file_s_batch_size(capsys, tmp_path):
+    scenario = tmp_path / "poisson.toml"
+    scenario.write_text('dataset_size = 1000\nbatch_size = 50\nnoise_multiplier = 1.0\nsteps = 200\n'
+                        'sampling = "poisson"\nrelation = "add_or_remove_one"\n')  # fmt: skip
+    code, out, _ = run(capsys, "epsilon", "--format", "json", "--config", str(scenario), "--sample-rate", "0.01")
+    expected = lp.epsilon("best", 1e-5, dataset_size=1000, batch_size=10, noise_multiplier=1.0, steps=200,
+                          sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    assert code == 0 and json.loads(out)["epsilon"] == expected.epsilon
+
+
+def test_a_poisson_relation_left_out_is_add_or_remove_and_warns_once_in_the_command_line_s_spelling(capsys):
+    without = [a for i, a in enumerate(POISSON_CORE) if "relation" not in a and "relation" not in POISSON_CORE[i - 1]]
+    code, out, err = run(capsys, "epsilon", "--format", "json", *without)
+    assert code == 0 and json.loads(out)["relation"] == "add_or_remove_one"
+    (line,) = err.splitlines()  # once, though the command builds the pipeline more than once
+    assert line.startswith("lastiter: warning: --relation left out with sampling='poisson': accounted under "
+                           "add_or_remove_one")  # fmt: skip
+    assert "Pass --relation replace_one to keep the 0.2.0 number" in line
+    code, out, err = run(capsys, "epsilon", "--format", "json", *without, "--relation", "replace_one")
+    assert code == 0 and err == "" and json.loads(out)["relation"] == "replace_one"
+    help_text = next(a.help for a in _subcommands()["epsilon"]._actions if a.dest == "relation")
+    assert "add_or_remove_one for poisson; replace_one for cyclic, shuffle_once, reshuffle, random_batch" in help_text
+
+
+def test_compare_takes_published_only(capsys):
+    """best over published theorems only, every row still shown (the built-in scenario's best is this
+    library's derivation)."""
+    code, out, _ = run(capsys, "compare", "--format", "json")
+    plain = json.loads(out)
+    code, out, _ = run(capsys, "compare", "--format", "json", "--published-only")
+    assert code == 0
+    published = json.loads(out)
+    assert published["published_only"] and not plain["published_only"]
+    assert [r["id"] for r in published["rows"]] == [r["id"] for r in plain["rows"]]
+    _, params, delta = scenarios.split_scenario(scenarios.BUILTIN_SCENARIO)
+    expected = lp.epsilon("best", delta, published_only=True, **params)
+    assert published["best"][0]["epsilon"] == expected.epsilon and published["best"][0]["winner"] == expected.winner
+    assert plain["best"][0]["winner"] != expected.winner  # the flag changed the answer
+    assert all(
+        r["provenance"].startswith("published") for r in published["rows"] if r["counted"]
+    )  # only published rows are counted
+    code, text, _ = run(capsys, "compare", "--published-only")
+    assert "per neighbouring relation (over published theorems only: --published-only):" in text

@@ -130,7 +130,7 @@ def test_every_route_gives_the_same_best(capsys):
     flags = ["--dataset-size", str(N), "--batch-size", str(B), "--noise-multiplier", str(Z), "--clip-norm", str(C),
              "--learning-rate", str(LR), "--epochs", str(EPOCHS), "--sampling", "cyclic", "--smoothness",
              repr(assumptions.smoothness), "--clipped-loss-convex-smooth"]  # fmt: skip
-    assert main(["epsilon", "--json", "--delta", str(DELTA), *flags]) == 0
+    assert main(["epsilon", "--format", "json", "--delta", str(DELTA), *flags]) == 0
     numbers["cli epsilon"] = json.loads(capsys.readouterr().out)["epsilon"]
     assert main(["compare", "--format", "json", "--delta", str(DELTA), *flags]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -155,3 +155,173 @@ def test_every_route_gives_the_same_best(capsys):
             route,
             numbers,
         )
+
+
+# ---------------------------------------------------------------- one relation (issue 36, item 1)
+
+#: A Poisson pipeline as Opacus runs it: n examples, a loader of batch_size B (sample rate 1/len(loader)),
+#: noise Z, plain SGD at LR, no declaration (best: the PLD of the Poisson-sampled Gaussian).
+PN, PB, PZ, PEPOCHS = 120, 20, 1.1, 2
+FUTURE = r"relation left out with sampling='poisson': accounted under add_or_remove_one"
+
+
+def _opacus_poisson_run(n: int, batch: int):
+    import torch
+    from opacus import PrivacyEngine
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lastiter_plugins.adapters import opacus as lo
+
+    torch.manual_seed(0)
+    with pytest.warns(FutureWarning, match=FUTURE):  # the relation left out: Poisson's default
+        name = lo.register(f"one-relation-{n}", force=True, sampling="poisson", dataset_size=n, learning_rate=LR)
+    engine = PrivacyEngine()
+    lo.attach(engine, name)
+    rng = np.random.default_rng(0)
+    x = torch.tensor(rng.normal(size=(n, DIM)).astype("float32"))
+    y = (x[:, 0] > 0).float()
+    criterion = nn.BCEWithLogitsLoss()
+    model = nn.Linear(DIM, 1)
+    model, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+        criterion=criterion,
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=batch),
+        noise_multiplier=PZ,
+        max_grad_norm=C,
+        poisson_sampling=True,
+    )
+    for _ in range(PEPOCHS):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            criterion(model(xb).squeeze(-1), yb).backward()
+            optimizer.step()
+    return engine.accountant, len(loader)
+
+
+def _cli(capsys, *argv: str) -> tuple[dict, str]:
+    assert main([*argv, "--format", "json"]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out), err
+
+
+@pytest.mark.skipif(not (HAVE_OPACUS and HAVE_TF), reason="needs Opacus and TF Privacy (the [all] extra)")
+def test_one_relation_for_a_poisson_pipeline_on_every_route(capsys):
+    """The same Poisson pipeline, the relation left out everywhere: every route accounts it under
+    add_or_remove_one (Opacus' and dp-accounting's convention), says so, warns where the default changed
+    (0.2.0 used replace_one), and gives the same number."""
+    from lastiter_plugins.config import poisson_batch_size
+
+    accountant, batches = _opacus_poisson_run(PN, PB)
+    rate = 1 / batches
+    opacus_result = accountant.epsilon_result(DELTA)
+    assert accountant.training_config().batch_size == poisson_batch_size(PN, rate) == PB
+    params = dict(dataset_size=PN, batch_size=PB, noise_multiplier=PZ, steps=PEPOCHS * batches, learning_rate=LR,
+                  sampling="poisson")  # fmt: skip
+    flags = ["--dataset-size", str(PN), "--sample-rate", repr(rate), "--sigma", str(PZ), "--epochs", str(PEPOCHS),
+             "--learning-rate", str(LR), "--sampling", "poisson"]  # fmt: skip
+    results = {"opacus accountant": opacus_result}
+    numbers = {"opacus report": next(r.epsilon for r in accountant.report(DELTA).rows if r.bound == lp.BEST)}
+    assert "relation add_or_remove_one" in str(accountant.report(DELTA))
+
+    with pytest.warns(FutureWarning, match=FUTURE):
+        results["api"] = lp.epsilon("best", DELTA, **params)
+    with pytest.warns(FutureWarning, match=FUTURE):
+        assert lp.build(**params)[0].relation is lp.Relation.ADD_OR_REMOVE_ONE
+    with pytest.warns(FutureWarning, match=FUTURE):
+        comparison = lp.compare.compare(DELTA, lower_bound=False, **params)
+    declared = comparison.best[0]
+    assert declared.declared and declared.relation == "add_or_remove_one"
+    numbers["compare (API)"] = declared.epsilon
+    with pytest.warns(FutureWarning, match=FUTURE):
+        calibrated = lp.calibrate_noise(
+            "best", opacus_result.epsilon, DELTA, **{k: v for k, v in params.items() if k != "noise_multiplier"}
+        )
+    assert calibrated.relation is lp.Relation.ADD_OR_REMOVE_ONE and "add_or_remove_one neighbours" in str(calibrated)
+    assert calibrated.noise_multiplier == pytest.approx(PZ, rel=2e-3) and calibrated.epsilon <= opacus_result.epsilon
+    with pytest.warns(FutureWarning, match=FUTURE):
+        suggestions = lp.advise(DELTA, **params)
+    assert any(s.relation is lp.Relation.ADD_OR_REMOVE_ONE for s in suggestions)
+
+    cli_warning = "lastiter: warning: --relation left out with sampling='poisson': accounted under add_or_remove_one"
+    for command, extra, key in [
+        ("epsilon", [], None),
+        ("compare", [], "compare"),
+        ("advise", ["--top", "1"], "best"),
+        ("calibrate", ["--target-epsilon", repr(opacus_result.epsilon)], None),
+    ]:
+        argv = (
+            flags
+            if command != "calibrate"
+            else [f for i, f in enumerate(flags) if "--sigma" not in flags[i - 1 : i + 1]]
+        )
+        data, err = _cli(capsys, command, "--delta", str(DELTA), *extra, *argv)
+        assert err.count(cli_warning) == 1, (command, err)
+        if key == "compare":
+            (data,) = [b for b in data["best"] if b["declared"]]
+        elif key == "best":
+            data = data["best"]
+        assert data["relation"] == "add_or_remove_one", command
+        if command == "calibrate":
+            assert data["noise_multiplier"] == calibrated.noise_multiplier
+        else:
+            numbers[f"cli {command}"] = data["epsilon"]
+
+    from dp_accounting import NeighboringRelation
+
+    from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
+
+    event = LastIterateDpSgdEvent(**{k: v for k, v in params.items() if k != "sampling"}, sampling="poisson")
+    with pytest.warns(FutureWarning, match=r"LastIterateAccountant\(\) without neighboring_relation"):
+        dpa = LastIterateAccountant()
+    dpa.compose(event)
+    assert dpa.neighboring_relation is NeighboringRelation.ADD_OR_REMOVE_ONE
+    assert "under add_or_remove_one neighbours" in dpa.statement(DELTA)
+    numbers["dp-accounting"] = dpa.get_epsilon(DELTA)
+
+    from lastiter_plugins.adapters.tf_privacy import LastIterateCallback, compute_last_iterate_privacy_statement
+
+    statement = compute_last_iterate_privacy_statement(
+        number_of_examples=PN, batch_size=PB, num_epochs=PEPOCHS, noise_multiplier=PZ, delta=DELTA, l2_norm_clip=C,
+        learning_rate=LR, sampling="poisson",
+    )  # fmt: skip
+    first = statement.index("Example-level DP with")  # the default relation's section comes first
+    assert statement[first:].startswith("Example-level DP with add-or-remove-one adjacency")
+    best_line = next(line for line in statement[first:].splitlines() if line.strip().startswith("best "))
+    numbers["keras statement"] = float(best_line.split()[1])
+    # the Keras callback runs epoch schemes only; their default is replace_one, unchanged: no warning
+    with pytest.raises(ValueError, match="sampling must be cyclic, shuffle_once or reshuffle"):
+        LastIterateCallback(sampling="poisson", dataset_size=PN, delta=DELTA)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback = LastIterateCallback(sampling="reshuffle", dataset_size=PN, delta=DELTA)
+    assert callback.relation is lp.Relation.REPLACE_ONE
+
+    for route, result in results.items():
+        assert result.relation is lp.Relation.ADD_OR_REMOVE_ONE, route
+        assert "add_or_remove_one neighbours" in str(result), route
+        numbers[route] = result.epsilon
+    reference = opacus_result.epsilon
+    assert reference < lp.epsilon("best", DELTA, relation="replace_one", **params).epsilon  # the default matters
+    for route, value in numbers.items():
+        assert value == pytest.approx(reference, rel=1e-3 if route == "keras statement" else 1e-12), (route, numbers)
+
+
+@pytest.mark.skipif(not HAVE_OPACUS, reason="needs Opacus (the [opacus] extra)")
+def test_the_cli_s_sample_rate_gives_the_opacus_adapter_s_number(capsys):
+    """n = 125 and batches of 21: Opacus samples at 1/len(loader) = 1/6 and divides by int(n q) = 20; the
+    core's b is ceil(n / 6) = 21 (b/n >= q); --sample-rate with that value gives the adapter's number."""
+    accountant, batches = _opacus_poisson_run(125, 21)
+    expected = accountant.epsilon_result(DELTA)
+    flags = ["--dataset-size", "125", "--sample-rate", repr(1 / batches), "--sigma", str(PZ), "--epochs",
+             str(PEPOCHS), "--sampling", "poisson", "--relation", "add_or_remove_one", "--delta", str(DELTA)]  # fmt: skip
+    data, err = _cli(capsys, "epsilon", *flags)
+    assert err == "" and data["epsilon"] == expected.epsilon and data["steps"] == expected.steps == PEPOCHS * 6
+    assert accountant.training_config().batch_size == 21
+    # the smaller rate int(n q) / n would be optimistic: a smaller number than the run's
+    smaller = lp.epsilon("best", DELTA, dataset_size=125, batch_size=20, noise_multiplier=PZ, steps=PEPOCHS * 6,
+                         sampling="poisson", relation="add_or_remove_one")  # fmt: skip
+    assert smaller.epsilon < expected.epsilon
