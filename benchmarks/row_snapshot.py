@@ -4,6 +4,9 @@ The settings: the built-in scenario and those of examples/scenarios/; the anchor
 docs/anchor-table.md (c = 0.9999 and 0.9998; E = 50, 100, 200; five samplings, and Poisson under
 add-or-remove); the GLM route's settings (E = 20, 80, 200, both relations); the how-tight settings of
 bench_lower_bounds.py. 94 settings, every row of the table at delta = 1e-5 unless a scenario names one.
+Every setting states its neighbouring relation (a scenario file without one gets replace_one, the default of
+0.2.0, where the records were first taken), so that a change of a default never changes a setting: records
+taken before and after compare like with like.
 
     python benchmarks/row_snapshot.py take OUT.json        # every number, as repr (a few minutes)
     python benchmarks/row_snapshot.py compare A.json B.json  # the settings that differ; exit 1 if any
@@ -29,11 +32,14 @@ def settings() -> dict[str, dict]:
     out: dict[str, dict] = {"builtin": dict(scenarios.BUILTIN_SCENARIO)}
     for path in sorted((ROOT / "examples" / "scenarios").glob("*.toml")):
         out["scenario:" + path.stem] = scenarios.load_scenario(path)
+    for scenario in out.values():
+        scenario.setdefault("relation", "replace_one")
     for c in (0.9999, 0.9998):
         for e in (50, 100, 200):
             common = dict(
                 dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=e, learning_rate=1.0,
                 strong_convexity=1 - c, smoothness=1.0, gradient_norms_within_clip=True, delta=1e-5,
+                relation="replace_one",
             )  # fmt: skip
             for s in blb.SAMPLINGS:
                 out[f"anchor:{c}:{e}:{s}"] = dict(common, sampling=s)
@@ -51,7 +57,11 @@ def settings() -> dict[str, dict]:
     for variant in ("as declared (c = 0.9999)", "l2 outside the clip", "convex (c = 1)"):
         for s in blb.SAMPLINGS:
             for e in (50, 100, 200):
-                out[f"howtight:{variant}:{s}:{e}"] = dict(blb._params(s, e, variant), delta=1e-5)
+                out[f"howtight:{variant}:{s}:{e}"] = {
+                    "relation": "replace_one",
+                    **blb._params(s, e, variant),
+                    "delta": 1e-5,
+                }
     return out
 
 

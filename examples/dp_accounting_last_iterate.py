@@ -61,11 +61,11 @@ def main() -> None:
     print(f"standard RDP accounting (every iterate released): epsilon = {standard.get_epsilon(DELTA):.3f}")
 
     # The run alone: the library's lossless number (an f-DP profile converted exactly).
-    alone = LastIterateAccountant(bound="best").compose(training_run(NOISE))
+    alone = LastIterateAccountant(bound="best", neighboring_relation=REPLACE_ONE).compose(training_run(NOISE))
     print(f"last-iterate run alone: epsilon = {alone.get_epsilon(DELTA):.3f}")
     print("  " + alone.statement(DELTA))
 
-    accountant = LastIterateAccountant(bound="best")  # library order grid, replace-one
+    accountant = LastIterateAccountant(bound="best", neighboring_relation=REPLACE_ONE)  # a cyclic run: replace-one
     accountant.compose(dp_event.ComposedDpEvent([feature_mean, training_run(NOISE)]))
     print(f"last-iterate accountant (RDP): epsilon = {accountant.get_epsilon(DELTA):.3f}")
     print("  " + accountant.statement(DELTA))
@@ -84,17 +84,18 @@ def main() -> None:
 
     # The ledger is an ordinary DpEvent: it serialises and replays.
     restored = dp_event.DpEvent.from_named_tuple(accountant.ledger.to_named_tuple())
-    replayed = LastIterateAccountant().compose(restored).get_epsilon(DELTA)
+    replayed = LastIterateAccountant(neighboring_relation=REPLACE_ONE).compose(restored).get_epsilon(DELTA)
     print(f"  ledger replayed into a fresh accountant: epsilon = {replayed:.3f}")
 
     target = 3.0
     noise = dp_accounting.calibrate_dp_mechanism(
-        LastIterateAccountant,
+        lambda: LastIterateAccountant(neighboring_relation=REPLACE_ONE),
         lambda z: dp_event.ComposedDpEvent([feature_mean, training_run(z)]),
         target_epsilon=target,
         target_delta=DELTA,
     )
-    check = LastIterateAccountant().compose(dp_event.ComposedDpEvent([feature_mean, training_run(noise)]))
+    check = LastIterateAccountant(neighboring_relation=REPLACE_ONE)
+    check.compose(dp_event.ComposedDpEvent([feature_mean, training_run(noise)]))
     print(f"noise multiplier for epsilon <= {target} on the whole pipeline: {noise:.4f}")
     print(f"  (check: epsilon = {check.get_epsilon(DELTA):.4f})")
 

@@ -73,7 +73,7 @@ def _logistic_rows() -> list[str]:
                 f"{_lp_epsilon('composition', sampling='random_batch', **common)} | "
                 f"{_lp_epsilon('composition-pld-random-batch', sampling='random_batch', **common)} | "
                 f"{_lp_epsilon('best', sampling='random_batch', **common)} | "
-                f"{_lp_epsilon('best', sampling='poisson', **common)} | "
+                f"{_lp_epsilon('best', sampling='poisson', relation='replace_one', **common)} | "
                 f"{_lp_epsilon('shifted-interpolation-poisson', **poisson)} | "
                 f"{_lp_epsilon('composition-pld-poisson', **poisson)} | "
                 f"{_lp_epsilon('composition', **poisson)} |"
