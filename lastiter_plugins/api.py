@@ -30,7 +30,8 @@ class Parameters(TypedDict, total=False):
     ``dataset_size``, ``batch_size``, ``sampling`` and exactly one of ``steps`` and ``epochs`` are
     required, and ``noise_multiplier`` too except for :func:`applicable_bounds` without ``delta`` and
     :func:`~lastiter_plugins.calibrate_noise`. :class:`TrainingConfig` and :class:`LossAssumptions`
-    document each field; docs/bounds.md maps the names to the papers' symbols.
+    document each field; docs/bounds.md maps the names to the papers' symbols. ``relation`` left out is
+    the sampling scheme's default (:data:`lastiter_plugins.config.DEFAULT_RELATION`).
     """
 
     dataset_size: Required[int]

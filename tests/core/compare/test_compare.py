@@ -141,7 +141,7 @@ def test_poisson_pipeline_counts_the_registry_rows_and_keeps_relations_apart():
     assert declared.winner == "composition-pld-poisson-replace-one"
     assert declared.epsilon == lp.epsilon("best", 1e-5, **params).epsilon
     assert other.relation == "add_or_remove_one" and not other.declared
-    aor = lp.epsilon("best", 1e-5, **params, relation="add_or_remove_one")
+    aor = lp.epsilon("best", 1e-5, **{**params, "relation": "add_or_remove_one"})
     assert (other.epsilon, other.winner) == (aor.epsilon, aor.winner) == (other.epsilon, "composition-pld-poisson")
     assert result.row(other.winner).relation == "add_or_remove_one"
 

@@ -309,7 +309,7 @@ def test_g2_cyclic_profile_of_the_worst_position_is_below_the_bound():
 def test_fuzz_command_writes_a_record_per_bound(tmp_path):
     out = tmp_path / "fuzz.json"
     code = fuzz.main(["--checks-per-bound", "3", "--seed", "3", "--bound", "shifted-interpolation-shuffle",
-                      "--bound", "altschuler-talwar", "--format", "json", str(out)])  # fmt: skip
+                      "--bound", "altschuler-talwar", "--json", str(out)])  # fmt: skip
     record = json.loads(out.read_text())
     assert code == 0 and record["seed"] == 3
     assert record["proven"]["shifted-interpolation-shuffle"]["hockey_stick_checks"] >= 3
