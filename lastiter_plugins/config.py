@@ -105,6 +105,7 @@ DEFAULT_RELATION: Mapping[Sampling, Relation] = MappingProxyType(
         Sampling.RESHUFFLE: Relation.REPLACE_ONE,
         Sampling.RANDOM_BATCH: Relation.REPLACE_ONE,
         Sampling.POISSON: Relation.ADD_OR_REMOVE_ONE,
+        Sampling.RANDOM_ALLOCATION: Relation.ADD_OR_REMOVE_ONE,
     }
 )
 
@@ -243,8 +244,8 @@ class TrainingConfig:
       relation: the neighbouring relation asked for (used by ``best`` and
         ``composition``; a single bound refuses a relation it is not proven for).
         Left out: the sampling scheme's default (:data:`DEFAULT_RELATION`: add_or_remove_one for
-        Poisson, replace_one for the other schemes), resolved on construction; with Poisson sampling
-        that warns (``FutureWarning``) until 0.4.0, since the default was replace_one before 0.3.0.
+        Poisson and random allocation, replace_one for the other schemes), resolved on construction; with
+        Poisson sampling that warns (``FutureWarning``) until 0.4.0, since 0.2.0 used replace_one.
       update: what the optimizer does with the noisy clipped sums (:class:`Update`): ``sgd`` (default),
         plain SGD with the constant ``learning_rate``, the map the last-iterate bounds analyse; ``any``
         (Adam, momentum, a learning-rate schedule fixed in advance, ...): only the every-iterate rows hold.

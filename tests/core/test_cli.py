@@ -660,7 +660,10 @@ def test_a_poisson_relation_left_out_is_add_or_remove_and_warns_once_in_the_comm
     code, out, err = run(capsys, "epsilon", "--format", "json", *without, "--relation", "replace_one")
     assert code == 0 and err == "" and json.loads(out)["relation"] == "replace_one"
     help_text = next(a.help for a in _subcommands()["epsilon"]._actions if a.dest == "relation")
-    assert "add_or_remove_one for poisson; replace_one for cyclic, shuffle_once, reshuffle, random_batch" in help_text
+    assert (
+        "add_or_remove_one for poisson, random_allocation; replace_one for cyclic, shuffle_once, reshuffle, random_batch"
+        in help_text
+    )
 
 
 def test_compare_takes_published_only(capsys):

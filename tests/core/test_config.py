@@ -228,6 +228,9 @@ def test_the_default_relation_follows_the_sampling_scheme():
 
     assert set(DEFAULT_RELATION) == set(lp.Sampling)
     assert default_relation("poisson") is lp.Relation.ADD_OR_REMOVE_ONE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a scheme added in 0.3.0 had no other default: no warning
+        assert config(sampling="random_allocation").relation is lp.Relation.ADD_OR_REMOVE_ONE
     for sampling in ("cyclic", "shuffle_once", "reshuffle", "random_batch"):
         assert default_relation(sampling) is lp.Relation.REPLACE_ONE
         assert config(sampling=sampling).relation is lp.Relation.REPLACE_ONE

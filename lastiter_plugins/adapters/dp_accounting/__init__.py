@@ -301,8 +301,9 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         published_only: bool = False,
     ) -> np.ndarray:
         """RDP (nats) of the run at each order by ``bound``, for ``neighboring_relation`` (default: the sampling
-        scheme's, ``lastiter_plugins.config.DEFAULT_RELATION``: ADD_OR_REMOVE_ONE for Poisson, REPLACE_ONE
-        otherwise; ``published_only``: ``best`` over the bounds whose proof is a published theorem).
+        scheme's, ``lastiter_plugins.config.DEFAULT_RELATION``: ADD_OR_REMOVE_ONE for Poisson sampling and
+        random allocation, REPLACE_ONE otherwise; ``published_only``: ``best`` over the bounds whose proof is
+        a published theorem).
 
         Raises:
           NotApplicableError: the bound does not apply (wrong sampling or relation,
@@ -351,9 +352,10 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
 _DEFAULT_CHANGED = (
     "LastIterateAccountant() without neighboring_relation accounts under ADD_OR_REMOVE_ONE, the default of "
     "dp-accounting's own accountants, since lastiter-plugins 0.3.0 (0.2.0 used REPLACE_ONE, which gives a larger "
-    "epsilon for Poisson runs; runs of the other sampling schemes have bounds under REPLACE_ONE only and are "
-    "refused under ADD_OR_REMOVE_ONE). Pass neighboring_relation=NeighboringRelation.REPLACE_ONE to keep the 0.2.0 "
-    "numbers, or NeighboringRelation.ADD_OR_REMOVE_ONE to silence this warning, which goes in 0.4.0."
+    "epsilon for Poisson runs; cyclic, shuffle_once, reshuffle and random_batch runs have bounds under "
+    "REPLACE_ONE only and are refused under ADD_OR_REMOVE_ONE). Pass "
+    "neighboring_relation=NeighboringRelation.REPLACE_ONE to keep the 0.2.0 numbers, or "
+    "NeighboringRelation.ADD_OR_REMOVE_ONE to silence this warning, which goes in 0.4.0."
 )
 
 
