@@ -201,6 +201,7 @@ def _opacus_poisson_run(n: int, batch: int):
 
 
 def _cli(capsys, *argv: str) -> tuple[dict, str]:
+    capsys.readouterr()  # what training printed (the hosts' own warnings) is not the command's
     assert main([*argv, "--format", "json"]) == 0
     out, err = capsys.readouterr()
     return json.loads(out), err
