@@ -43,6 +43,8 @@ __all__ = [
     "account",
     "apply_departures",
     "host_numbers",
+    "published_note",
+    "refusal",
     "rows_needing",
 ]
 
@@ -210,6 +212,44 @@ def account(
             f"every-iterate rows: best is {result.epsilon:.4g} via {result.winner}{_because(departures)}"
         )
     return Account(result, ran_config, ran_assumptions, rows_left)
+
+
+def refusal(
+    declaration: Declaration,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    departures: Iterable[Departure] = (),
+) -> str | None:
+    """Why :func:`account` would refuse the pipeline that ran, from the preconditions alone (no epsilon is
+    computed: cheap enough to ask at the step a departure is observed, to refuse there): the named bound's
+    first broken precondition, no row left for ``best``, or no last-iterate row left under
+    ``require="last_iterate"``. None while the declaration holds."""
+    departures = tuple(departures)
+    ran_config, ran_assumptions = apply_departures(config, assumptions, departures)
+    if declaration.bound != BEST:
+        unmet = registry.applicability(registry.BOUNDS[declaration.bound], ran_config, ran_assumptions).unmet
+        if unmet:
+            return f"{declaration.bound} must apply, as registered: {unmet[0].short}{_because(departures)}"
+        return None
+    candidates = evaluation.best_candidates(ran_config, ran_assumptions, declaration.published_only)
+    if not candidates:
+        return f"best must have a proven row left. Found none for the pipeline that ran{_because(departures)}"
+    if declaration.require == LAST_ITERATE and all(s.protects is not Protects.FINAL_MODEL for s in candidates):
+        rows = ", ".join(s.id for s in candidates)
+        return (
+            f"a bound certifying the final model only must be left (require='last_iterate'). Found only "
+            f"every-iterate rows ({rows}){_because(departures)}"
+        )
+    return None
+
+
+def published_note(
+    result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions, orders: Iterable[float] | None = None
+) -> str:
+    """What a report prints under a ``best`` whose proof is this library's derivation (the number over
+    published theorems only, or that none applies); empty when it rests on a published theorem."""
+    grid = None if orders is None else validate_orders(np.array(tuple(orders), dtype=float))
+    return evaluation.published_note(result, config, assumptions, grid)
 
 
 def _because(departures: tuple[Departure, ...]) -> str:

@@ -96,3 +96,30 @@ def test_the_hosts_number_is_marked_not_valid_where_its_sampling_fails():
     assert prv.valid and prv.epsilon == pytest.approx(
         lp.epsilon("composition-pld-poisson", DELTA, config=poisson, assumptions=lp.LossAssumptions()).epsilon, rel=0.05
     )
+
+
+def test_refusal_names_the_broken_named_bound_and_is_none_while_it_holds():
+    config, assumptions = _pipeline()
+    named = host.Declaration(bound="shifted-interpolation-shuffle")
+    assert host.refusal(named, config, assumptions) is None
+    why = host.refusal(named, config, assumptions, [ADAM])
+    assert why is not None and "shifted-interpolation-shuffle must apply" in why and "update=any" in why
+    with pytest.raises(lp.NotApplicableError):  # account refuses exactly where refusal says so
+        host.account(named, config, assumptions, DELTA, [ADAM])
+
+
+def test_refusal_under_require_last_iterate_and_never_for_best_while_composition_is_left():
+    config, assumptions = _pipeline()
+    assert host.refusal(host.Declaration(), config, assumptions, [ADAM]) is None
+    last = host.Declaration(require=host.LAST_ITERATE)
+    assert host.refusal(last, config, assumptions) is None
+    why = host.refusal(last, config, assumptions, [ADAM])
+    assert why is not None and "composition-gdp-epochs" in why and "step 1: the optimizer is torch.optim.Adam" in why
+
+
+def test_published_note_is_the_cores():
+    config, assumptions = _pipeline()
+    result = lp.epsilon("best", DELTA, config=config, assumptions=assumptions)
+    from lastiter_plugins import evaluation
+
+    assert host.published_note(result, config, assumptions) == evaluation.published_note(result, config, assumptions)

@@ -50,6 +50,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+from lastiter_plugins.adapters.opacus._checks import DATA_INDEPENDENT_BUFFERS
+from lastiter_plugins.adapters.opacus._checks.examples import ExampleCounter as _ExampleCounter
+from lastiter_plugins.adapters.opacus._declaration import Registration
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError, LastIteratePipelineChangedError
 from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip
 from lastiter_plugins.adapters.opacus._internals import TESTED_OPACUS
 from lastiter_plugins.adapters.opacus._loaders import (
@@ -58,23 +62,15 @@ from lastiter_plugins.adapters.opacus._loaders import (
     check_data_loader,
     describe_data_loader,
 )
-from lastiter_plugins.adapters.opacus._observe import ExampleCounter as _ExampleCounter
+from lastiter_plugins.adapters.opacus._patches import TESTED_TORCH
 from lastiter_plugins.adapters.opacus._projection import Projection, attach_projection
-from lastiter_plugins.adapters.opacus._registration import (
-    LastIterateConfigurationError,
-    LastIteratePipelineChangedError,
-    Registration,
-    attach,
-    create_accountant,
-    register,
-    registration,
-)
+from lastiter_plugins.adapters.opacus._registration import attach, create_accountant, register, registration
 from lastiter_plugins.adapters.opacus._report import THREAT_MODEL, Report, ReportRow
-from lastiter_plugins.adapters.opacus._steps import DATA_INDEPENDENT_BUFFERS
 
 __all__ = [
     "DATA_INDEPENDENT_BUFFERS",
     "TESTED_OPACUS",
+    "TESTED_TORCH",
     "THREAT_MODEL",
     "FeatureNormClip",
     "LastIterateAccountant",

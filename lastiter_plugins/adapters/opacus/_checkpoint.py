@@ -4,34 +4,34 @@ the check of the model resumed with it (its weights are those the state was save
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
-from lastiter_plugins.adapters.opacus._observe import Observed
-from lastiter_plugins.adapters.opacus._registration import (
-    LastIterateConfigurationError,
-    LastIteratePipelineChangedError,
-    Registration,
-)
-from lastiter_plugins.adapters.opacus._steps import digest
+from lastiter_plugins.adapters.opacus._declaration import Registration
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError, LastIteratePipelineChangedError
+from lastiter_plugins.adapters.opacus._record import Observed
+from lastiter_plugins.host import Departure
 
 _Error = LastIterateConfigurationError
-FORMAT = 3
+#: 4: the departures (a resumed run keeps the rows that left); states of format 3 have none
+FORMAT = 4
+
+
+def digest(tensors: Any) -> str:
+    """SHA-256 of the tensors' dtypes, shapes and bytes, in order (what a checkpoint's weights must match)."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def steps_in(history: list) -> int:
     """Steps of an Opacus-format history (one entry while the configuration stays constant)."""
     return int(history[0][2]) if len(history) == 1 else int(sum(entry[2] for entry in history))
-
-
-def check_permutation(reg: Registration, saved: str | None, current: str | None) -> None:
-    """A resumed shuffle-once run uses the checkpoint's permutation."""
-    if saved != current:
-        raise _Error(
-            f"a run with sampling={reg.sampling.value} must resume with the same permutation: the "
-            "shuffle-once bound assumes one permutation for the whole run. Found a ShuffleOnceSampler whose "
-            f"permutation differs from the checkpoint's (digest {str(current)[:12]} vs {str(saved)[:12]}). "
-            "Build the ShuffleOnceSampler with the seed of the interrupted run."
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +43,11 @@ class Loaded:
     model_digest: str | None  # the model after the state's steps (None without steps)
     void: str | None
     record: dict | None  # the derivation's index record (absent from states of earlier versions)
+    departures: tuple[Departure, ...] = ()
 
 
 def write(history: list, reg: Registration, observed: Observed | None, model_digest: str | None,
-          void: str | None, record: dict | None) -> dict[str, Any]:  # fmt: skip
+          void: str | None, record: dict | None, departures: tuple[Departure, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """The accountant's own key of a state (``"lastiter"``)."""
     return {
         "format": FORMAT,
@@ -55,6 +56,10 @@ def write(history: list, reg: Registration, observed: Observed | None, model_dig
         "model_digest": model_digest if history else None,
         "void": void,
         "record": record,
+        "departures": [
+            {"step": d.step, "fact": d.fact, "changes": {k: getattr(v, "value", v) for k, v in d.changes.items()}}
+            for d in departures
+        ],
     }
 
 
@@ -88,6 +93,7 @@ def read(state_dict: Any, reg: Registration) -> Loaded:
         model_digest=extra["model_digest"] if history else None,
         void=extra.get("void"),
         record=extra.get("record") if history else None,
+        departures=tuple(Departure(int(d["step"]), str(d["fact"]), d["changes"]) for d in extra.get("departures", ())),
     )
 
 
@@ -121,3 +127,42 @@ def refuse_loaded_epsilon(problem: str) -> LastIterateConfigurationError:
         f"{problem}. The epsilon loaded is that of the checkpoint's model. Load the model's weights from "
         "the same checkpoint as the accountant's state (PrivacyEngine.load_checkpoint does)."
     )
+
+
+def check_permutation(reg: Registration, saved: Observed, facts: Any) -> None:
+    """A resumed shuffle-once run uses the checkpoint's permutation (``facts``: the loader bound now)."""
+    from lastiter_plugins.adapters.opacus._checks import check_permutation as same_permutation
+
+    same_permutation(reg.sampling, saved.permutation_digest, facts.permutation_digest)
+
+
+def check_loaded_model(accountant: Any) -> None:
+    """Before the first step after load_state_dict, an epsilon is about the checkpoint's model only."""
+    expected, run = accountant.resume_digest, accountant.run
+    if expected is None or run is None:
+        return
+    problem = model_differs(run.model_tensors(), expected, accountant.steps)
+    if problem is not None:
+        raise refuse_loaded_epsilon(problem)
+
+
+def save(accountant: Any, destination: Any) -> Any:
+    """``accountant.state_dict()``: Opacus' two keys (as Opacus 1.6 writes them; 1.5's IAccountant stores the
+    mechanism method) and the accountant's own."""
+    run = accountant.run
+    if accountant.void is None and run is not None and accountant.history and accountant.resume_digest is None:
+        try:  # a model written since the last step is not the accounted run's: the state says so
+            run.at_release(accountant.steps)
+        except LastIteratePipelineChangedError as exc:
+            accountant.void = str(exc)
+    model_digest = accountant.resume_digest
+    if model_digest is None and run is not None:
+        model_digest = run.model_digest()
+    destination["history"] = [tuple(entry) for entry in accountant.history]
+    destination["mechanism"] = accountant.mechanism()
+    record = run.derivation.state() if run is not None else accountant._saved_record
+    destination["lastiter"] = write(
+        accountant.history, accountant.registration, accountant.observed, model_digest, accountant.void, record,
+        tuple(accountant.departures),
+    )  # fmt: skip
+    return destination

@@ -47,21 +47,18 @@ from typing import Any
 from torch import nn
 
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._declaration import Registration
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError, LastIteratePipelineChangedError
 from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip  # noqa: F401  (models saved whole name this path)
 from lastiter_plugins.adapters.opacus._glm_declaration import GlmDeclaration
 from lastiter_plugins.adapters.opacus._glm_derive import Derivation, assumptions_of, derive, find_structure
 from lastiter_plugins.adapters.opacus._glm_watch import Watch
+from lastiter_plugins.adapters.opacus._internals import unwrap
 from lastiter_plugins.adapters.opacus._loaders import check_data_loader
-from lastiter_plugins.adapters.opacus._observe import (
+from lastiter_plugins.adapters.opacus._record import (
     core_batch,
     optimizer_normaliser,
     planned_normaliser,
-    unwrap,
-)
-from lastiter_plugins.adapters.opacus._registration import (
-    LastIterateConfigurationError,
-    LastIteratePipelineChangedError,
-    Registration,
 )
 from lastiter_plugins.config import poisson_batch_size
 
@@ -113,7 +110,13 @@ class GlmRoute:
         reg = self.declared
         optim = caller["optimizer"]
         facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
-        self._adopt(caller["module"], optim, optim.max_grad_norm, core_batch(reg, facts), optimizer_normaliser(optim))
+        self._adopt(
+            caller["module"],
+            optim,
+            optim.max_grad_norm,
+            core_batch(reg.dataset_size, facts),
+            optimizer_normaliser(optim),
+        )
         criterion = caller.get("criterion")
         if criterion is not None and criterion is not internals.DEFAULT_CRITERION:  # given by the user
             assert self.watch is not None  # _adopt hooked the model (watch=True)
@@ -148,16 +151,14 @@ class GlmRoute:
                 "PrivacyEngine.make_private, or call engine.accountant.bind_data_loader(data_loader, "
                 "module=model) before training. Found no model."
             )
-        batch, normaliser = core_batch(self.declared, self._facts), optimizer_normaliser(optim)
+        batch, normaliser = core_batch(self.declared.dataset_size, self._facts), optimizer_normaliser(optim)
         try:
             self._adopt(module, optim, optim.max_grad_norm, batch, normaliser)
         except _Error as exc:
             raise _Changed(str(exc)) from None
 
-    def before_epsilon(self, name: str, steps: int) -> None:
-        """A failure of the watch voids the run; Opacus' calibration derives from its call."""
-        if self.watch is not None and self.watch.failure is not None:
-            raise _Changed(f"accountant {name!r} refused this run: {self.watch.failure}")
+    def before_epsilon(self, steps: int) -> None:
+        """Opacus' calibration (a history without steps) derives from its call."""
         if self.derivation is None and steps:
             call = internals.engine_locals("make_private_with_epsilon", depth=16)
             if call is None:
@@ -175,7 +176,7 @@ class GlmRoute:
         if call["poisson_sampling"]:
             b = poisson_batch_size(reg.dataset_size, 1.0 / batches)
         else:
-            b = core_batch(reg, check_data_loader(loader, reg.sampling, reg.dataset_size))
+            b = core_batch(reg.dataset_size, check_data_loader(loader, reg.sampling, reg.dataset_size))
         normaliser = planned_normaliser(call["loss_reduction"], n, 1.0 / batches)
         # Opacus' calibration runs on a temporary accountant: derive without hooking the model
         self._adopt(call["module"], call["optimizer"], call["max_grad_norm"], b, normaliser, watch=False)

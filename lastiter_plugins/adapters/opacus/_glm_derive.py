@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters.opacus._declaration import Registration
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
 from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip
 from lastiter_plugins.adapters.opacus._glm_declaration import BY_HAND, LOSSES, GlmDeclaration
-from lastiter_plugins.adapters.opacus._observe import unwrap
-from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError, Registration
+from lastiter_plugins.adapters.opacus._internals import unwrap
 from lastiter_plugins.glm import LinearModelCertificate, LossFamily, certify_linear_model
 
 _Error = LastIterateConfigurationError
@@ -120,8 +121,16 @@ def _check_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     if type(base) is not torch.optim.SGD:
         raise _Error(
             "model='glm' derives the constants for plain SGD, x <- x - lr (noisy clipped mean + weight_decay x). "
-            f"Found {type(base).__name__}: no bound covers adaptive or momentum methods, whatever constants are "
-            "declared. Use torch.optim.SGD (momentum=0)."
+            f"Found {type(base).__name__}: the last-iterate rows the constants are for analyse plain SGD only. Use "
+            "torch.optim.SGD (momentum=0), or register without model='glm' (the every-iterate rows cover any "
+            "optimizer)."
+        )
+    clipping = type(optimizer).__name__
+    if hasattr(optimizer, "original_optimizer") and clipping not in ("DPOptimizer", "DistributedDPOptimizer"):
+        raise _Error(
+            "model='glm' derives the constants for flat clipping (the clipped gradient of a scalar GLM is the "
+            f"gradient of a convex smooth loss). Found {clipping} (per-layer or ghost clipping). Use "
+            "make_private(clipping='flat', grad_sample_mode='hooks'), or register without model='glm'."
         )
     return base
 

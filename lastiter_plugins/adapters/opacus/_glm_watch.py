@@ -12,18 +12,20 @@ import torch
 from torch import nn
 
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError, LastIteratePipelineChangedError
 from lastiter_plugins.adapters.opacus._glm_clip import FeatureNormClip, feature_norms_ok, largest_square, square_bound
 from lastiter_plugins.adapters.opacus._glm_declaration import BY_HAND, LOSS_MODULES, LOSSES, GlmDeclaration
 from lastiter_plugins.adapters.opacus._glm_derive import Derivation
-from lastiter_plugins.adapters.opacus._observe import immutable_key
-from lastiter_plugins.adapters.opacus._registration import (
-    LastIterateConfigurationError,
-    LastIteratePipelineChangedError,
-)
+from lastiter_plugins.adapters.opacus._record import immutable_key
 from lastiter_plugins.glm import LossFamily
 
 _Error = LastIterateConfigurationError
-_Changed = LastIteratePipelineChangedError
+
+
+class GlmBroken(LastIteratePipelineChangedError):
+    """A fact the derived constants rest on broke (the GLM route's check turns it into a departure: the rows
+    needing the derived assumptions leave; raised anywhere else, it refuses)."""
+
 
 #: Relative tolerance of the per-step structure checks (float32 arithmetic of Opacus' grad samplers).
 _TOLERANCE = 1e-4
@@ -127,7 +129,7 @@ class Watch:
 
     def fail(self, message: str) -> NoReturn:
         self.failure = message
-        raise _Changed(message)
+        raise GlmBroken(message)
 
     @staticmethod
     def _recording(module: nn.Module) -> bool:
@@ -153,14 +155,13 @@ class Watch:
             self.fail(
                 "the final nn.Linear's input must be the output of the FeatureNormClip in every training forward: "
                 "the constants rest on every feature norm being <= A. Found features that did not come from the "
-                "clip (it was removed or bypassed after registration, or another module sits between them). "
-                "The run's epsilon is void."
+                "clip (it was removed or bypassed after registration, or another module sits between them)."
             )
         if features.dim() != 2:
             self.fail(
                 "the final nn.Linear's input must be one feature vector per example, shape (batch, d). Found shape "
                 f"{tuple(features.shape)}: a Linear applied per position sums several rank-one gradients, which is "
-                "not one GLM. The run's epsilon is void."
+                "not one GLM."
             )
         features = features.detach()
         if len(self._unchecked) >= _UNCHECKED_MAX:  # many training forwards without a step: check them now
@@ -175,13 +176,13 @@ class Watch:
         if self._linear_calls != 1:
             self.fail(
                 f"the final nn.Linear must run exactly once per forward of the model (one score per example). "
-                f"Found {self._linear_calls} calls in one forward. The run's epsilon is void."
+                f"Found {self._linear_calls} calls in one forward."
             )
         if self._current is None or (output is not self._current[1] and not _same(output, self._current[1])):
             self.fail(
                 "the model's output must be the final nn.Linear's output: the declared loss is a function of the "
                 "score u = <x, a>, and an operation after the Linear (an activation, a scaling) changes the loss. "
-                "Found another tensor. The run's epsilon is void."
+                "Found another tensor."
             )
         self.record = self._current
         self.loss_calls = []
@@ -201,19 +202,19 @@ class Watch:
         (The weight decay per group is the optimizer check's, against the derived values; a parameter frozen
         after make_private is the trained-parameters check's.)"""
         if self.failure is not None:
-            raise _Changed(self.failure)
+            raise GlmBroken(self.failure)
         d = self.derivation
         assert d is not None  # derived (GlmRoute.derive_at_step) before the step checks
         if optim.max_grad_norm != d.clip_norm:
             self.fail(
                 f"max_grad_norm must stay {d.clip_norm:g}, the clip norm the constants were derived for. "
-                f"Found {optim.max_grad_norm!r}. The run's epsilon is void."
+                f"Found {optim.max_grad_norm!r}."
             )
         clip = self._clip()
         if clip is None or clip.feature_norm_bound > self.decl.feature_norm:
             self.fail(
                 f"the FeatureNormClip must keep a bound <= feature_norm = {self.decl.feature_norm:g}. Found "
-                f"{'no clip' if clip is None else clip.feature_norm_bound}. The run's epsilon is void."
+                f"{'no clip' if clip is None else clip.feature_norm_bound}."
             )
         loss = self._loss() if self._loss is not None else None
         if loss is None and self._loss is not None:  # given, then garbage-collected: only a weak reference is kept
@@ -221,14 +222,13 @@ class Watch:
                 f"model='glm' must see the loss computed with the module of loss={self.decl.loss!r} given to "
                 "make_private(criterion=...), but that module no longer exists (it was created in the call and "
                 "nothing else kept it). Keep it in a variable (criterion = nn.BCEWithLogitsLoss()), pass it, and "
-                "compute the loss with it. The run's epsilon is void."
+                "compute the loss with it."
             )
         if loss is None:
             self.fail(
                 f"model='glm' must see the loss computed with the module of loss={self.decl.loss!r} "
                 f"({LOSSES[self.decl.loss][1]}): pass it to make_private(criterion=...) (or to "
-                "bind_data_loader(..., loss=...)) and call it on the model's output. Found no loss module given. "
-                "The run's epsilon is void."
+                "bind_data_loader(..., loss=...)) and call it on the model's output. Found no loss module given."
             )
         # (checked in full when a value check_loss_module reads differs from the last step's)
         attributes = (loss, type(loss), "forward" in vars(loss), optim.loss_reduction)
@@ -237,7 +237,7 @@ class Watch:
             try:
                 check_loss_module(loss, self.decl, optim.loss_reduction)
             except _Error as exc:
-                self.fail(f"{exc} The run's epsilon is void.")
+                self.fail(f"{exc}")
             self._loss_checked = (attributes, key)
 
     def check_examples(self, optim: Any) -> None:
@@ -252,7 +252,7 @@ class Watch:
             self.fail(
                 "every step must follow a training forward of the registered model (the per-example gradients "
                 "are checked against its features). Found none since the last step (another model or module was "
-                "called). The run's epsilon is void."
+                "called)."
             )
         features = record[0]
         assert linear is not None  # it ran in the recorded forward
@@ -262,7 +262,7 @@ class Watch:
             self.fail(
                 "the per-example gradients of the final nn.Linear must come from its last training forward, one "
                 f"(outputs x features) matrix per example of that batch ({features.shape[0]} examples). Found "
-                f"{shape}. The run's epsilon is void."
+                f"{shape}."
             )
         if len(calls) != 1:
             self.fail(
@@ -270,7 +270,7 @@ class Watch:
                 "model's output (or a view of it: a squeeze, a reshape), whose per-example gradients are checked "
                 f"against the declared loss. Found {len(calls)} calls on the output of the last training forward (a "
                 "loss computed by another function or on a transformed output, or the loss module called several "
-                f"times).{_low_precision(record[1].dtype)} The run's epsilon is void."
+                f"times).{_low_precision(record[1].dtype)}"
             )
         if features.shape[0] == 0:  # an empty Poisson batch: the step adds noise only, nothing to compare
             self._check_norms(unchecked)
@@ -284,7 +284,7 @@ class Watch:
         if self.derivation.bias:
             bias = getattr(linear.bias, "grad_sample", None)
             if not torch.is_tensor(bias) or bias.shape != weight.shape[:2]:
-                self.fail("the bias' per-example gradients must match the weight's. The run's epsilon is void.")
+                self.fail("the bias' per-example gradients must match the weight's.")
             return bias
         a = features.to(weight.dtype)
         squares = torch.sum(a * a, dim=1).clamp_min(torch.finfo(weight.dtype).tiny)
@@ -298,7 +298,7 @@ class Watch:
             self.fail(
                 "the per-example gradient of the final nn.Linear must be rank one, dloss/du (outer) feature, as "
                 "for every GLM, which Opacus' own grad sampler for nn.Linear computes. Found another grad sampler "
-                f"registered for nn.Linear (a custom grad sampler). {BY_HAND} The run's epsilon is void."
+                f"registered for nn.Linear (a custom grad sampler). {BY_HAND}"
             )
 
     def _check_loss(
@@ -312,8 +312,7 @@ class Watch:
         if not torch.is_tensor(target) or target.shape[0] != rows:
             self.fail(
                 f"the loss module's target must be a tensor with one row per example ({rows}). Found "
-                f"{tuple(target.shape) if torch.is_tensor(target) else type(target).__name__}. The run's epsilon is "
-                "void."
+                f"{tuple(target.shape) if torch.is_tensor(target) else type(target).__name__}."
             )
         dtype = backprop.dtype if backprop.dtype.is_floating_point else torch.float64
         u, gradient = _rows(scores, dtype, rows), _rows(backprop, dtype, rows)
@@ -365,7 +364,7 @@ class Watch:
                 f"{self.decl.loss!r} ({LOSSES[self.decl.loss][1]}) at the example's score and label, reduced as "
                 f"make_private's loss_reduction says. Found a difference of up to {worst:.4g}: the loss was scaled, "
                 f"another term was added to it, or another loss was backpropagated.{_low_precision(scores.dtype)} "
-                f"{BY_HAND} The run's epsilon is void."
+                f"{BY_HAND}"
             )
 
     def _check_norms(self, features: list) -> None:
@@ -388,14 +387,13 @@ class Watch:
             if not ok:
                 self.fail(
                     f"every feature vector entering the final nn.Linear must have l2 norm <= feature_norm = "
-                    f"{bound:g}. Found norm {largest:.17g} (non-finite features, or a clip with another bound). "
-                    "The run's epsilon is void."
+                    f"{bound:g}. Found norm {largest:.17g} (non-finite features, or a clip with another bound)."
                 )
 
     def _wrong_labels(self, needed: str) -> NoReturn:
         self.fail(
             f"the targets of loss={self.decl.loss!r} must be {needed}, for which the constants were derived. "
-            f"Found others. {BY_HAND} The run's epsilon is void."
+            f"Found others. {BY_HAND}"
         )
 
 
@@ -423,9 +421,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _call(ref: Any, method: str) -> Any:
+    """A hook calling ``method`` of the watch (held weakly); a broken fact is recorded (``failure``), never
+    raised into the user's forward, and the watch stops checking."""
+
     def hook(*args: Any) -> Any:
         watch = ref()
-        return None if watch is None else getattr(watch, method)(*args)
+        if watch is None or watch.failure is not None:
+            return None
+        try:
+            return getattr(watch, method)(*args)
+        except GlmBroken:
+            return None
 
     return hook
 

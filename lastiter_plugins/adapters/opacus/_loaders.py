@@ -27,8 +27,8 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 import lastiter_plugins as lp
-from lastiter_plugins.adapters.opacus._internals import PASS_IDS, host_class
-from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._patches import PASS_IDS
 
 Sampling = lp.Sampling
 POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
@@ -279,7 +279,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
     batch_sampler = loader.batch_sampler
     if isinstance(batch_sampler, POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)
-    if not isinstance(batch_sampler, BatchSampler) or host_class(batch_sampler) is not BatchSampler:
+    if type(batch_sampler) is not BatchSampler:
         raise _refuse(
             "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
             f"Found batch_sampler={type(batch_sampler).__name__}; its sampling scheme cannot be verified."

@@ -1,75 +1,28 @@
-"""Registration of configured accountants under a name, creating and attaching them, and the adapter's errors."""
+"""The public entry points: ``register`` a configured accountant under a name, create and attach it."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from opacus import PrivacyEngine
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+from lastiter_plugins.adapters.opacus._declaration import PUBLIC, Registration
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._glm_declaration import declare
+from lastiter_plugins.adapters.opacus._patches import require_tested_torch
 from lastiter_plugins.config import refuse_renamed, resolve_relation
+from lastiter_plugins.host import LAST_ITERATE
 from lastiter_plugins.validation import validate_orders
 
-if TYPE_CHECKING:
-    from lastiter_plugins.adapters.opacus._glm_declaration import GlmDeclaration
-
-
-class LastIterateConfigurationError(lp.NotApplicableError):
-    """The Opacus pipeline does not match what the registered bound assumes
-    (found at ``make_private`` or when binding a loader).
-
-    The message names the parameter, the constraint, the value found and the fix.
-    """
-
-
-class LastIteratePipelineChangedError(LastIterateConfigurationError, lp.PipelineChangedError):
-    """What an optimizer step actually did differs from the configuration the accountant
-    verified (data source, sampler, batch, per-example gradients, noise, clipping, step
-    size, parameters, projection). The run's epsilon is void from then on."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Registration:
-    """What the user declared when registering an accountant name (validated)."""
-
-    name: str
-    bound: str
-    sampling: lp.Sampling
-    relation: lp.Relation
-    dataset_size: int
-    learning_rate: float
-    assumptions: lp.LossAssumptions
-    orders: tuple[float, ...] | None = None
-    #: model="glm": the declared loss and feature-norm bound (the assumptions are derived from the model)
-    glm: GlmDeclaration | None = None
-    #: torch SGD weight_decay per parameter group that the optimizer check accepts (None: 0 everywhere);
-    #: set by the GLM route, which folds it into the derived constants
-    weight_decays: tuple[float, ...] | None = None
-    #: l2_outside_clip declared by hand: the weight_decay of every parameter group (the declared strong convexity)
-    weight_decay_everywhere: float | None = None
-    #: best over bounds whose proof is a published theorem only
-    published_only: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
-        if self.glm is not None:  # only then, so that checkpoints of declared runs keep their format
-            extra = {"glm": self.glm.to_dict(), "weight_decays": list(self.weight_decays or ())}
-        if self.weight_decay_everywhere is not None:
-            extra["weight_decay_everywhere"] = self.weight_decay_everywhere
-        if self.published_only:
-            extra["published_only"] = True
-        return {
-            **extra,
-            "name": self.name,
-            "bound": self.bound,
-            "sampling": self.sampling.value,
-            "relation": self.relation.value,
-            "dataset_size": self.dataset_size,
-            "learning_rate": self.learning_rate,
-            "assumptions": dataclasses.asdict(self.assumptions),
-            "orders": None if self.orders is None else list(self.orders),
-        }
-
+#: the loss-assumption keywords of ``register``: the fields of ``lastiter_plugins.LossAssumptions``
+LOSS_KEYWORDS = tuple(f.name for f in dataclasses.fields(lp.LossAssumptions))
+#: the ones model="glm" derives, and must not be given with it
+_DERIVED = ("clipped_loss_convex_smooth", "l2_outside_clip")
 
 _REGISTRATIONS: dict[str, Registration] = {}
 
@@ -80,49 +33,40 @@ def register(
     bound: str = lp.BEST,
     sampling: str | lp.Sampling,
     dataset_size: int,
-    learning_rate: float,
-    smoothness: float | None = None,
-    weak_convexity: float = 0.0,
-    strong_convexity: float = 0.0,
-    diameter: float | None = None,
-    gradient_norms_within_clip: bool = False,
-    clipped_loss_convex_smooth: bool = False,
-    l2_outside_clip: bool = False,
+    learning_rate: float | None = None,
     relation: str | lp.Relation | None = None,
     orders: Sequence[float] | None = None,
     published_only: bool = False,
+    require: str | None = None,
+    metric_source: str | None = None,
     force: bool = False,
     model: str | None = None,
     loss: str | None = None,
     feature_norm: float | None = None,
     huber_delta: float | None = None,
-    **renamed: Any,
+    **assumptions: Any,
 ) -> str:
-    r"""Register a pre-configured last-iterate accountant under ``name``.
+    r"""Register a pre-configured accountant under ``name``.
 
-    Opacus instantiates registered accountants with no arguments, so the
-    configuration is bound to the name. Afterwards ``PrivacyEngine(accountant=name)``
-    uses it (Opacus 1.6). Opacus 1.5 has no accountant registry and its
-    ``PrivacyEngine(accountant=name)`` refuses the name: there use
-    ``attach(PrivacyEngine(), name)`` (also fine on 1.6), or assign
-    ``engine.accountant = create_accountant(name)`` before ``make_private``.
+    Opacus instantiates registered accountants with no arguments, so the configuration is bound to the name.
+    Afterwards ``PrivacyEngine(accountant=name)`` uses it (Opacus 1.6). Opacus 1.5 has no accountant registry
+    and its ``PrivacyEngine(accountant=name)`` refuses the name: there use ``attach(PrivacyEngine(), name)``
+    (also fine on 1.6), or assign ``engine.accountant = create_accountant(name)`` before ``make_private``.
+
+    The accountant gives every run the number the core gives for what ran: a fact observed at a step that
+    breaks a row's precondition (Adam, momentum, a learning-rate schedule, per-layer clipping that may be
+    active, a declared gradient norm exceeded) removes that row from ``best`` from that step on, and
+    ``report`` says which rows left, when and why (docs/opacus.md).
 
     Args:
       name: the mechanism name (``accountant.mechanism()`` returns it).
-      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``: the
-        minimum over every proven bound that applies, composition included).
-      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson);
-        checked against the loader.
+      bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``: the minimum over every proven
+        row whose preconditions held at every step, composition included). A named bound whose precondition
+        breaks refuses the run.
+      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson); checked against the loader.
       dataset_size: n; must equal ``len(data_loader.dataset)`` at every step.
-      learning_rate: the constant SGD step size; every step must use exactly it.
-      smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip: the loss
-        assumptions (see ``LossAssumptions``); ``diameter`` needs ``attach_projection``.
-      clipped_loss_convex_smooth: declare by hand that every per-example loss is a scalar GLM
-        phi(<a, x>) with phi convex and ``smoothness``-smooth (its clipped gradient is then a gradient
-        step); ``model="glm"`` derives and checks this instead.
-      l2_outside_clip: ``strong_convexity`` is torch SGD's ``weight_decay`` (added after the noisy
-        clipped mean): every parameter group's ``weight_decay`` must then equal it, checked at every
-        step; ``smoothness`` includes it.
+      learning_rate: the constant SGD step size the last-iterate rows need (every step must use exactly it, or
+        those rows leave); None (default): those rows leave, and the report says which would come back.
       relation: the neighbouring relation of the guarantee. Default: the sampling scheme's
         (``lastiter_plugins.config.DEFAULT_RELATION``, the rule of every route): ``add_or_remove_one``
         with ``sampling="poisson"`` (the relation of Opacus' own accountants; lastiter-plugins 0.2.0 used
@@ -131,16 +75,26 @@ def register(
       orders: Renyi orders (default: the library's grid).
       published_only: ``best`` over bounds whose proof is a published theorem for the run (not this
         library's derivations; a named ``bound`` must be one).
+      require: ``"last_iterate"``: refuse the run when no row certifying the final model only is left (instead
+        of reporting an every-iterate number).
+      metric_source: ``"public"`` declares that a rule reading a metric (``ReduceLROnPlateau``, early stopping)
+        reads one computed from data outside the private set, or from the released iterates alone; without it
+        a ``ReduceLROnPlateau`` that reads a metric refuses the run.
       force: replace an existing registration of ``name`` with a different configuration.
       model: ``"glm"`` derives the loss assumptions instead of taking them (certified linear models,
         docs/opacus.md): the model's only trainable layer must be a final ``nn.Linear`` fed by a
         ``FeatureNormClip(A)``; the constants are derived at ``make_private`` from the model, the clip
-        norm and SGD's ``weight_decay``, and checked at every step. ``smoothness``, ``weak_convexity``,
-        ``strong_convexity`` and ``gradient_norms_within_clip`` must then be left out.
+        norm and SGD's ``weight_decay``, and checked at every step. The loss assumptions (below) must then be
+        left out, but for ``diameter``.
       loss: with ``model="glm"``: ``"logistic"`` (``BCEWithLogitsLoss``), ``"softmax"``
         (``CrossEntropyLoss``) or ``"huber"`` (``HuberLoss(delta=huber_delta)``).
       feature_norm: with ``model="glm"``: A, the bound of the ``FeatureNormClip``.
       huber_delta: with ``loss="huber"``: the Huber loss' delta.
+      **assumptions: the loss assumptions, the fields of ``lastiter_plugins.LossAssumptions`` with their
+        meaning there (``smoothness``, ``weak_convexity``, ``strong_convexity``, ``diameter`` (needs
+        ``attach_projection``), ``gradient_norms_within_clip``, ``clipped_loss_convex_smooth``,
+        ``l2_outside_clip``: ``strong_convexity`` is torch SGD's ``weight_decay``, which every parameter group
+        must then use).
 
     Returns:
       ``name``.
@@ -148,32 +102,30 @@ def register(
     Raises:
       ValueError: an invalid value, a renamed keyword (``clipping``), or ``name``
         already registered with another configuration and ``force`` is False.
-      lastiter_plugins.UnsupportedHostError: an Opacus version the adapter was not tested with.
+      lastiter_plugins.UnsupportedHostError: an Opacus or torch version the adapter was not tested with.
     """
-    from lastiter_plugins.adapters.opacus._accountant import register_class
-    from lastiter_plugins.adapters.opacus._internals import require_tested_opacus
-
-    refuse_renamed(renamed)
-    if renamed:
-        raise TypeError(f"register() got unexpected keyword arguments: {', '.join(sorted(renamed))}.")
-    require_tested_opacus()
+    refuse_renamed(assumptions)
+    unknown = sorted(set(assumptions) - set(LOSS_KEYWORDS))
+    if unknown:
+        raise TypeError(f"register() got unexpected keyword arguments: {', '.join(unknown)}.")
+    internals.require_tested_opacus()
+    require_tested_torch()
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string. Found {name!r}.")
     if bound not in lp.BOUND_IDS:
         raise ValueError(f"bound must be one of {', '.join(lp.BOUND_IDS)}. Found {bound!r}.")
+    if require not in (None, LAST_ITERATE):
+        raise ValueError(f"require must be None or {LAST_ITERATE!r}. Found {require!r}.")
+    if metric_source not in (None, PUBLIC):
+        raise ValueError(f"metric_source must be None or {PUBLIC!r}. Found {metric_source!r}.")
     sampling = lp.Sampling.parse(sampling)
     relation = resolve_relation(relation, sampling)
     glm = None
     if model is not None:
-        from lastiter_plugins.adapters.opacus._glm_declaration import declare
-
         if model != "glm":
             raise ValueError(f"model must be None or 'glm' (a certified linear model). Found {model!r}.")
-        for key, value in (
-            ("clipped_loss_convex_smooth", clipped_loss_convex_smooth),
-            ("l2_outside_clip", l2_outside_clip),
-        ):
-            if value:
+        for key in _DERIVED:
+            if assumptions.get(key):
                 raise ValueError(
                     f"{key} must be left out with model='glm': the route derives it from the model and the "
                     "optimizer's weight_decay. Found it declared."
@@ -182,10 +134,10 @@ def register(
             loss=loss,
             feature_norm=feature_norm,
             huber_delta=huber_delta,
-            smoothness=smoothness,
-            weak_convexity=weak_convexity,
-            strong_convexity=strong_convexity,
-            gradient_norms_within_clip=gradient_norms_within_clip,
+            smoothness=assumptions.get("smoothness"),
+            weak_convexity=assumptions.get("weak_convexity", 0.0),
+            strong_convexity=assumptions.get("strong_convexity", 0.0),
+            gradient_norms_within_clip=assumptions.get("gradient_norms_within_clip", False),
         )
     else:
         given = [
@@ -195,25 +147,12 @@ def register(
         ]
         if given:
             raise ValueError(f"{', '.join(given)} need model='glm'. Found them without it.")
-    assumptions = lp.LossAssumptions(
-        smoothness=smoothness,
-        weak_convexity=weak_convexity,
-        strong_convexity=strong_convexity,
-        diameter=diameter,
-        gradient_norms_within_clip=gradient_norms_within_clip,
-        clipped_loss_convex_smooth=clipped_loss_convex_smooth,
-        l2_outside_clip=l2_outside_clip,
-    )
+    declared = lp.LossAssumptions(**assumptions)
     # TrainingConfig validates dataset_size and learning_rate with the core's messages.
     probe = lp.TrainingConfig(
-        dataset_size=dataset_size,
-        batch_size=1,
-        noise_multiplier=1.0,
-        steps=1,
-        sampling=sampling,
-        learning_rate=learning_rate,
-        relation=relation,
-    )
+        dataset_size=dataset_size, batch_size=1, noise_multiplier=1.0, steps=1, sampling=sampling,
+        learning_rate=learning_rate, relation=relation,
+    )  # fmt: skip
     if bound != lp.BEST:
         spec = lp.BOUNDS[bound]
         covered = spec.relation_for(sampling)
@@ -231,19 +170,20 @@ def register(
             "num_samples=b), batch_size=b), iterated afresh every step, would be one; account it with "
             "lp.epsilon(..., sampling='random_batch')). Found random_batch."
         )
-    frozen_orders = None if orders is None else tuple(float(o) for o in validate_orders(orders))
     reg = Registration(
         name=name,
         bound=bound,
         sampling=sampling,
         relation=relation,
         dataset_size=probe.dataset_size,
-        learning_rate=float(learning_rate),  # a finite number > 0: probe validated it
-        assumptions=assumptions,
-        orders=frozen_orders,
+        learning_rate=probe.learning_rate,  # a finite number > 0 (probe validated it), or None
+        assumptions=declared,
+        orders=None if orders is None else tuple(float(o) for o in validate_orders(orders)),
         glm=glm,
-        weight_decay_everywhere=float(strong_convexity) if l2_outside_clip else None,
+        weight_decay_everywhere=float(declared.strong_convexity) if declared.l2_outside_clip else None,
         published_only=_flag("published_only", published_only),
+        require=require,  # type: ignore[arg-type]  # (validated above)
+        metric_source=metric_source,  # type: ignore[arg-type]  # (validated above)
     )
     previous = _REGISTRATIONS.get(name)
     if previous is not None and previous == reg:
@@ -253,7 +193,12 @@ def register(
             f"accountant name {name!r} is already registered with a different configuration "
             f"({previous.to_dict()}); pass force=True to replace it or choose another name."
         )
-    register_class(name, reg, force=force or previous is not None)
+    cls = type(
+        f"LastIterateAccountant_{name}",
+        (LastIterateAccountant,),
+        {"_registration": reg, "__module__": LastIterateAccountant.__module__, "__doc__": f"Accountant {name!r}."},
+    )
+    internals.register_accountant(name, cls, force=force or previous is not None)
     _REGISTRATIONS[name] = reg
     return name
 
@@ -270,11 +215,8 @@ def create_accountant(name: str) -> Any:
     Raises:
       ValueError: nothing is registered under ``name`` (call ``register`` first).
     """
-    from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
-    from lastiter_plugins.adapters.opacus._internals import create_accountant as host_create
-
     registration(name)  # raises if the name is not ours
-    accountant = host_create(name)
+    accountant = internals.create_accountant(name)
     if not isinstance(accountant, LastIterateAccountant):  # the name was taken over after register()
         raise ValueError(
             f"accountant name {name!r} must stand for the last-iterate accountant registered with register(). "
@@ -298,13 +240,9 @@ def attach(engine: Any, name: str) -> Any:
       LastIterateConfigurationError: ``engine.make_private`` has already run (its optimizer reports
         its steps to the accountant the engine held then, so the new one would see none).
     """
-    from opacus import PrivacyEngine
-
-    from lastiter_plugins.adapters.opacus._internals import engine_made_private
-
     if not isinstance(engine, PrivacyEngine):
         raise TypeError(f"engine must be an opacus.PrivacyEngine. Found {type(engine).__name__}.")
-    if engine_made_private(engine):
+    if internals.engine_made_private(engine):
         raise LastIterateConfigurationError(
             f"attach(engine, {name!r}) must come before engine.make_private: the optimizer make_private returned "
             f"reports its steps to the accountant the engine held then ({type(engine.accountant).__name__}), so "

@@ -1,13 +1,15 @@
-"""The accountant's report: every bound side by side for the steps taken, and the threat model."""
+"""The accountant's report: every bound side by side for the steps taken, the rows that left ``best`` and why,
+Opacus' own number beside ours, and the threat model."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 import lastiter_plugins as lp
+from lastiter_plugins import host
+from lastiter_plugins.adapters.opacus._declaration import Registration
+from lastiter_plugins.adapters.opacus._record import Observed
 
 #: What every number of this adapter protects (printed by the report).
 THREAT_MODEL = (
@@ -51,6 +53,15 @@ class Report:
     tightness: str = ""  # best's lower bound: "the worst case ... lies in [lower, upper]", or why none
     lower_bound: float | None = None  # the exact epsilon of an instance meeting the declarations
     provenance: str = ""  # best's proof: published theorem or this library's derivation, and what published gives
+    #: the rows that left best, each with the step and the fact that removed it
+    rows_left: tuple[str, ...] = ()
+    #: the registered learning rate left out: the rows that giving it would bring back
+    needs_learning_rate: tuple[str, ...] = ()
+    #: the mechanism the steps used (clipping, sensitivity, noise)
+    mechanism: str = ""
+    #: what Opacus' own accountants print for the run (default first), marked NOT VALID where their
+    #: assumptions fail, with the ratio of the valid number to each
+    host: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +76,10 @@ class Report:
             "lower_bound": self.lower_bound,
             "tightness": self.tightness,
             "provenance": self.provenance,
+            "rows_left": list(self.rows_left),
+            "needs_learning_rate": list(self.needs_learning_rate),
+            "mechanism": self.mechanism,
+            "host": list(self.host),
             "threat_model": self.threat_model,
         }
 
@@ -87,6 +102,8 @@ class Report:
             table.append((r.bound, r.relation or "-", eps, order, r.protects if r.applies else "-", why))
         widths = [max(len(row[i]) for row in table) for i in range(5)]
         lines = [head]
+        if self.mechanism:
+            lines.append(f"mechanism: {self.mechanism}")
         for row in table:
             lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
         if self.best:
@@ -95,35 +112,49 @@ class Report:
             lines.append(self.tightness)
         if self.provenance:
             lines.append(self.provenance)
+        for line in self.rows_left:
+            lines.append(f"left best: {line}")
+        if self.needs_learning_rate:
+            lines.append(f"give learning_rate= for {', '.join(self.needs_learning_rate)}")
+        for line in self.host:
+            lines.append(line)
         if self.advice:
             lines.append(self.advice)
         lines.append(self.threat_model)
         return "\n".join(lines)
 
 
-def build_report(
-    name: str,
-    config: lp.TrainingConfig,
-    assumptions: lp.LossAssumptions,
-    delta: float,
-    orders: tuple[float, ...] | None,
-    *,
-    published_only: bool = False,
-) -> Report:
-    """Render the core's evaluation of every bound for ``config`` (one evaluation path: the core's);
-    ``published_only``: best over the bounds whose proof is a published theorem."""
-    from lastiter_plugins.evaluation import evaluate_all, published_note
+def host_lines(config: lp.TrainingConfig, delta: float, valid: float) -> tuple[str, ...]:
+    """What Opacus' default accountant (``prv``) and its RDP accountant would print for the run, each marked NOT
+    VALID where its assumptions fail, with the ratio of the valid number ``valid`` to it."""
+    numbers = {h.id: h for h in host.host_numbers(config, delta, "opacus")}
+    lines = []
+    for key, role in (("opacus-prv", "Opacus' default accountant (prv)"), ("opacus-rdp", "Opacus' RDP accountant")):
+        number = numbers.get(key)
+        if number is None or number.epsilon is None:
+            continue
+        ratio = f"; the valid number is {valid / number.epsilon:.3g}x it" if number.epsilon > 0 else ""
+        lines.append(f"{role}: {number}{ratio}")
+    return tuple(lines)
 
-    grid = None if orders is None else np.array(orders)
+
+def build_report(reg: Registration, account: host.Account, delta: float, observed: Observed | None) -> Report:
+    """Render the core's evaluation of every bound for the pipeline that ran (one evaluation path: the
+    core's), with the departures that removed rows and the host's own number."""
+    config, assumptions = account.config, account.assumptions
+    orders = None if reg.orders is None else list(reg.orders)
     rows = []
-    for bid, ev in evaluate_all(config, assumptions, delta, grid).items():
+    for bid, ev in lp.applicable_bounds(delta=delta, orders=orders, config=config, assumptions=assumptions).items():
+        if bid == lp.BEST:
+            continue
+        result = ev.result
         rows.append(
             ReportRow(
                 bound=bid,
                 relation=None if ev.relation is None else ev.relation.value,
                 applies=ev.applies,
-                epsilon=ev.epsilon,
-                order=ev.order,
+                epsilon=None if result is None else result.epsilon,
+                order=None if result is None else result.order,
                 protects=ev.protects.value,
                 reasons=tuple(ev.reasons),
                 reference=ev.reference,
@@ -132,16 +163,12 @@ def build_report(
         )
     best_text = advice = tightness = provenance = ""
     lower = None
+    hosts: tuple[str, ...] = ()
     try:
         best = lp.epsilon(
-            lp.BEST,
-            delta,
-            grid,
-            lower_bound=True,
-            published_only=published_only,
-            config=config,
+            lp.BEST, delta, orders, lower_bound=True, published_only=reg.published_only, config=config,
             assumptions=assumptions,
-        )
+        )  # fmt: skip
         rows.append(
             ReportRow(
                 lp.BEST,
@@ -157,23 +184,28 @@ def build_report(
         )
         best_text, tightness, lower = str(best), best.tightness_line, best.lower_bound
         provenance = " ".join(
-            filter(None, (f"Proof: {best.provenance}.", published_note(best, config, assumptions, grid)))
+            filter(None, (f"Proof: {best.provenance}.", host.published_note(best, config, assumptions, reg.orders)))
         )
         if lp.is_standard_baseline(best):
             advice = lp.baseline_note(best, lp.advise(delta, top=3, config=config, assumptions=assumptions))
+        hosts = host_lines(config, delta, account.result.epsilon)
     except ValueError as exc:
         rows.append(ReportRow(lp.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
-    sampling, relation = config.sampling.value, config.relation.value
+    needs = host.rows_needing("learning_rate", config, assumptions) if reg.learning_rate is None else ()
     return Report(
-        name,
+        reg.name,
         delta,
         config.steps,
-        sampling,
-        relation,
+        config.sampling.value,
+        config.relation.value,
         tuple(rows),
         best=best_text,
         advice=advice,
         tightness=tightness,
         lower_bound=lower,
         provenance=provenance,
+        rows_left=tuple(str(r) for r in account.rows_left),
+        needs_learning_rate=needs,
+        mechanism="" if observed is None else observed.mechanism,
+        host=hosts,
     )

@@ -13,8 +13,9 @@ import weakref
 from copy import deepcopy
 from typing import Any
 
-from lastiter_plugins.adapters.opacus._observe import Observed, unwrap
-from lastiter_plugins.adapters.opacus._registration import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._internals import unwrap
+from lastiter_plugins.adapters.opacus._record import Observed
 
 _Error = LastIterateConfigurationError
 
@@ -47,7 +48,7 @@ class Start:
             f"Found a model already trained for {prior.steps} DP steps by accountant {prior.registration.name!r} "
             "(make_private on a model, or on the GradSampleModule, an earlier engine trained)"
         )
-        if prior._void is not None:
+        if prior.void is not None:
             raise _Error(
                 f"a model whose earlier DP training was refused cannot be accounted: the released model carries "
                 f"those steps. {found}, whose run was void. Start from a fresh model."
@@ -67,21 +68,23 @@ class Start:
         """The first step of a model an earlier accountant trained: ``accountant`` continues its accounting
         (its history, its index record) when the step is configured as its steps were, else refuse."""
         prior, self.prior = self.prior, None
-        if prior._void is not None:
-            raise _Error(f"the earlier accounting of this model was refused: {prior._void}")
-        if prior._observed != observed:
+        if prior.void is not None:
+            raise _Error(f"the earlier accounting of this model was refused: {prior.void}")
+        if prior.observed != observed:
             raise _Error(
                 f"a model trained by an earlier engine continues that accounting only with the same noise, clipping, "
-                f"batch size and learning rate. Found {prior._observed.to_dict()} for its {prior.steps} steps and "
-                f"{observed.to_dict()} now. Start from a fresh model, or train with the same settings."
+                f"batch size and learning rate. Found {prior.observed and prior.observed.to_dict()} for its "
+                f"{prior.steps} steps and {observed.to_dict()} now. Start from a fresh model, or train with the same "
+                "settings."
             )
         accountant.history = deepcopy(prior.history)
-        if prior._monitor is not None:
-            accountant._monitor.derivation = prior._monitor.derivation
+        accountant.departures = list(prior.departures)  # the rows that left the earlier steps stay out
+        if prior.run is not None and accountant.run is not None:
+            accountant.run.batches.derivation = prior.run.batches.derivation
         model = self._model()
         if model is not None:
             MARKS[model] = accountant
-        prior._void = (
+        prior.void = (
             f"the model it accounted for was trained further under accountant {accountant.registration.name!r}, which "
             "continues its accounting; read the epsilon there"
         )

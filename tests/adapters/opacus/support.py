@@ -32,3 +32,9 @@ def dataset(n: int, features: int = 3) -> TensorDataset:
     x = torch.randn(n, features, generator=gen)
     x = x / x.norm(dim=1, keepdim=True)
     return TensorDataset(x, (torch.rand(n, generator=gen) < 0.5).float())
+
+
+def left(accountant) -> dict[str, tuple[int, dict]]:
+    """The accountant's departures: fact -> (the step it left from, the pipeline fields it weakened), the
+    update as its value ("any")."""
+    return {d.fact: (d.step, {k: getattr(v, "value", v) for k, v in d.changes.items()}) for d in accountant.departures}

@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -36,7 +37,7 @@ from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 from lastiter_plugins.bounds import sgm  # noqa: E402
 from tests.support import ROOT  # noqa: E402
 
-from .support import dataset  # noqa: E402
+from .support import dataset, left  # noqa: E402
 from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -364,50 +365,113 @@ def test_make_private_refuses_dataset_size_mismatch(request):
         _private(name)
 
 
-# ---------------------------------------------------------------- optimizer refusals
+# ---------------------------------------------------------------- optimizer departures and refusals
+
+
+def _core(steps=10, **kw):
+    """The core's number for the linear model's run below (cyclic, n = 100, b = 10, z = 1, C = 1)."""
+    params = {"dataset_size": N, "batch_size": 10, "noise_multiplier": 1.0, "steps": steps, "sampling": "cyclic",
+              "learning_rate": LR, "smoothness": 0.25, **kw}  # fmt: skip
+    return lp.epsilon("best", DELTA, **params).epsilon
 
 
 @pytest.mark.parametrize(
-    ("make", "match"),
+    ("make", "fact", "changes"),
     [
-        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9), "momentum must be 0"),
-        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9, nesterov=True), "momentum must be 0"),
-        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=1e-3), "weight_decay must be 0.*l2 regulariser"),
-        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, maximize=True), "maximize must be False"),
-        (lambda m: torch.optim.Adam(m.parameters(), lr=LR), "plain torch.optim.SGD.*Found Adam"),
-        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1), "learning_rate must stay equal to the registered 0.5"),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9), "SGD with momentum=0.9", {"update": "any"}),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, momentum=0.9, nesterov=True), "momentum=0.9",
+         {"update": "any"}),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=1e-3), "weight_decay=0.001",
+         {"update": "any"}),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=LR, maximize=True), "maximize=True", {"update": "any"}),
+        (lambda m: torch.optim.Adam(m.parameters(), lr=LR), "the optimizer is torch.optim.Adam", {"update": "any"}),
+        (lambda m: torch.optim.AdamW(m.parameters(), lr=LR), "torch.optim.AdamW", {"update": "any"}),
+        (lambda m: torch.optim.SGD(m.parameters(), lr=0.1), "lr=0.1 .*not the registered learning_rate=0.5",
+         {"learning_rate": None}),
     ],
-    ids=["momentum", "nesterov", "weight-decay", "maximize", "adam", "other-lr"],
-)
-def test_make_private_refuses_non_plain_sgd(request, make, match):
+    ids=["momentum", "nesterov", "weight-decay", "maximize", "adam", "adamw", "other-lr"],
+)  # fmt: skip
+def test_an_update_other_than_the_registered_sgd_removes_exactly_the_rows_it_breaks(request, make, fact, changes):
+    """Checks gate rows, not runs: the run gets the core's number for the pipeline that ran, and says which
+    rows left, from which step and why."""
     name = _register(request, sampling="cyclic")
-    with pytest.raises(lo.LastIterateConfigurationError, match=match):
-        _private(name, optimizer=make)
+    engine, model, optimizer, loader = _private(name, optimizer=make)
+    _train(model, optimizer, loader)
+    (found, (step, weakened)), *more = left(engine.accountant).items()
+    assert not more and step == 1 and re.search(fact, found)
+    assert {k: weakened[k] for k in changes} == changes
+    ran = {"update": "any", "learning_rate": None} if "update" in changes else {"learning_rate": None}
+    assert engine.get_epsilon(DELTA) == _core(**ran)
+    report = engine.accountant.report(DELTA)
+    assert report.rows_left and all("left at step 1" in r and re.search(fact, r) for r in report.rows_left)
+    if "update" in changes:
+        assert engine.accountant.epsilon_result(DELTA).protects is lp.Protects.EVERY_ITERATE
 
 
-def test_per_layer_clipping_refused(request):
+@pytest.mark.parametrize("declared", [{"bound": "kong-ribero-cyclic"}, {"require": "last_iterate"}],
+                         ids=["named-bound", "require-last-iterate"])  # fmt: skip
+def test_a_named_bound_or_require_broken_by_the_optimizer_is_refused_at_make_private(request, declared):
+    name = _register(request, sampling="cyclic", **declared)
+    _private(name)  # plain SGD: the declaration holds
+    with pytest.raises(lo.LastIterateConfigurationError, match=r"step 1: the optimizer is torch\.optim\.Adam"):
+        _private(name, optimizer=lambda m: torch.optim.Adam(m.parameters(), lr=LR))
+
+
+def test_per_layer_clipping_counts_the_l2_norm_of_the_layer_bounds(request):
+    """Opacus noises per-layer clipping with z * |(C_1, ..., C_k)| (its float32 value): the sensitivity is that
+    norm, and the update, clipped layer by layer, is not the flat-clipped step of the last-iterate rows."""
     name = _register(request, sampling="cyclic")
-    with pytest.raises(lo.LastIterateConfigurationError, match="DPOptimizer or DistributedDPOptimizer"):
-        _private(name, clip=[1.0, 1.0], clipping="per_layer")
+    engine, model, optimizer, loader = _private(name, clip=[1.0, 0.5], clipping="per_layer")
+    _train(model, optimizer, loader)
+    observed = engine.accountant.observed
+    exact = math.sqrt(1.25)
+    assert observed.clipping == "per_layer" and observed.layer_clip_norms == (1.0, 0.5)
+    assert observed.clip_norm == pytest.approx(exact, rel=1e-15) and observed.clip_norm >= exact
+    assert observed.noise_multiplier == min(1.0, optimizer.max_grad_norm / observed.clip_norm)
+    assert [v for v in left(engine.accountant).values()] == [(1, {"update": "any"})]
+    expected = _core(update="any", clip_norm=observed.clip_norm, noise_multiplier=observed.noise_multiplier)
+    assert engine.get_epsilon(DELTA) == expected
+    assert "per-layer clipping" in engine.accountant.report(DELTA).mechanism
 
 
-def test_scheduler_refused_before_the_step_changes_the_model(request):
+def test_per_layer_clipping_declared_never_active_keeps_the_gradient_step(request):
+    name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
+    engine, model, optimizer, loader = _private(name, clip=[WITHIN_CLIP, WITHIN_CLIP], clipping="per_layer")
+    _train(model, optimizer, loader)
+    assert engine.accountant.departures == []
+    observed = engine.accountant.observed
+    assert engine.get_epsilon(DELTA) == _core(
+        gradient_norms_within_clip=True, clip_norm=observed.clip_norm, noise_multiplier=observed.noise_multiplier
+    )
+    engine, model, optimizer, loader = _private(name, clip=[WITHIN_CLIP, 0.01], clipping="per_layer")  # bias: active
+    _train(model, optimizer, loader)
+    ((fact, (step, changes)),) = left(engine.accountant).items()
+    assert step == 1 and "clipping was active" in fact
+    assert changes == {"gradient_norms_within_clip": False, "update": "any"}
+
+
+def test_adaptive_clipping_is_refused_naming_its_mechanism(request):
+    name = _register(request, sampling="cyclic")
+    with pytest.raises(lo.LastIterateConfigurationError, match="adaptive clipping moves its clip bound"):
+        _private(name, clipping="adaptive", target_unclipped_quantile=0.5, clipbound_learning_rate=0.2,
+                 max_clipbound=2.0, min_clipbound=0.1, unclipped_num_std=1.0)  # fmt: skip
+
+
+def test_a_schedule_leaves_the_last_iterate_rows_from_the_step_it_changes(request):
     name = _register(request, sampling="cyclic")
     engine, model, optimizer, loader = _private(name)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     batches = iter(loader)
-    xb, yb = next(batches)
-    _loss(model, xb, yb).backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    scheduler.step()
-    before = [p.detach().clone() for p in model.parameters()]
-    xb, yb = next(batches)
-    _loss(model, xb, yb).backward()
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"learning_rate must stay equal.*Found lr=0.25"):
+    for _ in range(3):
+        xb, yb = next(batches)
+        _loss(model, xb, yb).backward()
         optimizer.step()
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert engine.accountant.steps == 1
+        optimizer.zero_grad()
+        scheduler.step()
+    ((fact, (step, changes)),) = left(engine.accountant).items()
+    assert step == 2 and "0.5 -> 0.25" in fact and "schedule" in fact
+    assert changes == {"update": "any", "learning_rate": None}
+    assert engine.get_epsilon(DELTA) == _core(steps=3, update="any", learning_rate=None)
 
 
 def test_noise_multiplier_change_refused(request):
@@ -445,14 +509,38 @@ def _override_add_noise(optimizer, model):
 
 
 @pytest.mark.parametrize(
+    "change, fact, changes",
+    [
+        (_set_group("momentum", 0.9), "momentum=0.9", {"update": "any", "learning_rate": None}),
+        (_set_group("weight_decay", 1e-4), "weight_decay=0.0001", {"update": "any", "learning_rate": None}),
+        (_set_group("nesterov", True), "nesterov=True", {"update": "any", "learning_rate": None}),
+        (_set_group("maximize", True), "maximize=True", {"update": "any", "learning_rate": None}),
+        (_set_group("lr", LR / 2), "0.5 -> 0.25", {"update": "any", "learning_rate": None}),
+        (_set_tensor_lr_in_place, "0.5 -> 0.25", {"update": "any", "learning_rate": None}),
+    ],
+    ids=["momentum", "weight-decay", "nesterov", "maximize", "lr", "tensor-lr-in-place"],
+)
+def test_an_update_changed_after_many_steps_leaves_from_the_next_step(request, change, fact, changes):
+    """The per-step checks stay complete after many identical steps (the hook skips re-reading the
+    optimizer only when nothing it reads has changed): the step after the change departs."""
+    name = _register(request, sampling="cyclic")
+    tensor_lr = change is _set_tensor_lr_in_place
+    make = (lambda m: torch.optim.SGD(m.parameters(), lr=torch.tensor(LR))) if tensor_lr else None
+    engine, model, optimizer, loader = _private(name, optimizer=make)
+    _train(model, optimizer, loader, epochs=2)
+    assert engine.accountant.steps == 20 and engine.accountant.departures == []
+    change(optimizer, model)
+    xb, yb = next(iter(loader))
+    _loss(model, xb, yb).backward()
+    optimizer.step()
+    ((found, (step, weakened)),) = left(engine.accountant).items()
+    assert step == 21 and fact in found and weakened == changes
+    assert engine.accountant.steps == 21
+
+
+@pytest.mark.parametrize(
     "change, match",
     [
-        (_set_group("momentum", 0.9), r"momentum must be 0 .*Found momentum=0.9"),
-        (_set_group("weight_decay", 1e-4), r"weight_decay must be 0 .*Found weight_decay=0.0001"),
-        (_set_group("nesterov", True), r"nesterov must be False .*Found nesterov=True"),
-        (_set_group("maximize", True), r"maximize must be False .*Found maximize=True"),
-        (_set_group("lr", LR / 2), r"learning_rate must stay equal.*Found lr=0.25"),
-        (_set_tensor_lr_in_place, r"learning_rate must stay equal.*Found lr=0.25"),
         (lambda o, m: setattr(o, "max_grad_norm", 2.0), r"must stay constant.*clip_norm: 1.0 -> 2.0"),
         (lambda o, m: setattr(o, "noise_multiplier", 0.5), r"must stay constant.*noise_multiplier: 1.0 -> 0.5"),
         (lambda o, m: setattr(o, "loss_reduction", "sum"), r"must stay constant.*loss_reduction: 'mean' -> 'sum'"),
@@ -462,12 +550,6 @@ def _override_add_noise(optimizer, model):
         (_override_add_noise, r"add_noise must be Opacus' own"),
     ],
     ids=[
-        "momentum",
-        "weight-decay",
-        "nesterov",
-        "maximize",
-        "lr",
-        "tensor-lr-in-place",
         "clip",
         "noise",
         "reduction",
@@ -478,12 +560,10 @@ def _override_add_noise(optimizer, model):
     ],
 )
 def test_change_after_many_steps_refused_at_the_next_step(request, change, match):
-    """The per-step checks stay complete after many identical steps (the hook skips
-    re-deriving the configuration only when nothing it reads has changed)."""
+    """A change every row needs (the mechanism, the trained parameters) refuses the step after many identical
+    steps."""
     name = _register(request, sampling="cyclic")
-    tensor_lr = change is _set_tensor_lr_in_place
-    make = (lambda m: torch.optim.SGD(m.parameters(), lr=torch.tensor(LR))) if tensor_lr else None
-    engine, model, optimizer, loader = _private(name, optimizer=make)
+    engine, model, optimizer, loader = _private(name)
     _train(model, optimizer, loader, epochs=2)
     assert engine.accountant.steps == 20
     change(optimizer, model)
@@ -568,26 +648,29 @@ def test_standalone_calibration_without_context_refused(request):
 # ---------------------------------------------------------------- projection
 
 
-def test_projection_required_when_diameter_declared(request):
+def test_a_declared_diameter_without_its_projection_leaves_the_rows_that_need_it(request):
     name = _register(request, sampling="cyclic", diameter=2.0)
-    engine, model, optimizer, loader = _private(name)
-    with pytest.raises(lp.PipelineChangedError, match="attach_projection"):
+    declared = _core(diameter=2.0)
+    for attach, fact in [
+        (None, "no projection onto a ball of the declared diameter 2"),
+        (lambda optimizer: lo.attach_projection(torch.optim.SGD(_model().parameters(), lr=LR), 2.0),  # another's
+         "no projection onto a ball of the declared diameter 2"),
+        (lambda optimizer: lo.attach_projection(optimizer, 3.0), "diameter 3 exceeds the declared diameter 2"),
+    ]:  # fmt: skip
+        engine, model, optimizer, loader = _private(name)
+        if attach is not None:
+            attach(optimizer)
         _train(model, optimizer, loader)
-    engine, model, optimizer, loader = _private(name)
-    other = torch.optim.SGD(_model().parameters(), lr=LR)
-    lo.attach_projection(other, 2.0)  # on another optimizer: does not count
-    with pytest.raises(lp.PipelineChangedError, match="no projection covering exactly"):
-        _train(model, optimizer, loader)
-    engine, model, optimizer, loader = _private(name)
-    lo.attach_projection(optimizer, 3.0)
-    with pytest.raises(lp.PipelineChangedError, match="diameter must be <= the declared diameter 2"):
-        _train(model, optimizer, loader)
+        ((found, (step, changes)),) = left(engine.accountant).items()
+        assert step == 1 and fact in found and changes == {"diameter": None}
+        assert engine.get_epsilon(DELTA) == _core()  # the declared pipeline without its diameter
     engine, model, optimizer, loader = _private(name)
     lo.attach_projection(optimizer, 2.0)
     _train(model, optimizer, loader, epochs=2)
     norm = math.sqrt(sum(float((p.detach() ** 2).sum()) for p in model.parameters()))
     assert norm <= 1.0 + 1e-6
-    assert engine.accountant.epsilon_result(DELTA).bound == "best"
+    assert engine.accountant.departures == [] and engine.accountant.epsilon_result(DELTA).bound == "best"
+    assert engine.get_epsilon(DELTA) == _core(steps=20, diameter=2.0) and declared > 0
 
 
 def test_projection_is_euclidean_projection_onto_ball():
@@ -1111,9 +1194,13 @@ def test_register_takes_the_glm_declarations_by_hand_and_checks_the_weight_decay
                           clipped_loss_convex_smooth=True, l2_outside_clip=True)  # fmt: skip
     assert engine.accountant.get_epsilon(DELTA) == expected.epsilon
     assert lo.registration(name).assumptions.l2_outside_clip
-    # another weight decay than the declared l2 term is refused
-    with pytest.raises(lo.LastIterateConfigurationError, match=r"weight_decay must be 0\.05 .*l2_outside_clip"):
-        _private(name, optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=LR, weight_decay=2 * w))
+    # another weight decay than the declared l2 term is not the update the rows analyse
+    engine, model, optimizer, loader = _private(
+        name, optimizer=lambda model: torch.optim.SGD(model.parameters(), lr=LR, weight_decay=2 * w)
+    )
+    _train(model, optimizer, loader)
+    ((fact, (step, changes)),) = left(engine.accountant).items()
+    assert step == 1 and "weight_decay=0.1" in fact and "l2_outside_clip" in fact and changes["update"] == "any"
     with pytest.raises(ValueError, match="must be left out with model='glm'"):
         lo.register(_name(request) + "-glm", force=True, sampling="cyclic", dataset_size=N, learning_rate=LR,
                     model="glm", loss="logistic", feature_norm=1.0, clipped_loss_convex_smooth=True)  # fmt: skip

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
 
-from .support import dataset  # noqa: E402
+from .support import dataset, left  # noqa: E402
 from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -237,9 +237,8 @@ def test_a_second_engine_with_less_noise_on_the_trained_model_is_refused(request
     _refused(second, lambda: _train(private, optimizer, loader), "same noise, clipping")
 
 
-@pytest.mark.parametrize("created", ["after make_private", "on the SGD before make_private"])
-def test_reduce_lr_on_plateau_is_refused_whether_or_not_it_fires(request, created):
-    name = _register(request)
+def _plateau_run(request, created, **kw):
+    name = _register(request, **kw)
     schedulers = []
     torch.manual_seed(0)
     model = nn.Linear(D, 1)
@@ -264,8 +263,27 @@ def test_reduce_lr_on_plateau_is_refused_whether_or_not_it_fires(request, create
             total += float(loss)
         schedulers[0].step(total)  # never fires (patience 100): the learning rate stays LR
 
-    _refused(engine, epoch, "ReduceLROnPlateau")
+    return engine, optimizer, epoch
+
+
+@pytest.mark.parametrize("created", ["after make_private", "on the SGD before make_private"])
+def test_reduce_lr_on_plateau_reading_a_private_metric_is_refused_whether_or_not_it_fires(request, created):
+    engine, optimizer, epoch = _plateau_run(request, created)
+    epoch()  # the rule reads the training loss after the epoch: the steps before it are the run's
+    assert engine.accountant.steps == EPOCH
+    _refused(engine, epoch, "ReduceLROnPlateau holding this optimizer read a metric")
     assert optimizer.param_groups[0]["lr"] == LR
+
+
+@pytest.mark.parametrize("created", ["after make_private", "on the SGD before make_private"])
+def test_reduce_lr_on_plateau_declared_public_leaves_the_last_iterate_rows(request, created):
+    engine, _, epoch = _plateau_run(request, created, metric_source="public")
+    epoch()
+    epoch()
+    ((fact, (step, changes)),) = left(engine.accountant).items()
+    assert step == EPOCH + 1 and "metric_source='public'" in fact
+    assert changes == {"update": "any", "learning_rate": None}
+    assert engine.get_epsilon(DELTA) == _expected(2 * EPOCH, update="any", learning_rate=None)
 
 
 # ================================================================ crashes and messages on the GLM route
@@ -331,17 +349,19 @@ def test_glm_bias_frozen_after_an_epoch_is_refused_naming_the_freeze(request):
     _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), r"\(1\.bias frozen: requires_grad=False")
 
 
-def test_glm_parameter_group_added_after_make_private_is_refused(request):
-    """The weight decay per group is checked once, by the optimizer check against the derived values: a group
-    added after make_private (here with no trainable tensor, so the trained parameters are unchanged) is
-    refused by the group count."""
+def test_glm_parameter_group_added_after_make_private_leaves_the_last_iterate_rows(request):
+    """The weight decay per group is checked against the derived values: a group added after make_private
+    (here with no trainable tensor, so the trained parameters are unchanged) is not the update the constants
+    were derived for."""
     name = _glm(request, "cyclic")
     engine, model, optimizer, loader, criterion = _glm_private(
         name, DataLoader(_dataset(), batch_size=B), poisson=False
     )
     _glm_train(model, optimizer, loader, criterion)
     optimizer.original_optimizer.add_param_group({"params": [torch.zeros(1)], "weight_decay": 0.0})
-    _refused(engine, lambda: _glm_train(model, optimizer, loader, criterion), r"keep the 1 parameter group.*Found 2")
+    _glm_train(model, optimizer, loader, criterion)
+    ((fact, (step, changes)),) = left(engine.accountant).items()
+    assert step == EPOCH + 1 and "2 parameter groups, not the 1" in fact and changes["update"] == "any"
 
 
 def test_evaluation_over_another_shuffle_once_permutation_is_accepted(request):
@@ -690,7 +710,7 @@ def test_reshuffle_with_workers_reseeded_every_epoch_is_refused(request):
 
 def test_evaluation_passes_without_steps_keep_the_pending_batches_bounded(request):
     engine, model, optimizer, loader = _cyclic(request)
-    queue = engine.accountant._monitor.queue
+    queue = engine.accountant.run.batches.queue
     with torch.no_grad():
         for _ in range(30):
             for xb, _yb in loader:
@@ -711,21 +731,22 @@ def test_a_recorded_batch_sampler_pickles_and_copies_as_torchs_own(request):
         assert type(clone) is BatchSampler and list(clone) == list(loader.batch_sampler)
 
 
-def test_a_plateau_scheduler_created_before_the_adapter_patched_torch_is_found():
-    from lastiter_plugins.adapters.opacus import _internals
+def test_a_plateau_scheduler_created_before_the_patches_were_installed_is_seen():
+    """The patch counts metric reads at ReduceLROnPlateau.step (the class's), so a scheduler created before any
+    run started reports its reads like one created after."""
+    from lastiter_plugins.adapters.opacus import _patches
 
-    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau
-    patched = plateau.__init__
-    plateau.__init__ = _internals._plateau_init  # as before the adapter's first use
-    try:
-        sgd = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
-        scheduler = plateau(sgd)
-        _internals._PLATEAUS.discard(scheduler)
-        assert _internals.plateau_schedulers([sgd]) == []
-        _internals.remember_plateau_schedulers()  # wraps __init__ again and scans the live objects
-        assert _internals.plateau_schedulers([sgd]) == [scheduler]
-    finally:
-        plateau.__init__ = patched
+    sgd = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(sgd)
+    held = _Holder()
+    _patches.PATCHES.hold(held)
+    before = _patches.metric_reads([sgd])
+    scheduler.step(1.0)
+    assert _patches.metric_reads([sgd]) == before + 1
+
+
+class _Holder:
+    """A run's stand-in: holds the host patches while alive."""
 
 
 # -- Poisson: every batch delivered to the loop is used by the next step (red-team round 5: choosing among

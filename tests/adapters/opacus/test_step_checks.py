@@ -12,6 +12,7 @@ Real Opacus training of small models on CPU.
 
 from __future__ import annotations
 
+import re
 import types
 
 import pytest
@@ -26,9 +27,9 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import lastiter_plugins as lp  # noqa: E402
 from lastiter_plugins.adapters import opacus as lo  # noqa: E402
-from lastiter_plugins.adapters.opacus._observe import STEP_METHODS  # noqa: E402
+from lastiter_plugins.adapters.opacus._record import STEP_METHODS  # noqa: E402
 
-from .support import dataset  # noqa: E402
+from .support import dataset, left  # noqa: E402
 from .support import engine as _engine  # noqa: E402
 
 torch.set_num_threads(1)
@@ -116,6 +117,17 @@ class Run:
         """``k`` normal steps, all accepted."""
         self.take(k)
         assert self.acc.steps == k
+
+    def departed(self, fact: str, changes: dict, k: int = 1) -> None:
+        """The next ``k`` steps are accepted, the first of them departing: the fact matches ``fact`` (a regex)
+        and weakens exactly ``changes``; the number is the core's for the pipeline that ran."""
+        before = self.acc.steps
+        self.take(k)
+        assert self.acc.steps == before + k
+        ((found, (step, weakened)),) = left(self.acc).items()
+        assert step == before + 1 and re.search(fact, found), found
+        assert weakened == changes
+        assert self.engine.get_epsilon(DELTA) == pytest.approx(_expected(before + k, **weakened), rel=1e-12)
 
     def refused_after_fetch(self, change, match: str | None = None) -> None:
         """The next batch is fetched, then ``change(self)``: the step with that (normal) batch is refused."""
@@ -232,16 +244,22 @@ def _sgd_replaced(run):
     ("change", "match"),
     [
         (_dp_class, "must be Opacus' DPOptimizer"),
-        (_sgd_class, "must be plain torch.optim.SGD"),
         (_sgd_replaced, "the optimizer the DP optimizer wraps must stay the one of the first step"),
     ],
-    ids=["dp-optimizer-class", "sgd-class", "sgd-replaced"],
+    ids=["dp-optimizer-class", "sgd-replaced"],
 )
 def test_optimizer_objects_changed_are_refused(request, change, match):
     run = Run(request)
     run.warm()
     change(run)
     run.refused(match=match)
+
+
+def test_the_wrapped_optimizer_turned_into_another_class_leaves_the_last_iterate_rows(request):
+    run = Run(request)
+    run.warm()
+    _sgd_class(run)
+    run.departed("the optimizer is .*_SubSGD, not plain torch.optim.SGD", {"update": "any", "learning_rate": None})
 
 
 def test_another_dp_optimizer_with_the_same_hook_is_refused(request):
@@ -264,7 +282,7 @@ def test_skipped_step_without_example_counter_is_refused(request):
     """Bound without the module: no examples are counted, so the skip flag alone tells a summed step."""
     run = Run(request)
     run.acc.bind_data_loader(run.loader)
-    assert run.acc._counter is None
+    assert run.acc.run.examples.counter is None
     run.warm()
     run.optimizer.signal_skip_step(True)
     run.take()
@@ -284,21 +302,21 @@ def test_skipped_step_without_batch_memory_manager_is_refused(request):
 
 
 @pytest.mark.parametrize(
-    ("key", "value", "match"),
+    ("key", "value", "fact"),
     [
-        ("lr", 0.25, r"learning_rate must stay equal.*Found lr=0\.25"),
-        ("lr", 1.0, r"learning_rate must stay equal.*Found lr=1"),
-        ("momentum", 0.9, r"momentum must be 0"),
-        ("weight_decay", 0.1, r"weight_decay must be 0"),
-        ("nesterov", True, r"nesterov must be False"),
-        ("maximize", True, r"maximize must be False"),
+        ("lr", 0.25, r"learning rate changed at step 5 \(0\.5 -> 0\.25\)"),
+        ("lr", 1.0, r"learning rate changed at step 5 \(0\.5 -> 1\)"),
+        ("momentum", 0.9, r"SGD with momentum=0\.9 in param_groups\[0\]"),
+        ("weight_decay", 0.1, r"SGD with weight_decay=0\.1 in param_groups\[0\], not 0"),
+        ("nesterov", True, r"SGD with nesterov=True"),
+        ("maximize", True, r"SGD with maximize=True"),
     ],
 )
-def test_param_group_value_changed_is_refused(request, key, value, match):
+def test_param_group_value_changed_leaves_the_last_iterate_rows(request, key, value, fact):
     run = Run(request)
     run.warm()
     run.group[key] = value
-    run.refused(match=match)
+    run.departed(fact, {"update": "any", "learning_rate": None}, k=EPOCH - 4)
 
 
 def test_equal_learning_rate_in_a_new_float_is_accepted(request):
@@ -314,13 +332,13 @@ def test_equal_learning_rate_in_a_new_float_is_accepted(request):
 # below changes a value after accepted (cached) steps, in a way equality of the values alone could miss.
 
 
-def test_tensor_learning_rate_written_in_place_is_refused(request):
+def test_tensor_learning_rate_written_in_place_departs(request):
     """A tensor lr is the same object after ``fill_``: such a step is validated in full, never cached."""
     run = Run(request)
     run.group["lr"] = torch.tensor(LR)
     run.warm()
     run.group["lr"].fill_(LR / 2)
-    run.refused(match=r"Found lr=0\.25")
+    run.departed(r"0\.5 -> 0\.25", {"update": "any", "learning_rate": None})
 
 
 def test_clip_norm_turned_into_a_bool_of_equal_value_is_refused(request):
@@ -338,17 +356,17 @@ def test_noise_multiplier_changed_after_cached_steps_is_refused(request):
     run.refused(match="noise_multiplier: 1.0 -> 1.0000000000000002")
 
 
-def test_step_lr_scheduler_is_refused(request):
+def test_step_lr_scheduler_leaves_the_last_iterate_rows_at_the_step_it_changes(request):
     run = Run(request)
     run.warm()
     scheduler = torch.optim.lr_scheduler.StepLR(run.optimizer, step_size=1, gamma=0.5)
     run.take()  # still lr = 0.5 (the scheduler patched optimizer.step: the full check accepts it)
     assert run.acc.steps == 5
     run.take()
-    assert run.acc.steps == 6
+    assert run.acc.steps == 6 and run.acc.departures == []
     scheduler.step()
     assert run.group["lr"] == LR / 2
-    run.refused(match=r"Found lr=0\.25")
+    run.departed(r"learning rate changed at step 7", {"update": "any", "learning_rate": None})
 
 
 def test_step_lr_scheduler_keeping_the_rate_is_accepted(request):
@@ -431,9 +449,23 @@ def _spare(run) -> torch.Tensor:
     return run.module[0].weight
 
 
+#: changes of the update: the rows that need plain SGD at the registered rate leave from the next step
+GROUP_DEPARTURES = {
+    "lr": (lambda run: _groups(run)[-1].__setitem__("lr", LR / 2), r"0\.25"),
+    "momentum": (lambda run: _groups(run)[-1].__setitem__("momentum", 0.9), "momentum=0.9"),
+    "group-dict-replaced": (
+        lambda run: _groups(run).__setitem__(-1, {**_groups(run)[-1], "lr": LR / 2}),
+        r"0\.25",
+    ),
+    "param-groups-list-replaced": (
+        lambda run: setattr(
+            run.optimizer.original_optimizer, "param_groups", [*_groups(run)[:-1], {**_groups(run)[-1], "lr": LR / 2}]
+        ),
+        r"0\.25",
+    ),
+}
+#: changes of what is trained: every row needs it, the run is refused
 GROUP_CHANGES = {
-    "lr": (lambda run: _groups(run)[-1].__setitem__("lr", LR / 2), r"Found lr=0\.25"),
-    "momentum": (lambda run: _groups(run)[-1].__setitem__("momentum", 0.9), "momentum must be 0"),
     "frozen": (lambda run: _groups(run)[-1]["params"][-1].requires_grad_(False), "trainable parameter tensors"),
     "appended": (lambda run: _groups(run)[-1]["params"].append(_spare(run)), "trainable parameter tensors"),
     "replaced-in-place": (
@@ -443,16 +475,6 @@ GROUP_CHANGES = {
     "new-params-list": (
         lambda run: _groups(run)[-1].__setitem__("params", [*_groups(run)[-1]["params"][:-1], _spare(run)]),
         "parameters the DP optimizer trains must stay the same",
-    ),
-    "group-dict-replaced": (
-        lambda run: _groups(run).__setitem__(-1, {**_groups(run)[-1], "lr": LR / 2}),
-        r"Found lr=0\.25",
-    ),
-    "param-groups-list-replaced": (
-        lambda run: setattr(
-            run.optimizer.original_optimizer, "param_groups", [*_groups(run)[:-1], {**_groups(run)[-1], "lr": LR / 2}]
-        ),
-        r"Found lr=0\.25",
     ),
     "group-added": (
         lambda run: run.optimizer.add_param_group({"params": [_spare(run)]}),
@@ -470,6 +492,17 @@ def test_param_groups_changed_on_every_shape_are_refused(request, shape, change)
     apply, match = GROUP_CHANGES[change]
     apply(run)
     run.refused(match=match)
+
+
+@pytest.mark.parametrize("change", list(GROUP_DEPARTURES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_param_groups_changed_on_every_shape_leave_the_last_iterate_rows(request, shape, change):
+    model, groups = SHAPES[shape]
+    run = Run(request, model=model(), groups=groups)
+    run.warm()
+    apply, fact = GROUP_DEPARTURES[change]
+    apply(run)
+    run.departed(fact, {"update": "any", "learning_rate": None})
 
 
 # ---------------------------------------------------------------- step hooks
@@ -563,28 +596,29 @@ def test_post_hook_moved_in_front_is_refused_at_once(request):
 # ---------------------------------------------------------------- the declared gradient norms
 
 
-def test_declared_within_clip_with_norms_above_the_clip_is_refused(request):
+def test_declared_within_clip_with_norms_above_the_clip_leaves_the_rows_needing_it(request):
     # the declaration says clipping never changes a gradient; with max_grad_norm 0.01 every example's
     # gradient (norms up to sqrt(2): |sigmoid(u) - y| |(x, 1)|) is clipped, so the update is no gradient step
     run = Run(request, clip=0.01, within_clip=True)
-    run.refused(
-        match=r"gradient_norms_within_clip=True was declared .* Found a per-example gradient norm of [01]\.\d+ at "
-        r"step 1, with max_grad_norm=0\.01 .* Drop the declaration .* or raise max_grad_norm"
-    )
+    run.departed(
+        r"a per-example gradient norm of [01]\.\d+ exceeds max_grad_norm - 1e-06 with max_grad_norm=0\.01: "
+        r"clipping was active, though gradient_norms_within_clip=True was declared",
+        {"gradient_norms_within_clip": False}, k=EPOCH,
+    )  # fmt: skip
+    assert run.engine.get_epsilon(DELTA) == pytest.approx(_expected(EPOCH, clip_norm=0.01), rel=1e-12)
 
 
 def test_declared_within_clip_checked_at_every_step(request):
-    # accepted while every norm stays below the clip; a later step whose norms exceed it is refused
+    # accepted while every norm stays below the clip; a later step whose norms exceed it departs
     run = Run(request, clip=1.5, within_clip=True)
     run.warm()
     xb, yb = next(run.batches)
-
-    def larger_gradients():
-        run.optimizer.zero_grad()
-        (4.0 * _loss(run.model, xb, yb)).backward()  # per-example norms above 2 here
-        run.optimizer.step()
-
-    run.refused(larger_gradients, match=r"per-example gradient norm of [2-9]\.\d+ at step 5, with max_grad_norm=1\.5")
+    run.optimizer.zero_grad()
+    (4.0 * _loss(run.model, xb, yb)).backward()  # per-example norms above 2 here
+    run.optimizer.step()
+    ((fact, (step, changes)),) = left(run.acc).items()
+    assert step == 5 and re.search(r"norm of [2-9]\.\d+ exceeds .* max_grad_norm=1\.5", fact)
+    assert changes == {"gradient_norms_within_clip": False}
 
 
 def test_declared_within_clip_that_holds_is_accepted(request):
@@ -607,8 +641,11 @@ def test_declared_within_clip_norms_equal_to_the_clip_are_refused(request, monke
     run = Run(request, model=torch.nn.Linear(3, 1, bias=False), clip=clip, within_clip=True, smoothness=0.0)
     if accepted:
         run.warm(EPOCH)
+        assert run.acc.departures == []
     else:
-        run.refused(match=r"per-example gradient norm of 1 at step 1, with max_grad_norm=1 ")
+        run.take()
+        ((fact, (step, _)),) = left(run.acc).items()
+        assert step == 1 and "norm of 1 exceeds max_grad_norm - 1e-06 with max_grad_norm=1:" in fact
 
 
 # ---------------------------------------------------------------- the parameters between steps

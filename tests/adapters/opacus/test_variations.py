@@ -9,7 +9,6 @@ number for the steps taken. Real Opacus training of small models on CPU.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 
 import numpy as np
@@ -456,7 +455,7 @@ def _scaled_step(batches, model, optimizer, scaler):
 
 
 def test_grad_scaler_created_mid_run_is_refused(request):
-    """The frame walk runs only while a GradScaler exists (_internals._SCALERS): one created after accepted
+    """The patch marks the optimizer a GradScaler steps (its class's _maybe_opt_step): one created after accepted
     steps is seen."""
     engine, model, optimizer, loader = _private(_register(request))
     batches = iter(loader)
@@ -470,8 +469,7 @@ def test_grad_scaler_created_mid_run_is_refused(request):
 
 
 def test_grad_scaler_subclass_skipping_its_init_is_refused(request):
-    """A GradScaler whose __init__ does not run torch's is registered when it takes a step."""
-    from lastiter_plugins.adapters.opacus import _internals
+    """A GradScaler whose __init__ does not run torch's is seen when it takes a step (the patch is on the step)."""
 
     class Scaler(torch.amp.GradScaler):
         def __init__(self, state):
@@ -479,8 +477,6 @@ def test_grad_scaler_subclass_skipping_its_init_is_refused(request):
 
     engine, model, optimizer, loader = _private(_register(request))
     scaler = Scaler(dict(vars(torch.amp.GradScaler("cpu", init_scale=2.0**10))))
-    gc.collect()
-    assert scaler not in _internals._SCALERS
     _refused_and_void(
         engine, lambda: _scaled_step(iter(loader), model, optimizer, scaler), "taken by torch's GradScaler"
     )

@@ -1,0 +1,191 @@
+"""The batch each noisy step used, drawn by the bound loader's sampler, against the declared scheme (every
+row): the batches the sampler draws are recorded at that object (:func:`_patches.record_batches`) and matched
+to the noisy steps by a queue per pass; the derivation
+(:mod:`lastiter_plugins.adapters._derivation`, shared by the hosts) compares the record with what is accounted
+(docs/derivations/opacus-adapter.md#run-monitor)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any
+
+import torch
+
+from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
+from lastiter_plugins.adapters.opacus import _patches as patches
+from lastiter_plugins.adapters.opacus._checks.base import Check, Step
+from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
+from lastiter_plugins.adapters.opacus._loaders import PERMUTATIONS, LoaderFacts
+from lastiter_plugins.host import Departure
+
+
+class BatchQueue:
+    """The batches drawn by one recorded batch sampler and not yet matched to a step, per pass.
+
+    A noisy step takes its batch from the pass that handed the loop a batch last (an evaluation pass run
+    to its end before it, a pass that broke off: their batches are never matched): the newest batch of
+    that pass delivered to the loop. An iterator of torch's ``DataLoader`` reports each batch it hands the
+    loop (``_patches.DELIVERED``, in the order drawn); without one (a ``BatchMemoryManager``, a
+    shuffle-once plan), every drawn batch counts as delivered without worker processes, and with workers,
+    which draw up to ``num_workers * prefetch_factor`` batches ahead, the step's batch is the oldest of
+    the pass that drew last. A batch delivered and used by no step before the step's batch (same pass),
+    or in a pass that a step used or that broke off, is handed to the derivation (Poisson refuses it;
+    docs/derivations/opacus-adapter.md#run-monitor).
+    """
+
+    def __init__(self, loader: Any, facts: LoaderFacts) -> None:
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
+        self._pending: dict[int, deque[DrawnBatch]] = {}
+        self._delivered: dict[int, int] = {}  # pass -> batches handed to the loop (reported by torch's iterator)
+        self._used: set[int] = set()  # passes a step used
+        self._ended: set[int] = set()
+        self._unused: DrawnBatch | None = None  # a delivered batch of a dropped pass that no step used
+        self._last: int | None = None  # the pass that drew last
+        self._latest: int | None = None  # the pass that handed the loop a batch last
+        self._facts = facts
+        self._serial = PERMUTATIONS.serial  # shuffle-once: another permutation started since is named
+        if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
+            self._permutation = loader.batch_sampler.sampler.permutation
+            bounds = [0]
+            for position in range(facts.num_batches):
+                size = facts.batch_at(position)
+                assert size is not None  # a shuffle-once plan has fixed batch sizes
+                bounds.append(bounds[-1] + size)
+            self._plan = {start: (k, end) for k, (start, end) in enumerate(itertools.pairwise(bounds))}
+            self.starts = frozenset(self._plan)
+            PERMUTATIONS.listen(facts.permutation_digest, self)
+        else:
+            patches.record_batches(loader.batch_sampler, self._drawn)
+
+    def batch_drawn(self, pass_id: int, start: int) -> None:
+        """A shuffle-once batch of the bound loader's plan started being drawn (a loader with another batch
+        size shows in the gradient counts)."""
+        position, end = self._plan[start]
+        self._drawn(pass_id, position, self._permutation[start:end])
+
+    def pass_ended(self, pass_id: int) -> None:
+        self._ended.add(pass_id)
+
+    def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
+        if position == patches.DELIVERED:
+            self._delivered[pass_id] = batch
+            self._latest = pass_id
+            return
+        if batch is None:  # (record_batches: the pass has ended)
+            self.pass_ended(pass_id)
+            return
+        if pass_id not in self._pending and self._ended:
+            # a new pass: the passes that ended before it (evaluation passes, an epoch run out) hold no batch a
+            # step will use; dropping them bounds the memory of loops that iterate without steps (a batch of a
+            # used pass delivered and used by no step is kept for the next step's derivation)
+            for ended in [p for p in self._pending if p in self._ended]:
+                unused = self._unused_of(ended)
+                if unused is not None and len(unused) < len(self._pending[ended]):
+                    continue  # (workers drew it to its end ahead of the loop, which still receives its batches)
+                if unused and ended in self._used and self._unused is None:
+                    self._unused = unused[0]
+                self._forget(ended)
+            self._ended &= self._pending.keys()
+        indices = batch if type(batch) is tuple else tuple(batch.tolist() if torch.is_tensor(batch) else batch)
+        self._pending.setdefault(pass_id, deque()).append(DrawnBatch(pass_id, position, indices))
+        self._last = pass_id
+        if not self.ahead:  # (drawn when the loop asks: delivered, reported or not)
+            self._latest = pass_id
+
+    def _unused_of(self, pass_id: int) -> list[DrawnBatch] | None:
+        """The pending batches of a pass that the loop received (None: not known, workers without reports)."""
+        queue = self._pending.get(pass_id, ())
+        if pass_id in self._delivered:
+            return [b for b in queue if b.position < self._delivered[pass_id]]
+        return None if self.ahead else list(queue)
+
+    def _forget(self, pass_id: int) -> None:
+        self._pending.pop(pass_id, None)
+        self._delivered.pop(pass_id, None)
+        self._used.discard(pass_id)
+
+    def other_permutation(self) -> str | None:
+        """Shuffle-once: why no batch of the bound permutation was drawn when another permutation of the same
+        examples started since the last step (a new ShuffleOnceSampler every epoch), else None."""
+        digest, n = self._facts.permutation_digest, self._facts.dataset_size
+        other = None if digest is None else PERMUTATIONS.other_since(n, digest, self._serial)
+        if other is None:
+            return None
+        assert digest is not None  # (another permutation is found only against the bound one's digest)
+        return (
+            f"sampling='shuffle_once' must use one permutation for the whole run (the shuffle-once bound of "
+            f"Ye & Shokri 2022, arXiv 2205.13710, Thm 4.2, assumes it). Found a second ShuffleOnceSampler over "
+            f"the {n} examples iterated since the previous step, with another permutation (digest {other[:12]} vs "
+            f"{digest[:12]}), and no batch of the bound one: building a new sampler or loader every epoch "
+            "reshuffles. Build the ShuffleOnceSampler once and iterate the loader make_private returned, or "
+            "declare sampling='reshuffle' with DataLoader(shuffle=True)"
+        )
+
+    def take(self) -> tuple[DrawnBatch | None, int, DrawnBatch | None]:
+        """The batch of the step being taken (None: nothing delivered since the last step), how many
+        batches of its pass stay drawn ahead of it, and a batch delivered to the loop before it and used by
+        no step (None: none), of its pass or of an earlier pass that a step used or that broke off."""
+        pass_id = self._latest if self._latest is not None else self._last
+        queue = self._pending.get(pass_id) if pass_id is not None else None
+        if not queue or pass_id is None:
+            return None, 0, None
+        self._serial = PERMUTATIONS.serial
+        delivered = self._unused_of(pass_id)
+        unused = None
+        if delivered is None:  # workers, deliveries not reported: the oldest drawn
+            batch = queue.popleft()
+        elif not delivered:
+            return None, len(queue), None
+        else:
+            batch = delivered[-1]
+            unused = delivered[0] if len(delivered) > 1 else None
+            for _ in delivered:
+                queue.popleft()  # (delivered batches are the oldest of the pass)
+        self._used.add(pass_id)
+        for other in [p for p in self._pending if p != pass_id]:
+            left = self._unused_of(other)
+            if left and unused is None and not (other in self._ended and other not in self._used):
+                unused = left[0]  # a pass that a step used, or that broke off, left a delivered batch unused
+            if other < pass_id:
+                self._forget(other)  # passes that ended or broke off: their batches are not used
+            elif left:
+                for _ in left:
+                    self._pending[other].popleft()  # (reported once)
+        if unused is None:
+            unused, self._unused = self._unused, None
+        return batch, len(queue), unused
+
+
+class DrawnBatches(Check):
+    """One batch drawn by the bound loader per noisy step, with one clipped gradient per example, and the
+    scheme's passes (:class:`~lastiter_plugins.adapters._derivation.Derivation`)."""
+
+    def __init__(self, loader: Any, facts: LoaderFacts, derivation: Derivation | None) -> None:
+        self.queue = BatchQueue(loader, facts)
+        self.derivation = derivation or Derivation(
+            facts.sampling, facts.dataset_size, facts.num_batches, facts.sample_rate
+        )
+
+    def at_step(self, step: Step) -> Departure | None:
+        assert step.gradients is not None  # counted by the examples check, earlier in the same step
+        problem = self.check(step.gradients)
+        if problem is not None:
+            raise _Changed(f"{problem} (step {step.number}).")
+        return None
+
+    def check(self, gradients: int) -> str | None:
+        """The batch the step drew, against the declaration: None, or the reason to refuse."""
+        batch, ahead, unused = self.queue.take()
+        if batch is None:
+            other = self.queue.other_permutation()
+            if other is not None:
+                return other
+        if batch is not None and self.queue.ahead and ahead > self.queue.ahead:
+            return (
+                "every noisy step must use one batch of the loader. Found "
+                f"{ahead + 1} batches drawn and not yet used at step {self.derivation.steps + 1}, more than the "
+                f"loader's workers fetch ahead ({self.queue.ahead}): the loop feeds several batches to one step"
+            )
+        return self.derivation.check_step(batch, gradients, unused)
