@@ -18,8 +18,8 @@ _BaseDataLoaderIter.__next__``                      (:data:`DELIVERED`): workers
 ``opacus.utils.batch_memory_manager.                the BatchSplittingSampler splitting a batch sampler's
 BatchSplittingSampler.__iter__``                    batches for an optimizer (:func:`splits`)
 ``opacus.utils.fast_gradient_clipping_utils.        ghost clipping: that a step's gradient came from the
-DPTensorFastGradientClipping.backward``             two-pass backward of the criterion make_private
-                                                    returned (:func:`listen_ghost_backward`)
+DPTensorFastGradientClipping.backward`` and         two-pass backward of a loss the criterion make_private
+``DPLossFastGradientClipping.__call__``             returned produced (:func:`listen_ghost_backward`)
 =================================================  =====================================================
 
 The patches are installed when the first run starts (``make_private`` or ``bind_data_loader``: a run holds
@@ -76,6 +76,8 @@ _SCALED: list[Any] = []
 _SPLITTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: DP optimizer -> the callback told ``(phase, tensor)`` around each ghost-clipping backward for it
 _GHOST_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the loss tensors a ghost-clipping criterion returned (not those made from them by arithmetic)
+_FROM_CRITERION: weakref.WeakSet = weakref.WeakSet()
 
 
 def _minor(version: str) -> tuple[int, int]:
@@ -196,12 +198,26 @@ def _reporting_ghost_backward(original: Callable[[Any], Any]) -> Callable[[Any],
     return backward
 
 
-def _ghost_tensor_class() -> type | None:
+def _marking_criterion_losses(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = original(self, *args, **kwargs)
+        with contextlib.suppress(TypeError):
+            _FROM_CRITERION.add(loss)
+        return loss
+
+    return __call__
+
+
+def _ghost_classes() -> tuple[type, type] | None:
     try:  # Opacus >= 1.5
-        from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import (
+            DPLossFastGradientClipping,
+            DPTensorFastGradientClipping,
+        )
     except ImportError:  # pragma: no cover - depends on the Opacus version
         return None
-    return DPTensorFastGradientClipping
+    return DPTensorFastGradientClipping, DPLossFastGradientClipping
 
 
 # ---------------------------------------------------------------- the object holding them
@@ -247,9 +263,10 @@ class HostPatches:
             _Patch(torch_grad_scaler.GradScaler, "_maybe_opt_step", _marking_scaled_steps),
             _Patch(BatchSplittingSampler, "__iter__", _remembering_splitters),
         ]
-        ghost = _ghost_tensor_class()
+        ghost = _ghost_classes()
         if ghost is not None:
-            patches.append(_Patch(ghost, "backward", _reporting_ghost_backward))
+            patches.append(_Patch(ghost[0], "backward", _reporting_ghost_backward))
+            patches.append(_Patch(ghost[1], "__call__", _marking_criterion_losses))
         self.patches = tuple(patches)
         self._holders = 0
 
@@ -314,6 +331,11 @@ def splits(optimizer: Any, batch_sampler: Any) -> bool:
     """Whether a ``BatchSplittingSampler`` (Opacus' ``BatchMemoryManager``) over ``batch_sampler`` iterated
     for ``optimizer``."""
     return batch_sampler is not None and any(s.sampler is batch_sampler for s in _SPLITTERS.get(optimizer, ()))
+
+
+def from_criterion(loss: Any) -> bool:
+    """Whether ``loss`` is a loss tensor a ghost-clipping criterion returned (not one made from it by arithmetic)."""
+    return loss in _FROM_CRITERION
 
 
 def listen_ghost_backward(optimizer: Any, listener: Callable[[str, Any], None]) -> None:

@@ -135,14 +135,16 @@ def clipping_of(optim: Any) -> str:
 
 def sensitivity(optim: Any, clipping: str) -> tuple[float, float, tuple[float, ...] | None]:
     """(the sensitivity S of one example's clipped gradient, the noise multiplier relative to S, the per-layer
-    clip norms). Per layer, S = sqrt(sum C_i^2) exactly, rounded up; Opacus noises with std z * max_grad_norm,
-    its float32 value of S: the multiplier counted is z * max_grad_norm / S when that is below z."""
+    clip norms). Per layer, S = sqrt(sum C_i^2), computed in float64 and raised by a relative 2^-49 (above
+    every rounding of the computation); Opacus noises with std z * max_grad_norm, its float32 value of S: the
+    multiplier counted is z * max_grad_norm / S when that is below z
+    (docs/derivations/opacus-adapter.md#per-layer-clipping)."""
     noise = positive("noise_multiplier", optim.noise_multiplier)
     if clipping != "per_layer":
         check_clip(optim.max_grad_norm)
         return float(optim.max_grad_norm), noise, None
     norms = tuple(positive("max_grad_norm of a layer", c) for c in optim.max_grad_norms)
-    exact = math.nextafter(math.sqrt(math.fsum(c * c for c in norms)), math.inf)
+    exact = math.sqrt(math.fsum(c * c for c in norms)) * (1.0 + 2.0**-49)
     scale = positive("max_grad_norm", optim.max_grad_norm)  # what Opacus noises with (float32 norm)
     return exact, noise * min(1.0, scale / exact), norms
 

@@ -38,6 +38,7 @@ class GhostBackward(Check):
         self.rows = 0  # their per-example losses
         self._inside = False
         self._outside = 0  # gradient accumulations into a trained parameter outside those calls
+        self._combined = 0  # backward calls of a loss made from the criterion's by arithmetic
         patches.listen_ghost_backward(optim, self._backward)
         me = _Weak(self)
         self._handles = [p.register_post_accumulate_grad_hook(me) for p in trainable(optim)]
@@ -49,6 +50,8 @@ class GhostBackward(Check):
 
     def _backward(self, phase: str, tensor: Any) -> None:
         self._inside = phase == "start"
+        if phase == "start" and not patches.from_criterion(tensor):
+            self._combined += 1
         if phase == "end":
             self.passes += 1
             self.rows += int(tensor.loss_per_sample.shape[0]) if tensor.loss_per_sample.dim() else 1
@@ -65,6 +68,13 @@ class GhostBackward(Check):
                 "(a loss computed with another criterion, or torch.autograd.backward). Compute the loss with the "
                 "criterion make_private returned and call .backward() on it."
             )
+        if self._combined:
+            raise _Changed(
+                f"{_TWO_PASS}. Found a backward (before step {step.number}) of a loss made from the criterion's by "
+                "arithmetic (loss + other, loss * w): Opacus adds a batch-level term to every per-example loss, "
+                "and its gradient enters the sum weighted by the sum of the clip coefficients, not clipped per "
+                "example. Call .backward() on the criterion's own loss."
+            )
         if outside:
             raise _Changed(
                 f"{_TWO_PASS}. Found {outside} gradient accumulation(s) into the trained parameters outside its "
@@ -76,7 +86,7 @@ class GhostBackward(Check):
 
     def reset(self) -> None:
         """The step was accounted: start counting the next one's backward calls."""
-        self.passes = self.rows = self._outside = 0
+        self.passes = self.rows = self._outside = self._combined = 0
 
 
 class _Weak:
