@@ -1,6 +1,6 @@
-"""Opacus' calibration (``make_private_with_epsilon``): the run it plans, read from its call before any
-optimizer step (it sets the accountant's history without running the optimizer), and the plan's check at
-the first step."""
+"""The declared pipeline of the steps so far, and Opacus' calibration (``make_private_with_epsilon``): the run
+it plans, read from its call before any optimizer step (it sets the accountant's history without running the
+optimizer), and the plan's check at the first step."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Any
 import lastiter_plugins as lp
 from lastiter_plugins import host
 from lastiter_plugins.adapters.opacus import _internals as internals
-from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
+from lastiter_plugins.adapters.opacus._binding import departures_at_start
+from lastiter_plugins.adapters.opacus._checkpoint import check_loaded_model
+from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError, LastIteratePipelineChangedError
 from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, check_data_loader
-from lastiter_plugins.adapters.opacus._make_private import departures_at_start
 from lastiter_plugins.adapters.opacus._record import (
     Observed,
     check_clip,
@@ -23,6 +24,32 @@ from lastiter_plugins.adapters.opacus._record import (
 )
 
 Sampling = lp.Sampling
+
+
+def declared_config(accountant: Any) -> lp.TrainingConfig | None:
+    """The declared pipeline of the steps so far, before the departures (None before any step). When an epsilon
+    is read: nothing changed the model since the last step (else the run is void), and the declared domain held
+    after it (else a departure)."""
+    if accountant.glm is not None:
+        accountant.glm.before_epsilon(len(accountant.history))
+    if accountant.void is not None:
+        raise LastIteratePipelineChangedError(accountant.void_message())
+    if not accountant.history:
+        return None
+    reg, noise = accountant.registration, history_noise(accountant.history)
+    observed, steps, run = accountant.observed, accountant.steps, accountant.run
+    if observed is None:  # Opacus' calibration: a history, no optimizer step
+        observed, steps = planned_run(accountant)
+    elif run is not None and accountant.resume_digest is None:
+        try:
+            released = run.at_release(steps)
+        except LastIteratePipelineChangedError as exc:
+            accountant.void = str(exc)
+            raise LastIteratePipelineChangedError(accountant.void_message()) from None
+        if released is not None:
+            accountant.depart(released, observed, steps)
+    check_loaded_model(accountant)
+    return pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, steps).replace(noise_multiplier=noise)
 
 
 def history_noise(history: list) -> float:

@@ -160,9 +160,25 @@ def save(accountant: Any, destination: Any) -> Any:
         model_digest = run.model_digest()
     destination["history"] = [tuple(entry) for entry in accountant.history]
     destination["mechanism"] = accountant.mechanism()
-    record = run.derivation.state() if run is not None else accountant._saved_record
+    record = run.derivation.state() if run is not None else accountant.saved_record
     destination["lastiter"] = write(
         accountant.history, accountant.registration, accountant.observed, model_digest, accountant.void, record,
         tuple(accountant.departures),
     )  # fmt: skip
     return destination
+
+
+def load(accountant: Any, state_dict: Any) -> None:
+    """``accountant.load_state_dict``: validate the state against the registration and continue from it."""
+    if accountant.glm is not None:
+        accountant.glm.before_load()
+    loaded = read(state_dict, accountant.registration)
+    run = accountant.run
+    if loaded.observed is not None and loaded.history and run is not None:
+        check_permutation(accountant.registration, loaded.observed, run.facts)
+    accountant.history = [tuple(entry) for entry in loaded.history]  # what IAccountant.load_state_dict sets
+    accountant.observed, accountant.departures, accountant.void = loaded.observed, list(loaded.departures), loaded.void
+    accountant.resumed = bool(loaded.history)
+    accountant.saved_record, accountant.resume_digest = loaded.record, loaded.model_digest
+    if run is not None and loaded.record is not None:
+        run.derivation.restore(loaded.record)
