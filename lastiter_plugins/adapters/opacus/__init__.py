@@ -13,30 +13,22 @@ Tested against Opacus 1.5.x and 1.6.x (torch 2.13); other versions are refused
     engine.get_epsilon(delta)            # final model only, replace-one neighbours
     print(engine.accountant.report(delta))
 
-The accountant verifies the run that actually happens, at every optimizer step
-(docs/opacus.md): the loader bound at ``make_private`` (same dataset and size,
-same sampler), one whole loader batch per step with one clipped gradient per
-example, the optimizer (plain SGD at the registered step size, constant noise and
-clipping norm), the parameters (changed only by the accounted steps; inside the
-projection ball when a diameter is declared) and the module's buffers (unchanged;
-after ``load_state_dict``, the model the state was saved with). A mismatch raises
-``lastiter_plugins.PipelineChangedError`` and voids the run's epsilon.
+The accountant observes the run that actually happens, at every optimizer step (docs/opacus.md), and
+gives it the core's number for what ran: a fact that breaks a row's precondition (Adam, momentum, a
+learning-rate schedule, per-layer clipping, ...) removes that row from ``best`` (``report`` says which,
+when and why); a fact every row needs (the loader, the examples, the noise and clipping, the parameters
+written only by the accounted steps) refuses the run with ``lastiter_plugins.PipelineChangedError``.
 
 Opacus 1.5 has no accountant registry: ``PrivacyEngine(accountant=name)`` refuses
 the name there, so use ``attach(PrivacyEngine(), name)`` (or ``engine.accountant =
 create_accountant(name)``) before ``make_private``; ``make_private_with_epsilon``
 needs Opacus 1.6 (``docs/opacus.md``, *Opacus 1.5*).
 
-Modules of this package (each one job): ``_registration`` (register, create_accountant, attach,
-errors), ``_loaders`` (loader -> sampling scheme, per-step loader watch), ``_observe`` (optimizer
-facts in the core's terms, N and b, example counter), ``_monitor`` (the run monitor: the batches
-each step drew, the model's earlier accounting, loss-reading schedulers; the derivation is
-``lastiter_plugins.adapters._derivation``, shared), ``_steps`` (per-step optimizer, example and model
-checks), ``_projection``, ``_report``, ``_accountant``, the certified linear models of
-``register(..., model="glm")`` (``_glm_clip``: ``FeatureNormClip``; ``_glm_declaration``: the declared
-loss; ``_glm_derive``: the model's structure and the derived constants; ``_glm_watch``: the
-per-forward and per-step checks; ``_glm``: the route the accountant holds) and
-``_internals`` (the only reader of Opacus' private state, behind a version guard).
+Modules (each one job; docs/layout.md): ``_registration`` (the public entry points), ``_accountant`` (the
+ledger), ``_binding`` and ``_run`` (one run and its checks), ``_checks/`` (one run check per file),
+``_record`` (the mechanism observed), ``_loaders``, ``_patches`` (every patch of torch and Opacus),
+``_internals`` (every read of Opacus' private state), ``_checkpoint``, ``_calibration``, ``_start``,
+``_report``, ``_projection`` and the certified linear route (``_glm*``).
 """
 
 from __future__ import annotations

@@ -133,8 +133,12 @@ def host_lines(config: lp.TrainingConfig, delta: float, valid: float) -> tuple[s
         number = numbers.get(key)
         if number is None or number.epsilon is None:
             continue
+        verdict = "" if number.valid else f" NOT VALID: {number.why_not}"
         ratio = f"; the valid number is {valid / number.epsilon:.3g}x it" if number.epsilon > 0 else ""
-        lines.append(f"{role}: {number}{ratio}")
+        lines.append(
+            f"{role} would print epsilon = {number.epsilon:.4g} ({number.relation.value}, every iterate){verdict}"
+            f"{ratio}"
+        )
     return tuple(lines)
 
 
