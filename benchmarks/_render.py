@@ -181,12 +181,13 @@ def _overhead(section: dict, results: dict) -> list[str]:
     rows = [r for r in section["rows"] if "met" in r]
     if rows:
         out += [
-            *_target_rows(rows, "sampling", lambda r: r["sampling"]),
+            *_target_rows(rows, "sampling, optimizer", lambda r: f"{r['sampling']}, {r.get('optimizer', 'sgd')}"),
             "",
             "Generated MNIST-shaped data, CPU time (`time.process_time`), one torch thread. Three pipelines, "
             "identical but for the accountant: A and A' with Opacus' RDP accountant, B with the registered "
             "last-iterate accountant (`bound=\"best\"`); B's shuffle-once loader draws from the library's "
-            "`ShuffleOnceSampler`, A's from a list of the same permutation (the sampler's reporting is B's cost). "
+            "`ShuffleOnceSampler`, A's from a list of the same permutation (the sampler's reporting is B's cost); "
+            "the optimizer is SGD or Adam in all three (issue 37). "
             f"Each of {rows[0]['rounds']} rounds runs one block of {rows[0]['steps_per_block']} steps of each "
             "pipeline, the order rotated through the six permutations; ratio and control are the medians over the "
             "rounds of B / A and A' / A, in brackets their range. Target (issue 29, item 7): the ratio within the "
@@ -194,8 +195,8 @@ def _overhead(section: dict, results: dict) -> list[str]:
             "step hook alone (the accountant's per-step checks, which Opacus calls before the update; "
             "`time.process_time` around `optimizer.step_hook`): "
             + "; ".join(
-                f"{r['sampling']}: {r['step_hook_us']:.0f} us per step (median), {r['step_hook_share']:.2%} of B's "
-                "CPU time"
+                f"{r['sampling']}, {r.get('optimizer', 'sgd')}: {r['step_hook_us']:.0f} us per step (median), "
+                f"{r['step_hook_share']:.2%} of B's CPU time"
                 for r in rows
             )
             + ". Not in that figure: the accountant's forward pre-hook (counts the examples), its step post-hook "
@@ -247,7 +248,8 @@ def _glm_step(section: dict, results: dict) -> list[str]:
     for r in section["rows"]:
         met = "met" if r["ratio"] <= r["goal"] else "**not met**"
         out.append(
-            f"| {_GLM_MODELS.get(r['model'], r['model'])} | {r['step_ms']:.2f} | <= {r['goal']:.2f}: {met} | "
+            f"| {_GLM_MODELS.get(r['model'], r['model'])}, {r.get('optimizer', 'sgd')} | {r['step_ms']:.2f} | "
+            f"<= {r['goal']:.2f}: {met} | "
             f"**{r['ratio']:.3f}** [{r['ratio_spread'][0]:.3f}, {r['ratio_spread'][1]:.3f}] | {r['control']:.3f} "
             f"[{r['control_spread'][0]:.3f}, {r['control_spread'][1]:.3f}] | {r['load']:.1f} |"
         )
@@ -256,7 +258,8 @@ def _glm_step(section: dict, results: dict) -> list[str]:
         out += [
             "",
             "Generated data, CPU time (`time.process_time`), one torch thread. Two pipelines in one process, "
-            'identical but for the accountant (A: Opacus\' RDP accountant; B: `register(..., model="glm")`), '
+            'identical but for the accountant (A: Opacus\' RDP accountant; B: `register(..., model="glm")`; with '
+            'Adam, issue 37: both train with Adam and B registers the declared route, without `model="glm"`), '
             f"trained in alternating blocks of {rows[0]['steps_per_block']} steps (A B, B A, ...) after one untimed "
             f"epoch each; ratio: the median over {rows[0]['blocks']} blocks of B / A, in brackets its range; the A/A "
             "control (A against a second A) beside it. Goals: issue 29, item 7.",

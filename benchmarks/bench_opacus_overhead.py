@@ -28,9 +28,10 @@ Rows: a shuffle-once order (``poisson_sampling=False``; B's loader draws it from
 ``ShuffleOnceSampler``, which reports every batch it starts to the accountants of its permutation;
 A's from a plain list of the same permutation, as a plain Opacus user would: that reporting is B's
 cost) and Poisson sampling (Opacus' ``DPDataLoader``, the default of ``make_private`` and of
-Opacus' example).
+Opacus' example); each with plain SGD and with ``torch.optim.Adam`` (issue 37, item 5: the update
+check then departs at the first step, and every later step skips it).
 
-    python benchmarks/bench_opacus_overhead.py [--rounds 14] [--steps 150] [--quick] [--profile]
+    python benchmarks/bench_opacus_overhead.py [--rounds 14] [--steps 150] [--optimizer sgd|adam] [--quick] [--profile]
 
 ``--quick``: 7 rounds of 10 steps, nothing written. ``--profile``: after the rounds, cProfile over
 ``--steps`` steps of B and of A, printing the functions of this library and the per-step time of
@@ -58,6 +59,7 @@ from _common import training_blocks, update_results
 BATCH, BATCHES, LR, SLACK = 32, 50, 0.1, 0.02
 MODEL = "Opacus MNIST CNN (26,010 parameters)"
 SAMPLINGS = ("shuffle_once", "poisson")
+OPTIMIZERS = ("sgd", "adam")
 
 
 def _mnist_cnn() -> Any:
@@ -80,7 +82,13 @@ def _images(n: int) -> Any:
     return TensorDataset(x, torch.randint(0, 10, (n,), generator=gen))
 
 
-def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], float]:
+def _optimizer(kind: str, model: Any) -> Any:
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=LR) if kind == "sgd" else torch.optim.Adam(model.parameters(), 1e-3)
+
+
+def _pipeline(accountant: str, sampling: str, data: Any, kind: str = "sgd") -> Callable[[int], float]:
     """A private training pipeline; returns ``steps(k)``: run k steps, return their CPU time (s)."""
     import torch
     from opacus import PrivacyEngine
@@ -100,7 +108,7 @@ def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], floa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, optimizer, loader = PrivacyEngine(accountant=accountant).make_private(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=loader,
+            module=model, optimizer=_optimizer(kind, model), data_loader=loader,
             noise_multiplier=1.0, max_grad_norm=1.0, poisson_sampling=poisson, criterion=loss,
         )  # fmt: skip
     steps = training_blocks(model, optimizer, loader, loss)
@@ -108,7 +116,7 @@ def _pipeline(accountant: str, sampling: str, data: Any) -> Callable[[int], floa
     return steps
 
 
-def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[str, Any]:
+def measure(sampling: str, *, rounds: int, steps: int, profile: bool, kind: str = "sgd") -> dict[str, Any]:
     import torch
 
     from lastiter_plugins.adapters import opacus as lastiter_opacus
@@ -120,8 +128,8 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
         learning_rate=LR, smoothness=1.0, force=True,
     )  # fmt: skip
     data = _images(BATCH * BATCHES)
-    arms = {"A": _pipeline("rdp", sampling, data), "B": _pipeline(name, sampling, data)}
-    arms["A'"] = _pipeline("rdp", sampling, data)
+    arms = {"A": _pipeline("rdp", sampling, data, kind), "B": _pipeline(name, sampling, data, kind)}
+    arms["A'"] = _pipeline("rdp", sampling, data, kind)
     for run in arms.values():
         run(BATCHES)  # one epoch first: the adapter registers its hooks at the first step
     orders = list(itertools.permutations(arms))
@@ -140,6 +148,7 @@ def measure(sampling: str, *, rounds: int, steps: int, profile: bool) -> dict[st
         "model": MODEL,
         "batch_size": BATCH,
         "sampling": sampling,
+        "optimizer": kind,
         "rounds": rounds,
         "steps_per_block": steps,
         "step_ms": {arm: statistics.median(v) * 1e3 for arm, v in blocks.items()},
@@ -202,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=14, help="rounds of three blocks (at least 7)")
     parser.add_argument("--steps", type=int, default=150, help="steps per block")
     parser.add_argument("--sampling", choices=SAMPLINGS, action="append", help="default: both")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, action="append", help="default: both")
     parser.add_argument("--quick", action="store_true", help="7 rounds of 10 steps, nothing written")
     parser.add_argument("--profile", action="store_true", help="cProfile B and A after the rounds")
     args = parser.parse_args(argv)
@@ -211,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")  # torch's backward-hook notices, once per step
     start = time.perf_counter()
     rows = []
-    for sampling in args.sampling or SAMPLINGS:
-        print(f"{MODEL}, batch {BATCH}, {sampling}:", file=sys.stderr, flush=True)
-        row = measure(sampling, rounds=rounds, steps=steps, profile=args.profile)
+    for kind, sampling in itertools.product(args.optimizer or OPTIMIZERS, args.sampling or SAMPLINGS):
+        print(f"{MODEL}, batch {BATCH}, {sampling}, {kind}:", file=sys.stderr, flush=True)
+        row = measure(sampling, rounds=rounds, steps=steps, profile=args.profile, kind=kind)
         rows.append(row)
         print(
             f"  ratio {row['ratio']:.4f} {row['ratio_spread']}, A/A {row['control_ratio']:.4f} "
@@ -225,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:
         command = f"python benchmarks/bench_opacus_overhead.py --rounds {rounds} --steps {steps}"
         command += "".join(f" --sampling {s}" for s in args.sampling or ())
+        command += "".join(f" --optimizer {o}" for o in args.optimizer or ())
         update_results("opacus_overhead", rows, command=command, seconds=time.perf_counter() - start, threads=1)
     return 0
 

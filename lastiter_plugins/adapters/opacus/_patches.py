@@ -319,6 +319,8 @@ def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]
 
 def metric_reads(optimizers: Any) -> int:
     """How many times a ``ReduceLROnPlateau`` holding one of ``optimizers`` read a metric (``step(metric)``)."""
+    if not _METRIC_READS:  # (the common case: no such rule ever read a metric in this process)
+        return 0
     return sum(_METRIC_READS.get(o, 0) for o in optimizers)
 
 

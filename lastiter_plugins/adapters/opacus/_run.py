@@ -137,7 +137,7 @@ class Run:
         if self.optimizer is None:
             self._first_step(optim)
         assert self.optimizer is not None and self.writes is not None  # created by _first_step
-        self.optimizer.at_step(checks.Step(number, optim, self, _NOTHING, False))
+        self.optimizer.verify(optim, number)
         raw = raw_facts(optim)
         unchanged = raw is not None and raw == self._raw
         if not unchanged or self._observed is None:  # validated in full when a value it reads changed
@@ -166,14 +166,8 @@ class Run:
             self.ghost.reset()
         assert step.gradients is not None  # counted by the examples check
         base = optim.original_optimizer
-        record = StepRecord(
-            number,
-            observed,
-            f"{type(base).__module__}.{type(base).__qualname__}",
-            tuple(float(g["lr"]) for g in base.param_groups),
-            step.gradients,
-        )
-        return record, departures
+        rates = tuple(float(g["lr"]) for g in base.param_groups)
+        return StepRecord(number, observed, _name(type(base)), rates, step.gradients), departures
 
     def at_release(self, steps: int) -> Departure | None:
         """When an epsilon is read: nothing changed the model since the last step (refused), and the declared
@@ -200,7 +194,15 @@ class Run:
         return None if tensors is None else digest(tensors)
 
 
-_NOTHING: Any = None  # (the optimizer identity check reads no observation)
+_NAMES: dict[type, str] = {}
+
+
+def _name(cls: type) -> str:
+    """``module.qualname`` of a class (remembered: the record is made at every step)."""
+    name = _NAMES.get(cls)
+    if name is None:
+        name = _NAMES[cls] = f"{cls.__module__}.{cls.__qualname__}"
+    return name
 
 
 def _clipping(optim: Any) -> str | None:

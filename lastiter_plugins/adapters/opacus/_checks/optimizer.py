@@ -35,7 +35,11 @@ class BoundOptimizer(Check):
         self.params = trainable(optim)
 
     def at_step(self, step: Step) -> Departure | None:
-        optim, number = step.optim, step.number
+        self.verify(step.optim, step.number)
+        return None
+
+    def verify(self, optim: Any, number: int) -> None:
+        """Refuse unless ``optim`` is the bound optimizer with nothing between this check and the update."""
         if self._optim() is not optim:
             raise _Changed(
                 "the optimizer stepping this accountant must stay the DP optimizer it was bound to. "
@@ -83,4 +87,3 @@ class BoundOptimizer(Check):
                 "Train in float32, or under torch.autocast(dtype=torch.bfloat16) without a GradScaler (on the "
                 "declared route; model='glm' needs float32 scores)."
             )
-        return None
