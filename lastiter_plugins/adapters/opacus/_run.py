@@ -150,7 +150,11 @@ class Run:
             ledger.start.continue_prior(ledger, observed)
             number = ledger.steps + 1
         step = checks.Step(number, optim, self, observed, unchanged)
-        departures = [d for d in (check.at_step(step) for check in self.order) if d is not None]
+        departures = []
+        for check in self.order:
+            departure = check.at_step(step)
+            if departure is not None:
+                departures.append(departure)
         if ledger.resume_digest is not None:  # the first step after load_state_dict: the checkpoint's model
             problem = model_differs(self.model_tensors(), ledger.resume_digest, number - 1)
             if problem is not None:
@@ -160,8 +164,8 @@ class Run:
             self.buffers.rebase()
         self.writes.at_step(step)
         self.buffers.at_step(step)
-        if self.projection is not None:
-            departures += filter(None, [self.projection.at_step(step)])
+        if self.projection is not None and (departure := self.projection.at_step(step)) is not None:
+            departures.append(departure)
         if self.ghost is not None:
             self.ghost.reset()
         assert step.gradients is not None  # counted by the examples check
