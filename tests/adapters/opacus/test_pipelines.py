@@ -421,3 +421,21 @@ def test_a_checkpoint_keeps_the_rows_that_left(request):
     resumed.load_state_dict(state)
     assert [d.fact for d in resumed.departures] == [d.fact for d in engine.accountant.departures]
     assert resumed.get_epsilon(DELTA) == _core("cyclic", N // B, update="any")
+
+
+@pytest.mark.parametrize(("clip", "kept"), [(50.0, True), (0.01, False)], ids=["never-active", "active"])
+def test_ghost_clipping_checks_a_declared_gradient_norm_bound(request, clip, kept):
+    """With ghost clipping the per-example norms are the first pass' (the module's); a norm above the clip
+    departs as under flat clipping."""
+    name = _register(request, "cyclic", learning_rate=0.1, smoothness=1.0, gradient_norms_within_clip=True)
+    model = _mlp()
+    engine, (private, optimizer, criterion, loader) = _private(
+        name, "cyclic", model, torch.optim.SGD(model.parameters(), lr=0.1), clip=clip, criterion=nn.CrossEntropyLoss(),
+        grad_sample_mode="ghost",
+    )  # fmt: skip
+    _train(private, optimizer, loader, criterion=criterion, epochs=1)
+    changes = [c for _, c in left(engine.accountant).values()]
+    assert changes == ([] if kept else [{"gradient_norms_within_clip": False}])
+    expected = _core("cyclic", N // B, learning_rate=0.1, smoothness=1.0, clip_norm=clip,
+                     gradient_norms_within_clip=kept)  # fmt: skip
+    assert engine.get_epsilon(DELTA) == expected

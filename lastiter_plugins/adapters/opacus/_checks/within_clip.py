@@ -4,6 +4,7 @@ needs the plain SGD update, which active per-layer clipping is not)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -52,7 +53,9 @@ class DeclaredWithinClip(Check):
         """(the largest norm, its clip norm) when a norm makes clipping active, else None."""
         if clipping == "ghost":
             norms = getattr(self._module, "per_sample_gradient_norms", None) if self._module is not None else None
-            pairs = [] if norms is None or not len(norms) else [(norms, float(optim.max_grad_norm))]
+            if norms is None:  # (not readable, e.g. make_private(wrap_model=False): not checked, so not kept)
+                return math.inf, float(optim.max_grad_norm)
+            pairs = [(norms, float(optim.max_grad_norm))] if len(norms) else []
         else:
             samples = optim.grad_samples
             if not samples or len(samples[0]) == 0:  # no trainable parameter, or an empty (Poisson) batch
