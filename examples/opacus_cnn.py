@@ -88,6 +88,8 @@ def main(epochs: int = 3, noise: float = 1.0, poisson: bool = False, batch_size:
         f"epsilon = {result.epsilon:.4g} at delta = {DELTA:g} ({result.relation.value}, "
         f"{result.protects.value}) via {result.winner}"
     )
+    for line in report.departures:
+        print(f"departure: {line}")
     for line in report.rows_left:
         print(f"left best: {line}")
     for line in report.host:

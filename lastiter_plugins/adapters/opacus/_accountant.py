@@ -190,7 +190,7 @@ class LastIterateAccountant(IAccountant):
         account = self.account(delta)
         if account is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
-        out = build_report(self.registration, account, _delta(delta), self.observed)
+        out = build_report(self.registration, account, _delta(delta), self.observed, tuple(self.departures))
         if show:
             print(out)
         return out

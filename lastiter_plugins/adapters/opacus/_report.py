@@ -53,6 +53,8 @@ class Report:
     tightness: str = ""  # best's lower bound: "the worst case ... lies in [lower, upper]", or why none
     lower_bound: float | None = None  # the exact epsilon of an instance meeting the declarations
     provenance: str = ""  # best's proof: published theorem or this library's derivation, and what published gives
+    #: the facts observed that weakened the declared pipeline, each with its step and the fields it weakened
+    departures: tuple[str, ...] = ()
     #: the rows that left best, each with the step and the fact that removed it
     rows_left: tuple[str, ...] = ()
     #: the registered learning rate left out: the rows that giving it would bring back
@@ -76,6 +78,7 @@ class Report:
             "lower_bound": self.lower_bound,
             "tightness": self.tightness,
             "provenance": self.provenance,
+            "departures": list(self.departures),
             "rows_left": list(self.rows_left),
             "needs_learning_rate": list(self.needs_learning_rate),
             "mechanism": self.mechanism,
@@ -112,6 +115,8 @@ class Report:
             lines.append(self.tightness)
         if self.provenance:
             lines.append(self.provenance)
+        for line in self.departures:
+            lines.append(f"departure: {line}")
         for line in self.rows_left:
             lines.append(f"left best: {line}")
         if self.needs_learning_rate:
@@ -142,7 +147,18 @@ def host_lines(config: lp.TrainingConfig, delta: float, valid: float) -> tuple[s
     return tuple(lines)
 
 
-def build_report(reg: Registration, account: host.Account, delta: float, observed: Observed | None) -> Report:
+def _departure(d: host.Departure) -> str:
+    weakened = ", ".join(f"{k}={getattr(v, 'value', v)!r}" for k, v in d.changes.items())
+    return f"step {d.step}: {d.fact} (weakens {weakened})"
+
+
+def build_report(
+    reg: Registration,
+    account: host.Account,
+    delta: float,
+    observed: Observed | None,
+    departures: tuple[host.Departure, ...] = (),
+) -> Report:
     """Render the core's evaluation of every bound for the pipeline that ran (one evaluation path: the
     core's), with the departures that removed rows and the host's own number."""
     config, assumptions = account.config, account.assumptions
@@ -208,6 +224,7 @@ def build_report(reg: Registration, account: host.Account, delta: float, observe
         tightness=tightness,
         lower_bound=lower,
         provenance=provenance,
+        departures=tuple(_departure(d) for d in departures),
         rows_left=tuple(str(r) for r in account.rows_left),
         needs_learning_rate=needs,
         mechanism="" if observed is None else observed.mechanism,
