@@ -103,11 +103,15 @@ def test_dp_accounting_accountant_answers_a_run_with_best(case):
 
 def test_opacus_report_prints_best(case):
     pytest.importorskip("opacus")
+    from lastiter_plugins import host
+    from lastiter_plugins.adapters.opacus._declaration import Registration
     from lastiter_plugins.adapters.opacus._report import build_report
 
     params, best = case
     config, assumptions = lp.build(**params)
-    report = build_report("run", config, assumptions, DELTA, None)
+    reg = Registration("run", lp.BEST, config.sampling, config.relation, config.dataset_size, config.learning_rate,
+                       assumptions)  # fmt: skip
+    report = build_report(reg, host.account(reg.declaration(), config, assumptions, DELTA), DELTA, None)
     row = next(r for r in report.rows if r.bound == lp.BEST)
     assert (row.epsilon, row.reasons) == (best.epsilon, (f"via {best.winner}",))
     assert report.best == str(best)
