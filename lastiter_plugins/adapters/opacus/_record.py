@@ -11,7 +11,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer, DPPerLayerOptimizer
@@ -84,9 +84,8 @@ class Observed:
         return f"{how}: clip norm {self.clip_norm:g}, noise multiplier {self.noise_multiplier:g}"
 
 
-@dataclasses.dataclass(frozen=True)
-class StepRecord:
-    """One accounted step: its number, its mechanism, the update it took and the examples it summed."""
+class StepRecord(NamedTuple):
+    """One accounted step (immutable): its number, its mechanism, the update it took and the examples it summed."""
 
     step: int
     observed: Observed

@@ -74,6 +74,9 @@ class Run:
         self.writes: checks.AccountedWrites | None = None
         self.projection: checks.DeclaredProjection | None = None
         self.order: list[checks.Check] = []  # every check, in order (complete from the first step on)
+        #: the order without the checks that read only the optimizer values ``raw_facts`` reads (the mechanism's
+        #: constancy, the update): a step whose values equal the previous step's skips them
+        self.varying: list[checks.Check] = []
 
     @property
     def ledger(self) -> LastIterateAccountant:
@@ -118,11 +121,12 @@ class Run:
             else None
         )
         route = None if self.glm is None else checks.LinearRoute(self.glm)
+        constant, update = checks.ConstantMechanism(), checks.PlainSgd()
         order: list[Any] = [
             route,
-            checks.ConstantMechanism(),
-            checks.PlainSgd(),
-            checks.PerLayerClipping(),
+            constant,
+            update,
+            checks.PerLayerClipping() if _clipping(optim) == "per_layer" else None,
             self.ghost,
             self.metric_rules,
             self.loader,
@@ -131,6 +135,7 @@ class Run:
             within,
         ]
         self.order = [c for c in order if c is not None]
+        self.varying = [c for c in self.order if c is not constant and c is not update]
 
     def step(self, optim: Any, number: int) -> tuple[StepRecord, list[Departure]]:
         """Check step ``number``: its record and the departures it showed (raises for a fact every row needs)."""
@@ -145,13 +150,14 @@ class Run:
             self._observed = observe(optim, reg.learning_rate, reg.dataset_size, self.facts)
             self._raw = raw
         observed = self._observed
-        ledger = self.ledger
+        ledger = self._ledger()
+        assert ledger is not None  # the accountant holds its run
         if ledger.start.prior is not None:  # the model was trained by an earlier engine: continue or refuse
             ledger.start.continue_prior(ledger, observed)
             number = ledger.steps + 1
         step = checks.Step(number, optim, self, observed, unchanged)
         departures = []
-        for check in self.order:
+        for check in self.varying if unchanged and not ledger.resumed else self.order:
             departure = check.at_step(step)
             if departure is not None:
                 departures.append(departure)
@@ -170,7 +176,7 @@ class Run:
             self.ghost.reset()
         assert step.gradients is not None  # counted by the examples check
         base = optim.original_optimizer
-        rates = tuple(float(g["lr"]) for g in base.param_groups)
+        rates = tuple([float(g["lr"]) for g in base.param_groups])
         return StepRecord(number, observed, _name(type(base)), rates, step.gradients), departures
 
     def at_release(self, steps: int) -> Departure | None:

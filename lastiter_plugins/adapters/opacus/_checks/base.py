@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 EVERY_ROW = "every row"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Step:
     """One step as the checks see it (discarded after the step; the ledger keeps a ``StepRecord``).
 

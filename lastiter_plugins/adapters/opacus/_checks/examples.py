@@ -116,6 +116,7 @@ class OneGradientPerExample(Check):
         self.counter = None if module is None else ExampleCounter(module)
         self._batch_sampler = weakref.ref(batch_sampler)
         self._ghost = ghost
+        self._first: Any = None  # the first trained parameter (its grad_sample holds the step's count)
 
     def remove(self) -> None:
         if self.counter is not None:
@@ -132,7 +133,9 @@ class OneGradientPerExample(Check):
         if self._ghost is not None:  # (each pass' gradients are summed by a skipped step or by this one)
             passes = self._ghost.passes
             return (min(passes, 1) if internals.last_step_skipped(optim) else passes), self._ghost.rows
-        samples = getattr(optim.params[0], "grad_sample", None) if optim.params else None
+        if self._first is None:  # (the trained parameters stay the first step's: the optimizer check refuses else)
+            self._first = optim.params[0] if optim.params else False
+        samples = getattr(self._first, "grad_sample", None) if self._first is not False else None
         if samples is None:
             return 0, 0
         if isinstance(samples, list):  # one tensor per backward pass
