@@ -11,8 +11,8 @@ page does not):
   ``examples/`` is the repository's;
 * ``<!-- not run: REASON -->``: a block the tests do not run, with the reason. A python fragment of a training loop
   (your data and model) names the ``examples/`` script that is its complete run, which a test runs;
-* ``<!-- output of: COMMAND -->`` on a block without a language: the output of the ``lastiter`` command, as a fresh
-  run prints it. Options after ``;``: ``abridged`` (the block shows some of the output's lines, ``...`` for those
+* ``<!-- output of: COMMAND -->`` on a block without a language: the output of the ``lastiter`` command (or of
+  ``python examples/NAME.py``, the example's ``main()``), as a fresh run prints it. Options after ``;``: ``abridged`` (the block shows some of the output's lines, ``...`` for those
   left out: each shown line, with the more-indented lines that continue it, is the fresh line with the same key,
   its text before two spaces with numbers and ``[n]`` left out), ``without opacus`` (the run without Opacus'
   accountants, as after the README's first command, which installs no Opacus);
@@ -228,6 +228,8 @@ def abridge(shown: str, fresh: str) -> str:
 def regenerated(block: Block) -> str:
     """The text an ``output of`` block should have: from a fresh run of its command."""
     command, options = _options(block.argument)
+    if command.startswith("python examples/"):
+        return example_output(command)
     fresh = lastiter(command, without_opacus="without opacus" in options)
     return abridge(block.text, fresh) if "abridged" in options else fresh
 
@@ -243,6 +245,18 @@ class GeneratedPage:
 
     def committed(self) -> str:
         return (ROOT / self.page).read_text(encoding="utf-8")
+
+
+@functools.cache
+def example_output(command: str) -> str:
+    """What ``python examples/NAME.py`` (no arguments) prints: its ``main()``, run in this process."""
+    argv = shlex.split(command)
+    if len(argv) != 2 or not argv[1].startswith("examples/"):
+        raise DocsError(f"an example's output is that of `python examples/NAME.py` alone. Found {command!r}")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _script(argv[1]).main()
+    return out.getvalue()
 
 
 def _script(path: str) -> Any:
