@@ -183,17 +183,21 @@ def test_lastiter_epsilon_says_when_best_is_a_standard_baseline():
 
 def test_opacus_report_says_when_best_is_a_standard_baseline():
     pytest.importorskip("opacus")
-    from lastiter_plugins.adapters.opacus import _report
+    from lastiter_plugins import host
+    from lastiter_plugins.adapters.opacus._declaration import Registration
+    from lastiter_plugins.adapters.opacus._report import build_report
 
-    config, assumptions = lp.build(**RESHUFFLE_LR_TOO_LARGE)
-    report = _report.build_report("last-iterate", config, assumptions, 1e-5, None)
+    def report_of(config, assumptions):
+        reg = Registration("last-iterate", lp.BEST, config.sampling, config.relation, config.dataset_size,
+                           config.learning_rate, assumptions)  # fmt: skip
+        return build_report(reg, host.account(reg.declaration(), config, assumptions, 1e-5), 1e-5, None)
+
+    report = report_of(*lp.build(**RESHUFFLE_LR_TOO_LARGE))
     assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.333" in str(
         report
     )
     assert report.to_dict()["advice"] == report.advice
-    fine = _report.build_report(
-        "last-iterate", *lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}), 1e-5, None
-    )
+    fine = report_of(*lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}))
     assert fine.advice == "" and "This is a standard baseline" not in str(fine)
 
 
