@@ -42,6 +42,7 @@ class Parameters(TypedDict, total=False):
     sampling: Required[Sampling | str]
     relation: Relation | str
     update: Update | str
+    allocations_per_epoch: int
     steps: int
     epochs: int
     smoothness: float | None
@@ -62,6 +63,7 @@ _TRAINING_KEYS = (
     "sampling",
     "relation",
     "update",
+    "allocations_per_epoch",
 )
 _ASSUMPTION_KEYS = (
     "smoothness",
@@ -81,7 +83,8 @@ PARAMETERS: tuple[str, ...] = tuple(Parameters.__annotations__)
 def build(**params: Unpack[Parameters]) -> tuple[TrainingConfig, LossAssumptions]:
     """Validated (TrainingConfig, LossAssumptions) from the keyword parameters.
 
-    Give exactly one of ``steps`` and ``epochs`` (E epochs = E * ceil(n/b) steps).
+    Give exactly one of ``steps`` and ``epochs`` (E epochs = E * ceil(n/b) steps; E * ceil(n k/b) under random
+    allocation with k = ``allocations_per_epoch``).
     """
     refuse_renamed(params)
     unknown = sorted(set(params) - set(PARAMETERS))

@@ -13,7 +13,12 @@ The tightest baselines whose validity is proven (docs/derivations/baselines.md#b
   docs/derivations/baselines.md#poisson-replace-one-pair;
 * fixed-size random batches, replace-one: the same construction for the pair proven in
   docs/derivations/baselines.md#random-batch-pair (noise multiplier ``z/2``, the larger of the remove and add pairs'
-  profiles at every epsilon, :class:`RandomBatchPldProfile`).
+  profiles at every epsilon, :class:`RandomBatchPldProfile`);
+* random allocation (each example in k of an epoch's t steps), add-or-remove: Feldman & Shenfeld's
+  privacy loss distribution of one allocation (``PLD_accounting``), composed over the epochs by
+  dp-accounting (:class:`RandomAllocationPldProfile`); replace-one: the remove and add profiles of the
+  same run joined by the triangle inequality through the run without the record
+  (:class:`RandomAllocationReplaceOneProfile`); docs/derivations/random-allocation.md.
 
 A PLD figure depends on the discretisation, pinned here (interval ``1e-4``,
 pessimistic connect-the-dots, dp-accounting's truncations), and, in its last digits,
@@ -28,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Any, Protocol
 
-from lastiter_plugins.bounds import sampled_gaussian_pld
+from lastiter_plugins.bounds import random_allocation, sampled_gaussian_pld
 from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
 from lastiter_plugins.profiles import GaussianMixtureProfile
 
@@ -50,8 +56,20 @@ def epoch_gdp_mu(noise_multiplier: float, epochs: int) -> float:
 
 
 def epoch_gdp_profile(cfg: TrainingConfig, a: LossAssumptions) -> GaussianMixtureProfile:
-    """The mu-GDP profile of every iterate of an epoch scheme under replace-one."""
-    return GaussianMixtureProfile.gaussian(epoch_gdp_mu(cfg.noise_multiplier, cfg.epochs_started))
+    """The mu-GDP profile of every iterate of an epoch scheme under replace-one: one Gaussian mechanism per use of the
+    record, at most ``k`` uses per epoch (k = 1 but under random allocation,
+    docs/derivations/random-allocation.md#ra-rows)."""
+    return GaussianMixtureProfile.gaussian(
+        epoch_gdp_mu(cfg.noise_multiplier, cfg.epochs_started * cfg.allocations_per_epoch)
+    )
+
+
+class _ComposedPld(Protocol):
+    """A profile read from one composed dp-accounting ``PrivacyLossDistribution`` (hashable: the caches key on it)."""
+
+    def __hash__(self) -> int: ...
+
+    def _pld(self) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +126,13 @@ def fft_noise_margin(pld) -> float:
 
 
 @functools.lru_cache(maxsize=64)
-def _margin(profile: PoissonPldProfile) -> float:
+def _margin(profile: _ComposedPld) -> float:
     # the negative mass walks the composed tables: once per distribution, not once per delta asked
     return fft_noise_margin(profile._pld())
 
 
 @functools.lru_cache(maxsize=64)
-def _pld_epsilon(profile: PoissonPldProfile, delta: float) -> float:
+def _pld_epsilon(profile: _ComposedPld, delta: float) -> float:
     margin = _margin(profile)
     return sampled_gaussian_pld.epsilon_for_delta(profile._pld(), delta - margin) if delta > margin else math.inf
 
@@ -169,3 +187,84 @@ def random_batch_pld_lower_epsilon(
         add_or_remove=True,
         beat=beat,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomAllocationPldProfile:
+    """The privacy profile of every iterate of a run with random allocation, add-or-remove: dp-accounting's remove
+    and add PMFs of the run (:func:`~lastiter_plugins.bounds.random_allocation.composed`), read as the Poisson rows
+    read theirs (epsilon at ``delta`` less the FFT noise margin; delta plus it).
+
+    Attributes:
+      noise_multiplier: z (noise std over the clip norm).
+      steps_per_epoch: t.
+      allocations: k, the steps of an epoch each example joins.
+      epochs: epochs begun, ``ceil(T/t)`` (a partial last epoch is accounted as a whole one).
+    """
+
+    noise_multiplier: float
+    steps_per_epoch: int
+    allocations: int
+    epochs: int
+
+    def _pld(self):
+        return random_allocation.composed(self.noise_multiplier, self.steps_per_epoch, self.allocations, self.epochs)
+
+    def epsilon(self, delta: float) -> float:
+        """Epsilon at ``delta`` (dp-accounting's ``get_epsilon_for_delta``, vectorised), at ``delta`` less the FFT
+        noise margin; cached on every field and ``delta``."""
+        return _pld_epsilon(self, float(delta))
+
+    def delta(self, eps: float) -> float:
+        """Delta at ``eps`` (dp-accounting's ``get_delta_for_epsilon``, vectorised) plus the FFT noise margin, at
+        most 1."""
+        return min(sampled_gaussian_pld.delta_for_epsilon(self._pld(), float(eps)) + _margin(self), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomAllocationReplaceOneProfile(RandomAllocationPldProfile):
+    r"""The privacy profile of every iterate of a run with random allocation, replace-one:
+    :math:`\delta(\varepsilon) \le \min_{\varepsilon_1} \delta_{rem}(\varepsilon_1) +
+    e^{\varepsilon_1}\delta_{add}(\varepsilon - \varepsilon_1)`, the remove and add profiles of the same run
+    (each with the FFT noise margin) joined through the run without the record
+    (docs/derivations/random-allocation.md#ra-replace-one)."""
+
+    def epsilon(self, delta: float) -> float:
+        """The smallest epsilon (bisection, rounded up) whose :meth:`delta` is at most ``delta``; cached."""
+        return _replace_one_epsilon(self, float(delta))
+
+    def delta(self, eps: float) -> float:
+        """The triangle's delta at ``eps``, at most 1."""
+        remove, add = _replace_one_tables(self)
+        return random_allocation.replace_one_delta(remove, add, float(eps))
+
+
+@functools.lru_cache(maxsize=16)
+def _replace_one_tables(
+    profile: RandomAllocationReplaceOneProfile,
+) -> tuple[random_allocation.DeltaTable, random_allocation.DeltaTable]:
+    pld, margin = profile._pld(), _margin(profile)
+    return random_allocation.delta_table(pld._pmf_remove, margin), random_allocation.delta_table(pld._pmf_add, margin)
+
+
+@functools.lru_cache(maxsize=64)
+def _replace_one_epsilon(profile: RandomAllocationReplaceOneProfile, delta: float) -> float:
+    remove, add = _replace_one_tables(profile)
+    return random_allocation.replace_one_epsilon(remove, add, delta)
+
+
+def _allocation_fields(cfg: TrainingConfig) -> tuple[float, int, int, int]:
+    """(z, t, k, epochs begun) of a random-allocation pipeline; noise above the module's MAX_NOISE is accounted as
+    MAX_NOISE (a pair with more noise is a post-processing of the one with less: only larger)."""
+    z = min(cfg.noise_multiplier, random_allocation.MAX_NOISE)
+    return float(z), cfg.steps_per_epoch, cfg.allocations_per_epoch, cfg.epochs_started
+
+
+def random_allocation_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomAllocationPldProfile:
+    """The every-iterate profile of the pipeline's random allocation under add-or-remove."""
+    return RandomAllocationPldProfile(*_allocation_fields(cfg))
+
+
+def random_allocation_replace_one_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomAllocationReplaceOneProfile:
+    """The every-iterate profile of the pipeline's random allocation under replace-one."""
+    return RandomAllocationReplaceOneProfile(*_allocation_fields(cfg))

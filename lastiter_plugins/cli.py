@@ -160,8 +160,20 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "default) or any (Adam, momentum, a schedule: only the every-iterate bounds hold)",
         },
     ),
+    "allocations_per_epoch": (
+        _TRAINING,
+        {
+            "type": int,
+            "metavar": "K",
+            "help": "k, with --sampling random_allocation: each example joins k of an epoch's ceil(n*k/b) steps "
+            "(default 1)",
+        },
+    ),
     "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),
-    "epochs": (_TRAINING, {"type": int, "metavar": "E", "help": "E passes = E*ceil(n/b) steps (or --steps)"}),
+    "epochs": (
+        _TRAINING,
+        {"type": int, "metavar": "E", "help": "E passes = E*ceil(n/b) steps, E*ceil(n*k/b) with k (or --steps)"},
+    ),
     "smoothness": (
         _ASSUMPTIONS,
         {"type": float, "metavar": "M", "help": "M, smoothness (upper curvature) of every per-example loss"},

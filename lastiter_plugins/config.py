@@ -11,7 +11,8 @@ The update every bound assumes (plain SGD, constant step, optional projection
     x_{t+1} = Pi( x_t - eta * ( (1/b) * sum_{i in B_t} clip_C(grad f_i(x_t)) + N(0, (z C / b)^2 I) ) )
 
 Every batch, including a short last one, is normalised by the same b (Opacus'
-``expected_batch_size``); a pass over the data takes ``ceil(n / b)`` steps.
+``expected_batch_size``); a pass over the data takes ``ceil(n / b)`` steps
+(``ceil(n k / b)`` under random allocation, each example in k of them).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Sampling(ValueEnum):
     RESHUFFLE = "reshuffle"  # a new random permutation every epoch
     RANDOM_BATCH = "random_batch"  # a uniformly random b-subset every step
     POISSON = "poisson"  # each example joins each step with probability b/n
-    RANDOM_ALLOCATION = "random_allocation"  # each example in one of the epoch's steps, drawn afresh every epoch
+    RANDOM_ALLOCATION = "random_allocation"  # each example in k of each epoch's steps, drawn afresh every epoch
 
     @classmethod
     def parse(cls, value: Any) -> Sampling:
@@ -249,6 +250,10 @@ class TrainingConfig:
       update: what the optimizer does with the noisy clipped sums (:class:`Update`): ``sgd`` (default),
         plain SGD with the constant ``learning_rate``, the map the last-iterate bounds analyse; ``any``
         (Adam, momentum, a learning-rate schedule fixed in advance, ...): only the every-iterate rows hold.
+      allocations_per_epoch: k, with ``sampling="random_allocation"``: every epoch each example
+        joins k of the epoch's ``t = ceil(n k / b)`` steps, chosen uniformly at random afresh
+        every epoch (k = 1: balls in bins); b is then the divisor, at least the expected batch
+        size ``n k / t``. Must be 1 for every other scheme (docs/sampling.md).
     """
 
     dataset_size: int
@@ -260,6 +265,7 @@ class TrainingConfig:
     clip_norm: float = 1.0
     relation: Relation = _BY_SAMPLING  # left out: the scheme's default, set in __post_init__
     update: Update = Update.SGD
+    allocations_per_epoch: int = 1
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -275,17 +281,30 @@ class TrainingConfig:
         set_(self, "clip_norm", _check_real("clip_norm", self.clip_norm, positive=True))
         set_(self, "relation", resolve_relation(self.relation, self.sampling))
         set_(self, "update", Update.parse(self.update))
+        set_(self, "allocations_per_epoch", _check_allocations(self.allocations_per_epoch, self.sampling))
+        if self.steps_per_epoch > MAX_COUNT:
+            raise ValueError(
+                f"allocations_per_epoch must be <= 2**53 * batch_size / dataset_size (an epoch of ceil(n k / b) "
+                f"steps may have at most 2**53 steps). Found {_shown(self.allocations_per_epoch)}."
+            )
 
     @classmethod
     def from_epochs(cls, *, epochs: int, dataset_size: int, batch_size: int, **kwargs: Any) -> TrainingConfig:
-        """Build from a number of passes: E epochs are E * ceil(n / b) steps."""
+        """Build from a number of passes: E epochs are E * ceil(n / b) steps (E * ceil(n k / b) under random
+        allocation with k = ``allocations_per_epoch``)."""
         epochs = _check_int("epochs", epochs, 1)
         n = _check_int("dataset_size", dataset_size, 1)
         b = _check_int("batch_size", batch_size, 1)
-        per_epoch = -(-n // b)
+        k = _check_int("allocations_per_epoch", kwargs.get("allocations_per_epoch", 1), 1)
+        per_epoch = -(-n * k // b)
         if epochs * per_epoch > MAX_COUNT:
+            formula = (
+                "ceil(dataset_size * allocations_per_epoch / batch_size)"
+                if k > 1
+                else "ceil(dataset_size / batch_size)"
+            )
             raise ValueError(
-                f"epochs must be <= 2**53 / ceil(dataset_size / batch_size) = {MAX_COUNT // per_epoch} (the run "
+                f"epochs must be <= 2**53 / {formula} = {MAX_COUNT // per_epoch} (the run "
                 f"may have at most 2**53 steps). Found {_shown(epochs)}."
             )
         return cls(dataset_size=n, batch_size=b, steps=epochs * per_epoch, **kwargs)
@@ -296,8 +315,9 @@ class TrainingConfig:
 
     @property
     def steps_per_epoch(self) -> int:
-        """l = ceil(n / b)."""
-        return math.ceil(self.dataset_size / self.batch_size)
+        """l = ceil(n / b); under random allocation t = ceil(n k / b) (k = ``allocations_per_epoch``, 1 for every
+        other scheme)."""
+        return -(-self.dataset_size * self.allocations_per_epoch // self.batch_size)
 
     @property
     def full_epochs(self) -> int:
@@ -387,6 +407,18 @@ def poisson_steps(epochs: int, sample_rate: float) -> int:
             f"run may have at most 2**53 steps). Found {_shown(epochs)}."
         )
     return epochs * per_epoch
+
+
+def _check_allocations(value: Any, sampling: Sampling) -> int:
+    """k >= 1, and 1 unless the scheme is random allocation (every other scheme uses an example at most once per
+    epoch, or has no epochs)."""
+    k = _check_int("allocations_per_epoch", value, 1)
+    if k != 1 and sampling is not Sampling.RANDOM_ALLOCATION:
+        raise ValueError(
+            "allocations_per_epoch must be 1 unless sampling is random_allocation (it is the number of an epoch's "
+            f"steps each example joins under random allocation). Found {_shown(k)} with sampling {sampling.value}."
+        )
+    return k
 
 
 #: Keywords that were renamed, with the message that names the new one.

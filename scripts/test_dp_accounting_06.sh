@@ -16,7 +16,7 @@
 # Default selection: the tests whose results depend on dp-accounting's version: the
 # dp-accounting adapter and its shared contract tests, the baselines pinned to
 # dp-accounting (known values, Liang's sampled Gaussian, the PLD baseline rows and the
-# entry points that report them), the conversion (dp-accounting's formula) and the
+# entry points that report them, the random-allocation rows), the conversion (dp-accounting's formula) and the
 # profiles (checked against its PLD), on every core (pytest-xdist, at most 4 workers). The rest of the core does not
 # import dp-accounting and runs once, in .venv. Slow suites stay off unless --runslow
 # is passed. Exit status is pytest's.
@@ -30,7 +30,8 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "+ creating $venv with $python"
   "$python" -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest pytest-xdist hypothesis "typing_extensions>=4.7,<5"
+"$venv/bin/python" -m pip install -q "dp-accounting>=0.6,<0.7" numpy scipy pytest pytest-xdist hypothesis "typing_extensions>=4.7,<5" \
+  "PLD_accounting>=2.0,<3"
 "$venv/bin/python" -m pip install -q --no-deps -e .
 
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("dp-accounting"))')"
@@ -44,7 +45,8 @@ esac
 
 if [ "$#" -eq 0 ]; then
   set -- -q -n auto --maxprocesses 4 tests/adapters/dp_accounting/test_adapter.py tests/core/bounds/test_known_values.py tests/core/bounds/test_liang.py \
-    tests/core/test_conversion.py tests/core/test_profiles.py tests/core/test_baselines.py tests/stories/test_one_best.py tests/core/bounds/test_sgm.py
+    tests/core/test_conversion.py tests/core/test_profiles.py tests/core/test_baselines.py tests/stories/test_one_best.py tests/core/bounds/test_sgm.py \
+    tests/core/test_random_allocation_pld.py
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"

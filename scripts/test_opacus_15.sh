@@ -35,7 +35,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install -q -c constraints/opacus15.txt \
-  torch opacus numpy scipy dp-accounting pytest pytest-xdist hypothesis
+  torch opacus numpy scipy dp-accounting PLD_accounting pytest pytest-xdist hypothesis
 "$venv/bin/python" -m pip install -q --no-deps -e .
 
 version="$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("opacus"), m.version("torch"))')"

@@ -3,7 +3,8 @@ certifies every iterate and therefore also the last one.
 
 * every example used once per epoch (cyclic, shuffle-once, reshuffle),
   replace-one: one Gaussian mechanism with sensitivity 2C per epoch,
-  :math:`\lceil T/l\rceil \cdot 2\alpha/z^2`;
+  :math:`\lceil T/l\rceil \cdot 2\alpha/z^2`; under random allocation each example is used in k
+  steps of an epoch: k of them per epoch (docs/derivations/random-allocation.md#ra-rows);
 * uniformly random batches of size b, replace-one: dp-accounting's
   ``SampledWithoutReplacementDpEvent(n, b, GaussianDpEvent(z/2))`` composed T
   times under ``REPLACE_ONE``. GaussianDpEvent takes noise / sensitivity and the
@@ -57,7 +58,10 @@ def poisson_rdp(orders: np.ndarray, *, sampling_probability: float, noise_multip
 
 
 def composition_epochs(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:
-    return epoch_rdp(orders, noise_multiplier=cfg.noise_multiplier, epochs=cfg.epochs_started)
+    # one Gaussian mechanism per use of the record: at most k per epoch (k = 1 but under random allocation)
+    return epoch_rdp(
+        orders, noise_multiplier=cfg.noise_multiplier, epochs=cfg.epochs_started * cfg.allocations_per_epoch
+    )
 
 
 def composition_random_batch(cfg: TrainingConfig, a: LossAssumptions, orders: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lastiter_plugins import baselines
-from lastiter_plugins.bounds import allocation_mixture, kong_ribero, membership_mixtures, ye_shokri
+from lastiter_plugins.bounds import allocation_mixture, kong_ribero, membership_mixtures, random_allocation, ye_shokri
 from lastiter_plugins.bounds._common import batch_sizes, non_expansive_max_learning_rate
 from lastiter_plugins.bounds._glue import given
 from lastiter_plugins.config import LossAssumptions, Sampling, TrainingConfig, Update
@@ -192,6 +192,30 @@ def pld_steps(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
     return None
 
 
+def allocation_groups(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
+    k = cfg.allocations_per_epoch
+    if cfg.steps_per_epoch >= 2 * k:
+        return None
+    formula = "ceil(dataset_size * allocations_per_epoch / batch_size)" if k > 1 else "ceil(dataset_size / batch_size)"
+    return (
+        f"{formula} (the steps of an epoch) must be >= {2 * k} (twice allocations_per_epoch)",
+        f"{cfg.steps_per_epoch}",
+        "the random-allocation distribution is composed from groups of at least two steps, one allocation each; "
+        "a full batch (every example in every step) is accounted by the full-batch and epoch rows",
+    )
+
+
+def allocation_noise(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
+    if cfg.noise_multiplier >= random_allocation.MIN_NOISE:
+        return None
+    return (
+        f"noise_multiplier must be >= {random_allocation.MIN_NOISE:g}",
+        f"{cfg.noise_multiplier:g}",
+        "below, the random-allocation privacy loss spans more than its grid holds (and epsilon exceeds 100 after "
+        "ten epochs); the Renyi-DP and GDP epoch rows remain under replace_one",
+    )
+
+
 # ---------------------------------------------------------------- provenance: leaving a published statement
 
 
@@ -267,5 +291,7 @@ ALLOCATION_CONVEX_UNCLIPPED: tuple[Condition, ...] = (
     needs_inactive_clipping,
     allocation_sizes_contract,
 )
+#: what the random-allocation privacy loss distribution needs
+RANDOM_ALLOCATION_PLD: tuple[Condition, ...] = (pld_steps, allocation_groups, allocation_noise)
 #: where a pipeline with fixed batches leaves a published statement
 FIXED_BATCH_OUTSIDE: tuple[OutsidePublished, ...] = (short_last_batch, partial_epoch, projected, l2_outside, glm_route)

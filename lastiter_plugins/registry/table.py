@@ -43,7 +43,7 @@ from lastiter_plugins.registry.spec import (
     Provenance,
 )
 
-RB, P = Sampling.RANDOM_BATCH, Sampling.POISSON
+RB, P, RA = Sampling.RANDOM_BATCH, Sampling.POISSON, Sampling.RANDOM_ALLOCATION
 
 
 def _covers(schemes: Sequence[Sampling], relation: Relation = Relation.REPLACE_ONE) -> dict[Sampling, Relation]:
@@ -72,6 +72,23 @@ _ALLOCATION_PROVENANCE = Provenance(
     "epoch's positions mixed against the run without the record); checks: exact instances "
     "(tests/core/bounds/test_allocation_mixture.py: every allocation of tiny runs enumerated, both relations), "
     f"fuzzing ({_FUZZ_ALLOCATION})"
+)
+#: both random-allocation PLD rows rest on the same derivation
+_RA_PROVENANCE = Provenance(
+    derived="docs/derivations/random-allocation.md#ra-one-epoch, #ra-k-of-t, #ra-epochs and #ra-replace-one (an "
+    "adaptive run's epoch dominated by the Gaussian allocation pair; k of t as k allocations of one; the epochs "
+    "composed; replace-one through the run without the record); "
+    "checks: exact instances, every allocation enumerated (tests/core/test_random_allocation_pld.py), "
+    "PLD_accounting's lower bound (benchmarks/bench_random_allocation.py)"
+)
+_RA_REFERENCE = (
+    "Feldman & Shenfeld 2026, arXiv 2602.17284: the privacy loss distribution of random allocation of the "
+    "Gaussian mechanism, computed by their library PLD_accounting (FFT route, pessimistic; loss interval 5e-5)"
+)
+_RA_ASSUMES = (
+    "clipping only; every epoch each example joins k of the epoch's t = ceil(nk/b) steps, chosen uniformly at "
+    "random afresh every epoch, from a secret seed; the noise std on the sum of clipped gradients is z*C "
+    "(a fixed divisor b; add_or_remove: not the actual batch size)"
 )
 
 # Citations users can follow (authors, year, arXiv id); theorem numbers follow the
@@ -530,17 +547,18 @@ _TABLE: tuple[BoundSpec, ...] = (
         "Mironov, Talwar & Zhang 2019, arXiv 1908.10530; Wang, Balle & Kasiviswanathan 2019, arXiv 1808.00087), "
         "computed as dp-accounting's RdpAccountant does",
         covers={
-            **_covers(EPOCH_SCHEMES),
+            **_covers((*EPOCH_SCHEMES, RA)),
             Sampling.RANDOM_BATCH: Relation.REPLACE_ONE,
             Sampling.POISSON: Relation.ADD_OR_REMOVE_ONE,
         },
-        assumptions="none beyond clipping",
+        assumptions="none beyond clipping (random_allocation: k Gaussian mechanisms per epoch, "
+        "docs/derivations/random-allocation.md#ra-rows)",
         conditions=(),
         compute=BySampling(
             {
                 P: composition.composition_poisson,
                 RB: composition.composition_random_batch,
-                **dict.fromkeys(EPOCH_SCHEMES, composition.composition_epochs),
+                **dict.fromkeys((*EPOCH_SCHEMES, RA), composition.composition_epochs),
             }
         ),
         protects=Protects.EVERY_ITERATE,
@@ -553,10 +571,11 @@ _TABLE: tuple[BoundSpec, ...] = (
         ),
         title="one Gaussian mechanism per epoch, composed exactly in mu-GDP (certifies every iterate)",
         reference="exact composition of ceil(T/l) Gaussian mechanisms of shift 2/z: mu = 2 sqrt(ceil(T/l))/z "
-        "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; "
-        "docs/derivations/baselines.md#baselines",
-        covers=_covers(EPOCH_SCHEMES),
-        assumptions="every example in at most one batch per epoch; clipping only",
+        "(Dong, Roth & Su 2019, arXiv 1905.02383, Cor. 3.3), converted exactly; k of them per epoch under "
+        "random allocation; docs/derivations/baselines.md#baselines and "
+        "docs/derivations/random-allocation.md#ra-rows",
+        covers=_covers((*EPOCH_SCHEMES, RA)),
+        assumptions="every example in at most one batch per epoch (random_allocation: in k); clipping only",
         conditions=(),
         compute=profile_rdp(baselines.epoch_gdp_profile),
         profile=baselines.epoch_gdp_profile,
@@ -633,6 +652,37 @@ _TABLE: tuple[BoundSpec, ...] = (
         protects=Protects.EVERY_ITERATE,
         kind=Kind.PLD,
         lower_estimate=baselines.random_batch_pld_lower_epsilon,
+    ),
+    BoundSpec(
+        id="composition-pld-random-allocation",
+        provenance=_RA_PROVENANCE,
+        title="random allocation under add-or-remove: the privacy loss distribution of an epoch's allocation, "
+        "composed over the epochs (every iterate)",
+        reference=f"{_RA_REFERENCE}, composed over the epochs in dp-accounting's PLD (each direction on its own); "
+        "derivation in docs/derivations/random-allocation.md",
+        covers=_covers((RA,), Relation.ADD_OR_REMOVE_ONE),
+        assumptions=_RA_ASSUMES,
+        conditions=c.RANDOM_ALLOCATION_PLD,
+        compute=None,
+        profile=baselines.random_allocation_pld_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.PLD,
+    ),
+    BoundSpec(
+        id="composition-pld-random-allocation-replace-one",
+        provenance=_RA_PROVENANCE,
+        title="random allocation under replace-one: the remove and add distributions of the run joined through "
+        "the run without the record (every iterate)",
+        reference=f"{_RA_REFERENCE}, composed over the epochs in dp-accounting's PLD; replace-one by the "
+        "triangle inequality of the hockey-stick divergence through the dataset without the record (group "
+        "privacy), applied to the whole run; derivation in docs/derivations/random-allocation.md#ra-replace-one",
+        covers=_covers((RA,)),
+        assumptions=_RA_ASSUMES,
+        conditions=c.RANDOM_ALLOCATION_PLD,
+        compute=None,
+        profile=baselines.random_allocation_replace_one_profile,
+        protects=Protects.EVERY_ITERATE,
+        kind=Kind.PLD,
     ),
 )
 

@@ -29,7 +29,10 @@ from tests.support import pipeline, strongly_convex
         (dict(learning_rate=-0.1), "learning_rate must be a finite number > 0"),
         (dict(steps=0), "steps must be an integer >= 1. Found 0."),
         (dict(steps=True), "steps must be an integer >= 1. Found True."),
-        (dict(sampling="random"), "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch, poisson"),
+        (
+            dict(sampling="random"),
+            "sampling must be one of cyclic, shuffle_once, reshuffle, random_batch, poisson, random_allocation",
+        ),
         (dict(relation="swap"), "relation must be one of replace_one, add_or_remove_one"),
         (dict(smoothness=-1.0), "smoothness must be a finite number >= 0. Found -1.0."),
         (dict(diameter=0.0), "diameter must be a finite number > 0. Found 0.0."),
