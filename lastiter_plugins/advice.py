@@ -1,7 +1,8 @@
 r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries every single change to the
 pipeline from a fixed list (noise, epochs, batch size, learning rate, weight decay, projection, the
 certified linear-model route, a declaration, the sampler) and returns those that lower ``best``,
-best first.
+best first. On a shuffled or fixed-order loader the sampler's changes include random allocation (each
+example still used once per epoch), its note giving Poisson sampling's number beside it.
 
 Every suggestion is evaluated by the one evaluation path (``epsilon("best", ...)`` with the
 changed parameters); nothing here is a bound of its own. A suggestion that changes training (the
@@ -31,6 +32,14 @@ from lastiter_plugins.registry import Protects
 RELATION_NOTE = (
     "a different guarantee: add-or-remove neighbours (a record present or absent) instead of replace-one (a record "
     "replaced); a replace-one epsilon is at most twice an add-or-remove one, so the numbers do not compare."
+)
+
+#: The schemes of a shuffled or fixed-order loader: every example once per epoch, in batches of b.
+_EPOCH_LOADERS = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+ALLOCATE = (
+    "allocate every example to one step of each epoch, uniformly at random and afresh every epoch, from a secret "
+    "seed (random allocation, balls in bins: every example still used once per epoch; batch sizes vary around b, "
+    "the sum still divided by b)"
 )
 
 #: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
@@ -170,6 +179,14 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
             True,
             "",
         )
+    if sampling in _EPOCH_LOADERS:
+        allocate: dict[str, Any] = {"sampling": Sampling.RANDOM_ALLOCATION.value}
+        if default_relation(Sampling.RANDOM_ALLOCATION) is not relation:  # named: the number holds in this relation
+            allocate["relation"] = relation.value
+        yield ALLOCATE, allocate, True, ""
+        if relation is Relation.REPLACE_ONE:
+            changes = {"sampling": Sampling.RANDOM_ALLOCATION.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
+            yield ALLOCATE + ", accounted under add-or-remove", changes, True, RELATION_NOTE
     if sampling is not Sampling.POISSON:
         poisson = "sample each batch by Poisson sampling at rate b/n from a secret seed (Opacus: poisson_sampling=True)"
         same: dict[str, Any] = {"sampling": Sampling.POISSON.value}
@@ -214,7 +231,7 @@ def advise(
 
     Returns:
       The suggestions whose ``best`` in the pipeline's relation is below the pipeline's by more
-      than 0.1%, sorted by epsilon, one per kind of change (the lowest, e.g. one learning rate);
+      than 0.1%, sorted by epsilon, one per kind of change (the lowest, e.g. one learning rate; one per sampler);
       then the suggestions for another relation whose number is below the pipeline's (Poisson
       sampling under add-or-remove), each with a note that the numbers do not compare.
 
@@ -230,7 +247,7 @@ def advise(
     # the relation resolved once (the scheme's default when left out): a candidate that changes the sampling
     # keeps it, unless the change names another relation
     params = {**params, "relation": current.relation}
-    best_per_kind: dict[tuple[str, str], Suggestion] = {}
+    best_per_kind: dict[tuple[str, str, str], Suggestion] = {}
     for words, changes, changes_training, note in _candidates(params):
         try:
             result = epsilon("best", delta, **{**params, **changes})
@@ -238,14 +255,31 @@ def advise(
             continue
         if not result.epsilon < current.epsilon * (1 - 1e-3):
             continue
-        kind = (result.relation.value, ",".join(sorted(changes)))
+        kind = (result.relation.value, ",".join(sorted(changes)), str(changes.get("sampling", "")))  # a sampler each
         suggestion = Suggestion(words, changes, result.epsilon, result.winner, changes_training, result, note)
         if kind not in best_per_kind or suggestion.epsilon < best_per_kind[kind].epsilon:
             best_per_kind[kind] = suggestion
+    for kind, suggestion in best_per_kind.items():
+        if suggestion.parameters.get("sampling") == Sampling.RANDOM_ALLOCATION.value:
+            best_per_kind[kind] = _beside_poisson(suggestion, params, delta)
     same = [s for s in best_per_kind.values() if s.relation is current.relation]
     other = [s for s in best_per_kind.values() if s.relation is not current.relation]
     ranked = sorted(same, key=lambda s: (s.epsilon, s.changes_training)) + sorted(other, key=lambda s: s.epsilon)
     return tuple(ranked[:top] if top is not None else ranked)
+
+
+def _beside_poisson(suggestion: Suggestion, params: Mapping[str, Any], delta: float) -> Suggestion:
+    """The random-allocation suggestion with Poisson sampling's number (same rate b/n, same relation) in its note."""
+    try:
+        poisson = epsilon("best", delta, **{**params, "sampling": Sampling.POISSON.value,
+                                            "relation": suggestion.relation.value})  # fmt: skip
+        beside = (
+            f"Poisson sampling at rate b/n gives {poisson.epsilon:.4g} ({poisson.relation.value}, via {poisson.winner})"
+        )
+    except (NotApplicableError, ValueError) as exc:
+        beside = f"Poisson sampling at rate b/n gives no number here ({exc})"
+    note = f"{suggestion.note} {beside}." if suggestion.note else f"{beside}."
+    return dataclasses.replace(suggestion, note=note)
 
 
 def _as_params(config: TrainingConfig, assumptions: LossAssumptions) -> dict[str, Any]:

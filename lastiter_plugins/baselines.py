@@ -36,6 +36,7 @@ import math
 from typing import Any, Protocol
 
 from lastiter_plugins.bounds import random_allocation, sampled_gaussian_pld
+from lastiter_plugins.bounds._glue import PrivacyProfile
 from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
 from lastiter_plugins.profiles import GaussianMixtureProfile
 
@@ -260,11 +261,40 @@ def _allocation_fields(cfg: TrainingConfig) -> tuple[float, int, int, int]:
     return float(z), cfg.steps_per_epoch, cfg.allocations_per_epoch, cfg.epochs_started
 
 
-def random_allocation_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomAllocationPldProfile:
+@dataclasses.dataclass(frozen=True)
+class SmallerProfile:
+    """The smaller of two valid privacy profiles at every epsilon (each an upper bound on the same delta(eps), so
+    their minimum is one too; its epsilon at delta is the smaller epsilon)."""
+
+    first: PrivacyProfile
+    second: PrivacyProfile
+
+    def epsilon(self, delta: float) -> float:
+        return min(self.first.epsilon(delta), self.second.epsilon(delta))
+
+    def delta(self, eps: float) -> float:
+        return min(self.first.delta(eps), self.second.delta(eps))
+
+
+def _random_allocation_profile(cfg: TrainingConfig, *, replace_one: bool) -> PrivacyProfile:
+    """The distribution's profile, and never above the Gaussian mechanism without amplification (both valid: the
+    smaller at every epsilon); below the module's MIN_NOISE that Gaussian alone
+    (docs/derivations/random-allocation.md#ra-numerics)."""
+    mu = random_allocation.unamplified_mu(
+        cfg.noise_multiplier, cfg.allocations_per_epoch, cfg.epochs_started, replace_one=replace_one
+    )
+    gaussian = GaussianMixtureProfile.gaussian(mu if mu <= _MU_VACUOUS else math.inf)
+    if cfg.noise_multiplier < random_allocation.MIN_NOISE:
+        return gaussian
+    kind = RandomAllocationReplaceOneProfile if replace_one else RandomAllocationPldProfile
+    return SmallerProfile(kind(*_allocation_fields(cfg)), gaussian)
+
+
+def random_allocation_pld_profile(cfg: TrainingConfig, a: LossAssumptions) -> PrivacyProfile:
     """The every-iterate profile of the pipeline's random allocation under add-or-remove."""
-    return RandomAllocationPldProfile(*_allocation_fields(cfg))
+    return _random_allocation_profile(cfg, replace_one=False)
 
 
-def random_allocation_replace_one_profile(cfg: TrainingConfig, a: LossAssumptions) -> RandomAllocationReplaceOneProfile:
+def random_allocation_replace_one_profile(cfg: TrainingConfig, a: LossAssumptions) -> PrivacyProfile:
     """The every-iterate profile of the pipeline's random allocation under replace-one."""
-    return RandomAllocationReplaceOneProfile(*_allocation_fields(cfg))
+    return _random_allocation_profile(cfg, replace_one=True)

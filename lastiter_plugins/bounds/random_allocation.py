@@ -48,13 +48,23 @@ POINTS_PER_STEP = 120_000
 MAX_COMPOSED_POINTS = 1_500_000
 #: dp-accounting's tail truncation of the composition (pessimistic: the mass truncated counts as an infinite loss).
 TAIL_MASS_TRUNCATION = 1e-15
-#: The noise multipliers the rows compute: below MIN_NOISE the loss spans more than the grid holds (and the number
-#: is vacuous: epsilon > 100 after ten epochs at z = 0.5), the rows do not apply; noise above MAX_NOISE is accounted
-#: as MAX_NOISE (a pair with more noise is a post-processing of the one with less, so this only rounds up).
+#: The noise multipliers the distribution is computed for: below MIN_NOISE the loss spans more than the grid holds
+#: (at z = 0.05 PLD_accounting fails; the number is vacuous anyway: epsilon > 100 after ten epochs at z = 0.5) and
+#: the rows use the Gaussian mechanism without amplification (:func:`unamplified_mu`); noise above MAX_NOISE is
+#: accounted as MAX_NOISE (a pair with more noise is a post-processing of the one with less: only larger).
 MIN_NOISE = 0.5
 MAX_NOISE = 1e4
 #: PLD_accounting's tail budget of one allocation (its default; the mass cut counts as an infinite loss).
 ONE_EPOCH_TAIL = 1e-12
+
+
+def unamplified_mu(noise_multiplier: float, allocations: int, epochs: int, *, replace_one: bool) -> float:
+    r"""mu of the run without amplification: every allocation puts the record in ``k`` steps of each epoch, each a
+    Gaussian mechanism of shift ``s`` (add-or-remove) or ``2s`` (replace-one), so ``P_{t,k}`` is a mixture of laws at
+    distance ``s sqrt(k)`` from ``Q_t`` and by joint convexity the run is :math:`\mu`-GDP with
+    :math:`\mu = \sqrt{kE}/z` (add-or-remove) or :math:`2\sqrt{kE}/z` (replace-one)
+    (docs/derivations/random-allocation.md#ra-numerics)."""
+    return (2.0 if replace_one else 1.0) * math.sqrt(float(allocations) * float(epochs)) / float(noise_multiplier)
 
 
 def _pld_accounting() -> Any:

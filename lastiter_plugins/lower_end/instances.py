@@ -151,6 +151,13 @@ def _no_instance(config: TrainingConfig, a: LossAssumptions) -> str | None:
             "changes the other records' batches; implemented for Poisson sampling only)"
         )
     per_example = a.strong_convexity > 0 and not a.l2_outside_clip
+    if config.sampling is Sampling.RANDOM_ALLOCATION and (
+        config.allocations_per_epoch > 1 or per_example or a.diameter is not None
+    ):
+        return (
+            "no exact instance implemented for random allocation with allocations_per_epoch > 1, a per-example l2 "
+            "term (the contraction depends on the random batch size) or a projection"
+        )
     if per_example and a.diameter is None and a.update_is_gradient_step:
         return (
             "no loss meets these declarations: a per-example loss that is strongly convex on an "
@@ -205,10 +212,12 @@ def _mixing_law(config: TrainingConfig, c: np.ndarray, spacing: float, exact: bo
         if sampling is Sampling.CYCLIC:  # the record may sit at any index: the one used most
             return mixture.finite_law(np.array([per_position.max()]), np.ones(1), "cyclic, worst position")
         return mixture.finite_law(per_position, _batch_weights(config), f"{per_epoch} positions")
-    if sampling is Sampling.RESHUFFLE:
+    if sampling in (Sampling.RESHUFFLE, Sampling.RANDOM_ALLOCATION):
+        # one position per pass: the record's batch (reshuffle), or its one step of the epoch, uniform over the t
+        # steps (random allocation, k = 1; a step past the end of a partial last epoch contributes 0)
         passes = -(-steps // per_epoch)
         builder = mixture.LatticeSum(spacing, passes, exact_values=exact)
-        weights = _batch_weights(config)
+        weights = _batch_weights(config) if sampling is Sampling.RESHUFFLE else np.full(per_epoch, 1.0 / per_epoch)
         for start in range(0, steps, per_epoch):
             values = np.zeros(per_epoch)
             used = c[start : start + per_epoch]
@@ -234,7 +243,7 @@ def _spacing(config: TrainingConfig, c: np.ndarray) -> float:
     random = config.sampling in (Sampling.RANDOM_BATCH, Sampling.POISSON)
     if random:
         spread = 30.0 * math.sqrt(q * (1.0 - q) * float(np.sum(c * c))) + 1.0
-    elif config.sampling is Sampling.RESHUFFLE:
+    elif config.sampling in (Sampling.RESHUFFLE, Sampling.RANDOM_ALLOCATION):
         per_epoch = config.steps_per_epoch
         spread = float(np.sum([np.ptp(c[i : i + per_epoch]) for i in range(0, c.size, per_epoch)])) + 1.0
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lastiter_plugins import baselines
-from lastiter_plugins.bounds import allocation_mixture, kong_ribero, membership_mixtures, random_allocation, ye_shokri
+from lastiter_plugins.bounds import allocation_mixture, kong_ribero, membership_mixtures, ye_shokri
 from lastiter_plugins.bounds._common import batch_sizes, non_expansive_max_learning_rate
 from lastiter_plugins.bounds._glue import given
 from lastiter_plugins.config import LossAssumptions, Sampling, TrainingConfig, Update
@@ -205,17 +205,6 @@ def allocation_groups(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
     )
 
 
-def allocation_noise(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
-    if cfg.noise_multiplier >= random_allocation.MIN_NOISE:
-        return None
-    return (
-        f"noise_multiplier must be >= {random_allocation.MIN_NOISE:g}",
-        f"{cfg.noise_multiplier:g}",
-        "below, the random-allocation privacy loss spans more than its grid holds (and epsilon exceeds 100 after "
-        "ten epochs); the Renyi-DP and GDP epoch rows remain under replace_one",
-    )
-
-
 # ---------------------------------------------------------------- provenance: leaving a published statement
 
 
@@ -292,6 +281,6 @@ ALLOCATION_CONVEX_UNCLIPPED: tuple[Condition, ...] = (
     allocation_sizes_contract,
 )
 #: what the random-allocation privacy loss distribution needs
-RANDOM_ALLOCATION_PLD: tuple[Condition, ...] = (pld_steps, allocation_groups, allocation_noise)
+RANDOM_ALLOCATION_PLD: tuple[Condition, ...] = (pld_steps, allocation_groups)
 #: where a pipeline with fixed batches leaves a published statement
 FIXED_BATCH_OUTSIDE: tuple[OutsidePublished, ...] = (short_last_batch, partial_epoch, projected, l2_outside, glm_route)

@@ -43,9 +43,10 @@ def test_advice_lowers_best_and_says_how():
         assert s.epsilon == again.epsilon and s.winner == again.winner and s.epsilon < current.epsilon
         assert str(s.epsilon)[:3] in str(s) and ("changes training" in str(s)) == s.changes_training
     # another relation is listed last, and says that its number does not compare
-    assert [s.parameters for s in other] == [{"sampling": "poisson", "relation": "add_or_remove_one"}]
-    assert other[0].note == lp.advice.RELATION_NOTE and "do not compare" in str(other[0])
-    assert all(not s.note for s in same if "smoothness" not in s.parameters)
+    assert sorted(s.parameters["sampling"] for s in other) == ["poisson", "random_allocation"]
+    assert all(s.parameters["relation"] == "add_or_remove_one" and "do not compare" in str(s) for s in other)
+    assert all(s.note.startswith(lp.advice.RELATION_NOTE) for s in other)
+    assert all(not s.note for s in same if "smoothness" not in s.parameters and "sampling" not in s.parameters)
     assert len(lp.advise(1e-5, top=1, **RESHUFFLE_LR_TOO_LARGE)) == 1
 
 
@@ -66,7 +67,10 @@ SMALL_GLM = {**USER_GLM, "dataset_size": 1000, "batch_size": 50, "noise_multipli
 
 
 def _by_kind(advice) -> dict[str, lp.Suggestion]:
-    return {",".join(sorted(s.parameters)): s for s in advice}
+    """Keyed by the parameters changed, and a sampler change by its scheme ("sampling=poisson")."""
+    return {
+        ",".join(f"{k}={s.parameters[k]}" if k == "sampling" else k for k in sorted(s.parameters)): s for s in advice
+    }
 
 
 def test_the_linear_model_route_is_offered_with_what_it_requires():
@@ -221,3 +225,26 @@ def test_keras_statement_says_when_best_is_a_standard_baseline():
     assert "This is a standard baseline (composition" in text and "lower the learning rate to 1.333" in text
     fine = " ".join(compute_last_iterate_privacy_statement(learning_rate=1.5, **common).split())
     assert "This is a standard baseline" not in fine and "shifted-interpolation-reshuffle" in fine
+
+
+def test_a_shuffled_loader_is_offered_random_allocation_beside_poisson():
+    """Issue 39, item 3: on a shuffled (or fixed-order) loader, random allocation keeps every example once per epoch;
+    its suggestion gives Poisson sampling's number beside its own, in the same relation."""
+    anchor = dict(dataset_size=60000, batch_size=1500, noise_multiplier=3.0, epochs=50, sampling="reshuffle")
+    advice = lp.advise(1e-5, **anchor)
+
+    def pick(sampling, relation):
+        return next(s for s in advice if s.parameters.get("sampling") == sampling and s.relation is relation)
+
+    allocate, poisson = (pick(s, lp.Relation.REPLACE_ONE) for s in ("random_allocation", "poisson"))
+    assert allocate.change == lp.advice.ALLOCATE
+    assert allocate.parameters == {"sampling": "random_allocation", "relation": "replace_one"}
+    assert allocate.winner == "composition-pld-random-allocation-replace-one"
+    assert allocate.epsilon == lp.epsilon("best", 1e-5, **{**anchor, **allocate.parameters}).epsilon
+    assert f"Poisson sampling at rate b/n gives {poisson.epsilon:.4g} (replace_one" in allocate.note
+    other = pick("random_allocation", lp.Relation.ADD_OR_REMOVE_ONE)
+    assert other.winner == "composition-pld-random-allocation" and other.note.startswith(lp.advice.RELATION_NOTE)
+    assert "Poisson sampling at rate b/n gives" in other.note and "(add_or_remove_one" in other.note
+    assert all(
+        "random_allocation" not in str(s.parameters) for s in lp.advise(1e-5, **{**anchor, "sampling": "poisson"})
+    )

@@ -232,12 +232,11 @@ def test_monotone_in_epochs_and_in_noise(relation):
 def test_k_of_t_is_at_most_its_groups_and_at_least_one_allocation():
     """k = 2 of t = 20 is bounded by two allocations of 10 (docs/derivations/random-allocation.md#ra-k-of-t): the row
     composes exactly those; it is above one allocation of 20 (the record is used twice as often)."""
-    two = _profile(ADD_OR_REMOVE, n=200, b=20, z=2.0, epochs=3, k=2)
-    assert (two.steps_per_epoch, two.allocations) == (20, 2)
-    groups = ra.composed(2.0, 10, 1, 6)
+    two = _profile(ADD_OR_REMOVE, n=200, b=20, z=2.0, epochs=3, k=2).first  # the distribution's profile
+    assert (two.steps_per_epoch, two.allocations, two.epochs) == (20, 2, 3)
     assert two.epsilon(1e-5) == pytest.approx(baselines.RandomAllocationPldProfile(2.0, 10, 1, 6).epsilon(1e-5))
-    assert groups.get_epsilon_for_delta(1e-5) == pytest.approx(two.epsilon(1e-5), rel=1e-6)
-    one = _profile(ADD_OR_REMOVE, n=200, b=10, z=2.0, epochs=3)
+    assert ra.composed(2.0, 10, 1, 6).get_epsilon_for_delta(1e-5) == pytest.approx(two.epsilon(1e-5), rel=1e-6)
+    one = _profile(ADD_OR_REMOVE, n=200, b=10, z=2.0, epochs=3).first
     assert one.steps_per_epoch == 20 and one.epsilon(1e-5) < two.epsilon(1e-5)
 
 
@@ -255,15 +254,27 @@ _BASE = dict(dataset_size=100, batch_size=10, noise_multiplier=1.0, steps=100, s
     [
         (dict(batch_size=100), "ceil(dataset_size / batch_size) (the steps of an epoch) must be >= 2"),  # t = 1
         (dict(batch_size=80, allocations_per_epoch=2), "must be >= 4 (twice allocations_per_epoch)"),  # t = 3
-        (dict(noise_multiplier=0.4), "noise_multiplier must be >= 0.5"),
         (dict(steps=2_000_000), "steps must be <= 1e+06"),
     ],
-    ids=["full-batch", "groups-of-one", "small-noise", "long-run"],
+    ids=["full-batch", "groups-of-one", "long-run"],
 )
 def test_rows_refuse_what_they_do_not_compute(params, unmet):
     found = lp.applicable_bounds(**{**_BASE, **params})
     for bound in (ROW, ROW_REPLACE):
         assert not found[bound].applies and unmet in found[bound].reason, found[bound].reason
+
+
+@pytest.mark.parametrize(("relation", "factor"), [(ADD_OR_REMOVE, 1.0), (REPLACE_ONE, 2.0)])
+def test_below_the_smallest_noise_the_rows_are_the_gaussian_mechanism_without_amplification(relation, factor):
+    """No precondition depends on the noise multiplier (calibration relies on it): below MIN_NOISE the distribution
+    is not computed and the row is mu = sqrt(kE)/z (add-or-remove) or 2 sqrt(kE)/z (replace-one)."""
+    z = 0.9 * ra.MIN_NOISE
+    profile = _profile(relation, n=100, b=10, z=z, epochs=3, k=2)
+    assert profile.epsilon(1e-5) == GaussianMixtureProfile.gaussian(factor * math.sqrt(6.0) / z).epsilon(1e-5)
+    above = _profile(relation, n=100, b=10, z=ra.MIN_NOISE, epochs=3, k=2)  # the smaller of the two profiles
+    unamplified = GaussianMixtureProfile.gaussian(factor * math.sqrt(6.0) / ra.MIN_NOISE)
+    assert above.epsilon(1e-5) <= unamplified.epsilon(1e-5) < profile.epsilon(1e-5)
+    assert above.delta(2.0) <= unamplified.delta(2.0)
 
 
 def test_rows_apply_from_two_steps_per_epoch():

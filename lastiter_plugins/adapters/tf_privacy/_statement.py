@@ -40,6 +40,7 @@ _SAMPLING_WORDS = {
     Sampling.RESHUFFLE: "reshuffle: a new random permutation every epoch (Keras fit(shuffle=True))",
     Sampling.RANDOM_BATCH: "random batch: a uniformly random batch of b examples every step",
     Sampling.POISSON: "Poisson: each example joins each step independently with probability b/n",
+    Sampling.RANDOM_ALLOCATION: "random allocation: each example joins k of each epoch's steps, drawn anew every epoch",
 }
 
 _RELATION_WORDS = {
