@@ -9,7 +9,8 @@ others are kept:
 * ``python benchmarks/bench_epsilon.py``: ``epsilon`` (T from 10^3 to 10^7, the host accountants) and ``calibration``;
 * ``python benchmarks/bench_opacus_overhead.py``: ``opacus_overhead`` (the Opacus accountant's cost per step);
 * ``python benchmarks/bench_glm_step.py``: ``glm_step`` (the GLM route's cost per step);
-* ``python benchmarks/bench_keras_overhead.py``: ``keras_overhead`` (the Keras callback's cost in ``model.fit``).
+* ``python benchmarks/bench_keras_overhead.py``: ``keras_overhead`` (the Keras callback's cost in ``model.fit``);
+* ``python benchmarks/bench_random_allocation.py``: ``random_allocation`` (the random-allocation rows on the anchor).
 """
 
 from __future__ import annotations

@@ -34,7 +34,6 @@ import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
-from scipy import signal
 
 #: One allocation's loss interval (``PLD_accounting``'s ``loss_discretization``). The FFT route also uses it as the
 #: grid step of each step's likelihood ratio, rounded up, so an allocation's loss is biased up by about
@@ -194,23 +193,37 @@ class DeltaTable(NamedTuple):
 _TABLE_ROUNDING = 1e-9
 
 
+def _decaying_tail_sums(values: np.ndarray, h: float) -> np.ndarray:
+    r""":math:`y_j = \sum_{m \ge j} x_m e^{-h (m - j)}` for non-negative x: sums of non-negative terms (no cancellation),
+    in blocks short enough that no weight underflows (within a block the weights are at least :math:`e^{-50}`)."""
+    out = np.empty_like(values)
+    block = max(1, int(50.0 / h))
+    carry = 0.0  # y at the first index after the block
+    for stop in range(values.size, 0, -block):
+        start = max(0, stop - block)
+        weights = np.exp(-h * np.arange(stop - start))  # e^{-h (m - start)}
+        sums = np.cumsum((values[start:stop] * weights)[::-1])[
+            ::-1
+        ]  # sum over m >= j in the block, times e^{-h(j-start)}
+        out[start:stop] = sums / weights + carry * np.exp(-h * np.arange(stop - start, 0, -1))
+        carry = out[start]
+    return out
+
+
 def delta_table(pmf, margin: float) -> DeltaTable:
     r"""The hockey-stick divergence of a dense dp-accounting PMF at every loss of its grid, plus ``margin`` (the
     FFT noise margin of the composition, docs/derivations/baselines.md#fft-noise-margin).
 
     With losses :math:`l_i = (f + i)h` and probabilities :math:`p_i` (FFT noise below 0 taken as 0),
-    :math:`D_k = \sum_{i > k} p_i (1 - e^{l_k - l_i})` satisfies
-    :math:`D_{k-1} = e^{-h} D_k + (1 - e^{-h}) \sum_{i \ge k} p_i`: a recursion of non-negative terms (no
-    cancellation), run by ``scipy.signal.lfilter``; :math:`\delta(l_k) = m_\infty + D_k`.
+    :math:`D_k = \sum_{i > k} p_i (1 - e^{l_k - l_i}) = (1 - e^{-h}) \sum_{m \ge k} T_m e^{-h(m - k)}` with
+    :math:`T_m = \sum_{i > m} p_i` (the recursion :math:`D_{k-1} = e^{-h} D_k + (1 - e^{-h}) T_{k-1}` unrolled): sums of
+    non-negative terms, no cancellation; :math:`\delta(l_k) = m_\infty + D_k`.
     """
     probs = np.maximum(np.asarray(pmf._probs, dtype=float), 0.0)
     h = float(pmf._discretization)
-    decay = math.exp(-h)
-    # tail[k] = sum_{i >= k+1} p_i, the input of step k-1 of the recursion run from the top down
-    tail = np.concatenate((np.cumsum(probs[::-1])[::-1][1:], [0.0]))
-    # D_k for k from the top: D_top = 0, D_{k-1} = decay D_k + (1 - decay) tail_{k-1}
-    reversed_d = signal.lfilter([-math.expm1(-h)], [1.0, -decay], tail[::-1])
-    delta = (float(pmf._infinity_mass) + reversed_d[::-1]) * (1.0 + _TABLE_ROUNDING) + margin
+    tail = np.concatenate((np.cumsum(probs[::-1])[::-1][1:], [0.0]))  # T_m = sum_{i > m} p_i
+    d = -math.expm1(-h) * _decaying_tail_sums(tail, h)
+    delta = (float(pmf._infinity_mass) + d) * (1.0 + _TABLE_ROUNDING) + margin
     return DeltaTable(int(pmf._lower_loss), h, np.minimum(delta, 1.0), min(1.0, float(pmf._infinity_mass) + margin))
 
 

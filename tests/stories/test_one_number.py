@@ -326,3 +326,50 @@ def test_the_cli_s_sample_rate_gives_the_opacus_adapter_s_number(capsys):
     smaller = lp.epsilon("best", DELTA, dataset_size=125, batch_size=20, noise_multiplier=PZ, steps=PEPOCHS * 6,
                          sampling="poisson", relation="add_or_remove_one")  # fmt: skip
     assert smaller.epsilon < expected.epsilon
+
+
+#: A random-allocation pipeline (no host samples it yet: the core's routes and dp-accounting's event).
+ALLOCATION = dict(dataset_size=600, batch_size=60, noise_multiplier=1.5, epochs=5, sampling="random_allocation")
+
+
+@pytest.mark.parametrize("relation", ["add_or_remove_one", "replace_one"])
+def test_random_allocation_gives_the_same_best_on_every_route(capsys, relation):
+    """Issue 39: one random-allocation pipeline, its every-iterate number on the API, the CLI (epsilon, compare),
+    compare's API, advise (the change from a shuffled loader), calibration (the noise that reaches the number)
+    and dp-accounting's event alone in the accountant."""
+    from dp_accounting import NeighboringRelation
+
+    from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
+    from tests.support import cli_flags
+
+    params = {**ALLOCATION, "relation": relation}
+    api = lp.epsilon("best", DELTA, **params)
+    assert api.protects is lp.Protects.EVERY_ITERATE and api.winner.startswith("composition-pld-random-allocation")
+    numbers = {"api": api.epsilon}
+    assert main(["epsilon", "--json", "--delta", str(DELTA), *cli_flags(params)]) == 0
+    numbers["cli epsilon"] = json.loads(capsys.readouterr().out)["epsilon"]
+    assert main(["compare", "--format", "json", "--delta", str(DELTA), *cli_flags(params)]) == 0
+    numbers["cli compare"] = next(b["epsilon"] for b in json.loads(capsys.readouterr().out)["best"] if b["declared"])
+    numbers["compare (API)"] = lp.compare.compare(DELTA, lower_bound=False, **params).best[0].epsilon
+    shuffled = {**params, "sampling": "reshuffle", "relation": "replace_one"}
+    numbers["advise"] = next(
+        s.epsilon for s in lp.advise(DELTA, **shuffled)
+        if s.parameters.get("sampling") == "random_allocation" and s.relation.value == relation
+    )  # fmt: skip
+    event_params = {k: v for k, v in params.items() if k not in ("epochs", "relation")}
+    event = LastIterateDpSgdEvent(steps=ALLOCATION["epochs"] * 10, learning_rate=None, **event_params)
+    host_relation = {
+        "replace_one": NeighboringRelation.REPLACE_ONE,
+        "add_or_remove_one": NeighboringRelation.ADD_OR_REMOVE_ONE,
+    }
+    dpa = LastIterateAccountant(neighboring_relation=host_relation[relation])
+    dpa.compose(event)
+    numbers["dp-accounting"] = dpa.get_epsilon(DELTA)
+    for route, value in numbers.items():
+        assert value == pytest.approx(numbers["api"], rel=1e-12), (route, numbers)
+    # calibration: the smallest noise reaching the number is the run's own, to the search's precision
+    calibrated = lp.calibrate_noise(
+        "best", numbers["api"], DELTA, rtol=1e-2, **{k: v for k, v in params.items() if k != "noise_multiplier"}
+    )
+    assert calibrated == pytest.approx(ALLOCATION["noise_multiplier"], rel=2e-2)
+    assert lp.epsilon("best", DELTA, **{**params, "noise_multiplier": calibrated}).epsilon <= numbers["api"]

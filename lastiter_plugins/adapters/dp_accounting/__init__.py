@@ -222,7 +222,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     ``calibrate_dp_mechanism`` start its bracket at 0.
 
     Attributes:
-      sampling: cyclic, shuffle_once, reshuffle, random_batch or poisson (what
+      sampling: cyclic, shuffle_once, reshuffle, random_batch, poisson or random_allocation (what
         the data pipeline really does).
       dataset_size: n.
       batch_size: b, the (expected) batch size the noisy sum is divided by.
@@ -242,6 +242,8 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         (torch's ``weight_decay`` under Opacus), not part of each clipped per-example loss.
       update: ``"sgd"`` (plain SGD with the constant ``learning_rate``) or ``"any"`` (Adam, momentum, a
         learning-rate schedule fixed in advance: only the every-iterate bounds apply).
+      allocations_per_epoch: k, with ``sampling="random_allocation"``: each example joins k of an epoch's
+        ``ceil(n k / b)`` steps (1 for every other scheme).
 
     The parameters are those of ``lastiter_plugins.rdp`` / ``epsilon`` (``relation`` aside: the
     accountant's), with the same meaning and defaults.
@@ -262,6 +264,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     clipped_loss_convex_smooth: bool = False
     l2_outside_clip: bool = False
     update: UpdateRule = attr.ib(default=UpdateRule(Update.SGD.value), converter=_to_update)
+    allocations_per_epoch: int = 1
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "LastIterateDpSgdEvent":
         refuse_renamed(kwargs)
@@ -289,6 +292,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "gradient_norms_within_clip": self.gradient_norms_within_clip,
             "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
             "l2_outside_clip": self.l2_outside_clip,
+            "allocations_per_epoch": self.allocations_per_epoch,
             "sampling": self.sampling.value,
             "update": self.update.value,
         }

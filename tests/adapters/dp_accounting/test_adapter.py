@@ -197,6 +197,7 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         "clipped_loss_convex_smooth",
         "l2_outside_clip",
         "update",
+        "allocations_per_epoch",
     ]
     defaults = LastIterateDpSgdEvent("cyclic", 100, 10, 1.0, 10, None)
     assert (defaults.clipped_loss_convex_smooth, defaults.l2_outside_clip, defaults.update.value) == (
@@ -204,6 +205,7 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         False,
         "sgd",
     )
+    assert defaults.allocations_per_epoch == 1
     # every declaration of the core's keyword API is a field (relation is the accountant's)
     fields = {f.name for f in attr.fields(LastIterateDpSgdEvent)}
     assert set(lp.PARAMETERS) - fields == {"relation", "epochs"}
