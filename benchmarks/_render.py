@@ -276,8 +276,8 @@ def _random_allocation(section: dict, results: dict) -> list[str]:
         "composed without truncation). Targets: at most 1% above its upper bound, not below its lower bound; at "
         "most 2 s cold at E 50-200; at most 10 s and 300 MiB at T = 10^6 (E = 25000).",
         "",
-        "| relation | z | epochs | best | via | PLD_accounting upper | ratio | its lower bound | Poisson | CPU cold (s) "
-        "| peak memory (MiB) |",
+        "| relation | z | epochs | best | via | PLD_accounting upper | ratio | its lower bound | Poisson "
+        "| CPU cold (s) | peak memory (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in section["rows"]:

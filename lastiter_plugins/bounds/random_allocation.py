@@ -194,8 +194,9 @@ _TABLE_ROUNDING = 1e-9
 
 
 def _decaying_tail_sums(values: np.ndarray, h: float) -> np.ndarray:
-    r""":math:`y_j = \sum_{m \ge j} x_m e^{-h (m - j)}` for non-negative x: sums of non-negative terms (no cancellation),
-    in blocks short enough that no weight underflows (within a block the weights are at least :math:`e^{-50}`)."""
+    r""":math:`y_j = \sum_{m \ge j} x_m e^{-h (m - j)}` for non-negative x: sums of non-negative terms (no
+    cancellation), in blocks short enough that no weight underflows (within a block the weights are at least
+    :math:`e^{-50}`)."""
     out = np.empty_like(values)
     block = max(1, int(50.0 / h))
     carry = 0.0  # y at the first index after the block
