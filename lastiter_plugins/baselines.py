@@ -278,13 +278,14 @@ class SmallerProfile:
 
 def _random_allocation_profile(cfg: TrainingConfig, *, replace_one: bool) -> PrivacyProfile:
     """The distribution's profile, and never above the Gaussian mechanism without amplification (both valid: the
-    smaller at every epsilon); below the module's MIN_NOISE that Gaussian alone
-    (docs/derivations/random-allocation.md#ra-numerics)."""
+    smaller at every epsilon); below the module's MIN_NOISE, or with more than MAX_GROUP_STEPS steps per allocation,
+    that Gaussian alone (docs/derivations/random-allocation.md#ra-numerics)."""
     mu = random_allocation.unamplified_mu(
         cfg.noise_multiplier, cfg.allocations_per_epoch, cfg.epochs_started, replace_one=replace_one
     )
     gaussian = GaussianMixtureProfile.gaussian(mu if mu <= _MU_VACUOUS else math.inf)
-    if cfg.noise_multiplier < random_allocation.MIN_NOISE:
+    largest_group = -(-cfg.steps_per_epoch // cfg.allocations_per_epoch)
+    if cfg.noise_multiplier < random_allocation.MIN_NOISE or largest_group > random_allocation.MAX_GROUP_STEPS:
         return gaussian
     kind = RandomAllocationReplaceOneProfile if replace_one else RandomAllocationPldProfile
     return SmallerProfile(kind(*_allocation_fields(cfg)), gaussian)

@@ -53,6 +53,10 @@ TAIL_MASS_TRUNCATION = 1e-15
 #: accounted as MAX_NOISE (a pair with more noise is a post-processing of the one with less: only larger).
 MIN_NOISE = 0.5
 MAX_NOISE = 1e4
+#: At most this many steps per allocation: the library's grid per step shrinks as the steps grow (at 10^9 steps it
+#: fails; from about 10^4 it is already looser than no amplification at z = 1); beyond, the rows use the Gaussian
+#: mechanism without amplification (:func:`unamplified_mu`).
+MAX_GROUP_STEPS = 10**6
 #: PLD_accounting's tail budget of one allocation (its default; the mass cut counts as an infinite loss).
 ONE_EPOCH_TAIL = 1e-12
 

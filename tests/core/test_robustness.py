@@ -264,7 +264,7 @@ def _violations(p):
         must_refuse.add("ye-shokri-shuffle")
     if s != "random_batch" or rel != "replace_one":
         must_refuse.add("ye-shokri-random")
-    if s == "poisson":
+    if s in ("poisson", "random_allocation"):
         must_refuse |= {"kong-ribero-bounded", "kong-ribero-curvature-free"}  # batches larger than b
     if lr is None or big_m is None:
         must_refuse |= {"kong-ribero-cyclic", "kong-ribero-bounded", "altschuler-talwar", "liang-bounded",
@@ -281,8 +281,14 @@ def _violations(p):
         must_refuse |= {"altschuler-talwar", "ye-shokri-convex", "ye-shokri-full-batch"}
     if p["batch_size"] != p["dataset_size"]:
         must_refuse.add("ye-shokri-full-batch")
-    if s not in ("cyclic", "shuffle_once", "reshuffle") or rel != "replace_one":
+    if s not in ("cyclic", "shuffle_once", "reshuffle", "random_allocation") or rel != "replace_one":
         must_refuse.add("composition-gdp-epochs")
+    k = p.get("allocations_per_epoch", 1)
+    groups_of_one = -(-p["dataset_size"] * k // p["batch_size"]) < 2 * k  # an allocation needs two steps
+    if s != "random_allocation" or rel != "add_or_remove_one" or p["steps"] > 10**6 or groups_of_one:
+        must_refuse.add("composition-pld-random-allocation")
+    if s != "random_allocation" or rel != "replace_one" or p["steps"] > 10**6 or groups_of_one:
+        must_refuse.add("composition-pld-random-allocation-replace-one")
     if s != "poisson" or rel != "add_or_remove_one" or p["steps"] > 10**6:
         must_refuse.add("composition-pld-poisson")
     if s != "poisson" or rel != "replace_one" or p["steps"] > 10**6:

@@ -104,7 +104,7 @@ def test_epoch_baselines_are_registry_rows(builtin):
     assert not ids & {"dp-accounting-rdp-epoch", "dp-accounting-pld-epoch", "dp-accounting-rdp-swor"}
 
 
-@pytest.mark.parametrize("sampling", ["cyclic", "shuffle_once", "reshuffle", "random_batch"])
+@pytest.mark.parametrize("sampling", ["cyclic", "shuffle_once", "reshuffle", "random_batch", "random_allocation"])
 def test_poisson_only_accountants_are_flagged_with_their_number(sampling):
     rows = compare.compare_rows(
         *lp.build(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling=sampling),
@@ -144,6 +144,24 @@ def test_poisson_pipeline_counts_the_registry_rows_and_keeps_relations_apart():
     aor = lp.epsilon("best", 1e-5, **{**params, "relation": "add_or_remove_one"})
     assert (other.epsilon, other.winner) == (aor.epsilon, aor.winner) == (other.epsilon, "composition-pld-poisson")
     assert result.row(other.winner).relation == "add_or_remove_one"
+
+
+def test_random_allocation_pipeline_counts_its_rows_beside_the_hosts_poisson_numbers():
+    """Issue 39: on a random-allocation pipeline the registry's random-allocation rows are counted, one per relation;
+    the hosts' Poisson numbers beside them are NOT VALID (their sampling is not the pipeline's)."""
+    params = dict(dataset_size=1000, batch_size=100, noise_multiplier=2.0, epochs=3, sampling="random_allocation",
+                  relation="add_or_remove_one")  # fmt: skip
+    result = compare.compare(1e-5, lower_bound=False, **params)
+    declared, other = result.best
+    assert (declared.relation, declared.winner) == ("add_or_remove_one", "composition-pld-random-allocation")
+    assert (other.relation, other.winner) == ("replace_one", "composition-pld-random-allocation-replace-one")
+    assert declared.epsilon == lp.epsilon("best", 1e-5, **params).epsilon
+    for row_id in ("composition-pld-random-allocation", "composition-pld-random-allocation-replace-one"):
+        row = result.row(row_id)
+        assert row.valid and row.counted and row.protects == compare.EVERY_ITERATE
+    hosts = [r for r in result.rows if r.id in POISSON_ONLY]
+    assert hosts and all(not r.valid and not r.counted and r.epsilon is not None for r in hosts)
+    assert all("Found random_allocation" in " ".join(r.why_not) for r in hosts)
 
 
 def test_a_relation_without_a_valid_bound_says_so():
