@@ -60,9 +60,6 @@ class Sampling(ValueEnum):
     RESHUFFLE = "reshuffle"  # a new random permutation every epoch
     RANDOM_BATCH = "random_batch"  # a uniformly random b-subset every step
     POISSON = "poisson"  # each example joins each step with probability b/n
-    # TODO(lead, when branch `relation` lands): random_allocation's default relation is add_or_remove_one (its
-    # PLD_accounting distribution and every host number beside it are add-or-remove); map it in the scheme ->
-    # default relation function. Until then it defaults to replace_one like every scheme, and tests pass it.
     RANDOM_ALLOCATION = "random_allocation"  # each example in k of each epoch's steps, drawn afresh every epoch
 
     @classmethod

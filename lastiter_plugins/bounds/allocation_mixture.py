@@ -137,11 +137,10 @@ def random_allocation_profile(
 
 
 def _allocation(cfg: TrainingConfig) -> tuple[int, int]:
-    """(t, k): the steps of an epoch and the steps each example is assigned to in it. The configuration
-    describes balls in bins (k = 1) over its ceil(n / b) steps per epoch; b is the fixed divisor."""
-    # TODO(lead): take k (and t, if it is defined otherwise) from the random-allocation fields of branch `ra`
-    # when it is merged; every function below is written for any k.
-    return cfg.steps_per_epoch, 1
+    """(t, k): the steps of an epoch, ``ceil(n k / b)``, and the steps each example is assigned to in it
+    (``allocations_per_epoch``; k = 1 is balls in bins); b is the fixed divisor, at least the expected batch
+    size n k / t. Every function below is written for any k."""
+    return cfg.steps_per_epoch, cfg.allocations_per_epoch
 
 
 def random_allocation_events(cfg: TrainingConfig, a: LossAssumptions) -> tuple[tuple[float, float], ...]:

@@ -140,11 +140,6 @@ class LinearInstance:
 
 def _no_instance(config: TrainingConfig, a: LossAssumptions) -> str | None:
     """Why no implemented instance fits (None: one does)."""
-    if config.sampling is Sampling.RANDOM_ALLOCATION:
-        return (
-            "no exact instance implemented for random allocation yet (its linear instance's law is known, "
-            "docs/derivations/random-allocation-last-iterate.md#ra-ground-truth, but not wired into the lower end)"
-        )
     if config.relation is Relation.ADD_OR_REMOVE_ONE and config.sampling is not Sampling.POISSON:
         return (
             f"no exact instance for add-or-remove with sampling {config.sampling.value} (removing a record "

@@ -132,7 +132,8 @@ def test_replace_one_row_is_above_the_exact_release_of_two_steps_per_epoch(z, ep
     for delta in (1e-3, 1e-5):
         assert exact.epsilon(delta) <= profile.epsilon(delta) <= 1.25 * exact.epsilon(delta)
     # the epoch row (no amplification) is valid too, and the allocation's row is below it
-    cfg, a = lp.build(dataset_size=4, batch_size=2, noise_multiplier=z, epochs=epochs, sampling="random_allocation")
+    cfg, a = lp.build(dataset_size=4, batch_size=2, noise_multiplier=z, epochs=epochs, sampling="random_allocation",
+                      relation=REPLACE_ONE)  # fmt: skip
     epoch_row = lp.BOUNDS["composition-gdp-epochs"].profile(cfg, a)
     assert exact.epsilon(1e-5) <= profile.epsilon(1e-5) <= epoch_row.epsilon(1e-5)
 
@@ -246,7 +247,8 @@ def test_groups_split_the_steps_of_an_epoch():
     assert ra.groups(40, 3, 2) == ((13, 4), (14, 2))
 
 
-_BASE = dict(dataset_size=100, batch_size=10, noise_multiplier=1.0, steps=100, sampling="random_allocation")
+_BASE = dict(dataset_size=100, batch_size=10, noise_multiplier=1.0, steps=100, sampling="random_allocation",
+             relation=REPLACE_ONE)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -288,7 +290,7 @@ def test_existing_epoch_rows_count_k_uses_per_epoch():
     (docs/derivations/random-allocation.md#ra-rows)."""
     for k in (1, 3):
         cfg, a = lp.build(dataset_size=300, batch_size=30, noise_multiplier=2.0, epochs=4,
-                          sampling="random_allocation", allocations_per_epoch=k)  # fmt: skip
+                          sampling="random_allocation", allocations_per_epoch=k, relation=REPLACE_ONE)  # fmt: skip
         mu = lp.BOUNDS["composition-gdp-epochs"].profile(cfg, a)
         assert mu.epsilon(1e-5) == pytest.approx(
             GaussianMixtureProfile.gaussian(2 * math.sqrt(4 * k) / 2.0).epsilon(1e-5)

@@ -175,12 +175,7 @@ def test_any_update_leaves_exactly_the_every_iterate_rows(sampling):
             assert not other[bid].applies, bid
             if spec.relation_for(lp.Sampling(sampling)) is relation:  # the first reason given is the update
                 assert other[bid].unmet[0].found == "update=any", bid
-    if sampling not in _NO_LAST_ITERATE_ROW:  # the check is not vacuous: a last-iterate row applies under sgd
-        assert any(sgd[bid].applies for bid, spec in lp.BOUNDS.items() if spec.protects is lp.Protects.FINAL_MODEL)
-
-
-#: Schemes without a last-iterate row yet: random allocation's is issue 39, item 4 (branch ra-last).
-_NO_LAST_ITERATE_ROW = {"random_allocation"}
+    assert any(sgd[bid].applies for bid, spec in lp.BOUNDS.items() if spec.protects is lp.Protects.FINAL_MODEL)
 
 
 def test_best_under_any_update_is_best_over_the_every_iterate_rows():

@@ -346,7 +346,7 @@ def test_random_allocation_gives_the_same_best_on_every_route(capsys, relation):
     api = lp.epsilon("best", DELTA, **params)
     assert api.protects is lp.Protects.EVERY_ITERATE and api.winner.startswith("composition-pld-random-allocation")
     numbers = {"api": api.epsilon}
-    assert main(["epsilon", "--json", "--delta", str(DELTA), *cli_flags(params)]) == 0
+    assert main(["epsilon", "--format", "json", "--delta", str(DELTA), *cli_flags(params)]) == 0
     numbers["cli epsilon"] = json.loads(capsys.readouterr().out)["epsilon"]
     assert main(["compare", "--format", "json", "--delta", str(DELTA), *cli_flags(params)]) == 0
     numbers["cli compare"] = next(b["epsilon"] for b in json.loads(capsys.readouterr().out)["best"] if b["declared"])
@@ -371,5 +371,7 @@ def test_random_allocation_gives_the_same_best_on_every_route(capsys, relation):
     calibrated = lp.calibrate_noise(
         "best", numbers["api"], DELTA, rtol=1e-2, **{k: v for k, v in params.items() if k != "noise_multiplier"}
     )
-    assert calibrated == pytest.approx(ALLOCATION["noise_multiplier"], rel=2e-2)
-    assert lp.epsilon("best", DELTA, **{**params, "noise_multiplier": calibrated}).epsilon <= numbers["api"]
+    assert calibrated.noise_multiplier == pytest.approx(ALLOCATION["noise_multiplier"], rel=2e-2)
+    assert calibrated.result.winner == api.winner and calibrated.result.relation is api.relation
+    again = lp.epsilon("best", DELTA, **{**params, "noise_multiplier": calibrated.noise_multiplier})
+    assert again.epsilon == calibrated.result.epsilon <= numbers["api"]
