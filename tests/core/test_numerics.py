@@ -50,14 +50,7 @@ ASSUMPTIONS = {
     "glm-diameter": {**_SMOOTH, "clipped_loss_convex_smooth": True, "diameter": 1.0},
     "weakly-convex-diameter": {**_SMOOTH, "weak_convexity": 0.5, "diameter": 1.0},
 }
-# TODO(lead): random allocation has no every-iterate baseline on branch ra-last (neither composition nor a Renyi
-# curve for best: only its last-iterate rows, checked at these extremes in test_allocation_mixture.py); branch ra
-# adds the baselines. Remove this mark when both are merged.
-_NO_BASELINE_YET = pytest.mark.xfail(reason="random_allocation's every-iterate baselines come with branch ra")
-SAMPLINGS = [
-    pytest.param(s.value, marks=_NO_BASELINE_YET) if s is lp.Sampling.RANDOM_ALLOCATION else s.value
-    for s in lp.Sampling
-]
+SAMPLINGS = [s.value for s in lp.Sampling]
 # A mixture over the secret position of the differing example: with noise 1e-200 only the positions
 # used last leak, and their total weight can be below delta (a finite epsilon is then correct).
 MIXTURES = {"shifted-interpolation-shuffle", "shifted-interpolation-reshuffle", "best"}

@@ -43,7 +43,8 @@ def _row(relation: str) -> str:
 
 
 def _profile(params, *, allocations: int = 1, events=None, step_scale: float = 1.0) -> DominatingMixtureProfile:
-    """The rows' math for any k (the glue has k = 1), with the events of the pipeline unless given."""
+    """The rows' math for any k (the glue takes k from allocations_per_epoch), with the events of the pipeline unless
+    given."""
     cfg, a = lp.build(**params)
     t = cfg.steps_per_epoch
     if events is None:
