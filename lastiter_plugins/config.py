@@ -186,12 +186,22 @@ def _parse_enum(cls, value, name):
 MAX_COUNT = 2**53
 
 
-def _shown(value: Any) -> str:
-    """``repr`` of a user's value, with a huge integer abbreviated (one line, readable)."""
+def shown(value: Any) -> str:
+    """``repr`` of a user's value for a message, with a huge integer abbreviated (one line, readable:
+    ``1.000e+400 (an integer)``)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(int(value)) >= 10**20:
         digits = str(abs(int(value)))
         return f"{'-' if value < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1} (an integer)"
     return repr(value)
+
+
+def check_count(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, checked to be an integer in [``minimum``, 2**53] (:data:`MAX_COUNT`); the message
+    names ``name``, the range and the value."""
+    return _check_int(name, value, minimum)
+
+
+_shown = shown  # the spelling of the checks of this module
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -328,8 +329,16 @@ def _host_delta(orders: np.ndarray, rdp: np.ndarray, eps: float) -> tuple[float,
     finite = np.isfinite(rdp)
     if not finite.any():
         return 1.0, float(orders[0])
-    found, order = _dp_rdp.compute_delta(orders[finite], rdp[finite], eps)
+    # Below 2**-53, exp(-rdp) rounds to 1 and the host's KL term log1p(-exp(-rdp)) fails (a domain error): such
+    # values are raised to 2**-53 (a larger RDP value is still a valid bound).
+    values = np.where((rdp[finite] > 0.0) & (rdp[finite] < _SMALLEST_RDP), _SMALLEST_RDP, rdp[finite])
+    with np.errstate(over="ignore"):  # (alpha - 1) * (rdp - eps) beyond a double at a huge eps: log delta -inf
+        found, order = _dp_rdp.compute_delta(orders[finite], values, eps)
     return float(found), float(order)
+
+
+#: The smallest positive RDP value dp-accounting's ``compute_delta`` converts (see :func:`_host_delta`).
+_SMALLEST_RDP = 2.0**-53
 
 
 def _log_delta_each(orders: np.ndarray, rdp: np.ndarray, eps: float) -> np.ndarray:
@@ -369,8 +378,13 @@ def delta_of_linear_rdp(rho: float, eps: float) -> tuple[float, float]:
     lo = MIN_CONVERSION_ORDER
     order = lo
     if slope(lo) < 0.0:
-        hi = max(2.0, (eps + math.log(2.0)) / (2.0 * rho) + 1.0)  # slope(hi) > 0
-        order = max(optimize.brentq(slope, lo, hi, xtol=1e-12, rtol=4.0 * np.finfo(float).eps, maxiter=500), lo)
+        hi = max(2.0, (eps + math.log(2.0)) / (2.0 * rho) + 1.0)  # slope(hi) > 0 in exact arithmetic
+        while math.isfinite(hi) and slope(hi) <= 0.0:  # rounded to <= 0 at a huge eps: further out
+            hi *= 2.0
+        if math.isfinite(hi):  # a bracket up to 1e308 wide: up to about 1100 halvings to machine precision
+            order = max(optimize.brentq(slope, lo, hi, xtol=1e-12, rtol=4.0 * np.finfo(float).eps, maxiter=2200), lo)
+        else:  # the minimiser is beyond every double: any order is valid, the largest gives the least
+            order = sys.float_info.max
     orders = np.array([order, lo])
     return _host_delta(orders, rho * orders, eps)
 

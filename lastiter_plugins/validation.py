@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from lastiter_plugins.config import shown
+
 
 def _default_orders() -> np.ndarray:
     fractional = 1.0 + np.geomspace(0.01, 0.95, 32)  # 1.01 .. 1.95
@@ -45,6 +47,8 @@ def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
     given: object = [orders] if isinstance(orders, numbers.Real) else orders  # one order
     try:
         arr = np.array(given, dtype=float).reshape(-1)
+    except OverflowError:  # an integer beyond the largest double
+        raise ValueError(f"orders must be finite and > 1. Found {_beyond_float(given)}.") from None
     except (TypeError, ValueError):
         raise ValueError(f"orders must be a sequence of numbers > 1. Found {orders!r}.") from None
     if arr.size == 0:
@@ -55,22 +59,50 @@ def validate_orders(orders: Sequence[float] | np.ndarray | None) -> np.ndarray:
     return arr
 
 
+def _beyond_float(values: Any) -> str:
+    """The first value of ``values`` that no double holds (an integer beyond 1.8e308), for a message."""
+    for value in values if isinstance(values, Sequence | np.ndarray) else [values]:
+        try:
+            float(value)
+        except (OverflowError, TypeError, ValueError):
+            return shown(value)
+    return shown(values)
+
+
+def _as_float(value: Any) -> float | None:
+    """``value`` as a float; None unless it is a number (not a bool) that a double holds (NaN included)."""
+    if not _is_number(value):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond the largest double
+        return None
+
+
 def validate_delta(delta: Any) -> float:
     """``delta`` as a float, checked to lie in (0, 1)."""
-    if not _is_number(delta) or not (0.0 < float(delta) < 1.0):
-        raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
-    return float(delta)
+    value = _as_float(delta)
+    if value is None or not (0.0 < value < 1.0):
+        raise ValueError(f"delta must be in (0, 1). Found {shown(delta)}.")
+    return value
 
 
 def validate_epsilon(epsilon: Any, name: str = "epsilon") -> float:
-    """``epsilon`` as a float, checked to be a number >= 0 (``inf`` allowed: delta 0)."""
-    if not _is_number(epsilon) or math.isnan(float(epsilon)) or float(epsilon) < 0.0:
-        raise ValueError(f"{name} must be a number >= 0. Found {epsilon!r}.")
-    return float(epsilon)
+    """``epsilon`` as a float, checked to be a number >= 0 (``inf`` allowed: delta 0) that a double holds (an
+    integer beyond 1.8e308 is refused: pass ``math.inf``)."""
+    value = _as_float(epsilon)
+    if value is None and _is_number(epsilon) and epsilon > 0:
+        raise ValueError(
+            f"{name} must be a number >= 0 that a double holds (at most 1.8e308, or inf). Found {shown(epsilon)}."
+        )
+    if value is None or math.isnan(value) or value < 0.0:
+        raise ValueError(f"{name} must be a number >= 0. Found {shown(epsilon)}.")
+    return value
 
 
 def positive_number(name: str, value: Any) -> float:
     """``value`` as a float, checked to be a finite number > 0."""
-    if not _is_number(value) or not (math.isfinite(float(value)) and float(value) > 0.0):
-        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
-    return float(value)
+    number = _as_float(value)
+    if number is None or not (math.isfinite(number) and number > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0. Found {shown(value)}.")
+    return number

@@ -24,6 +24,7 @@ from lastiter_plugins.bounds.sgm import sgm_rdp
 from lastiter_plugins.conversion import (
     MIN_CONVERSION_ORDER,
     OrderGridWarning,
+    delta_of_linear_rdp,
     epsilon_of_linear_rdp,
     rdp_to_epsilon,
     refine_epsilon,
@@ -243,6 +244,32 @@ def test_linear_optimum_grows_beyond_the_grid_as_rho_vanishes_but_stays_finite()
         assert eps < rdp_to_epsilon(DEFAULT_ORDERS, rho * DEFAULT_ORDERS, 1e-12)[0]
         orders.append(order)
     assert orders == sorted(orders)
+
+
+@pytest.mark.parametrize("rho", [1e-300, 1e-10, 0.005, 1.0, 1e5, 1e300], ids=str)
+@pytest.mark.parametrize("eps", [1e30, 1e300, 1e308, 1.7976931348623157e308], ids=str)
+def test_linear_delta_at_a_huge_epsilon_is_a_number_without_warnings(rho, eps):
+    """issue 38: delta at epsilon 1e308 raised scipy's "f(a) and f(b) must have different signs" (the slope at
+    the bracket's end rounds to <= 0) or overflowed (a RuntimeWarning); the answer is a valid delta, 0 unless
+    the RDP is as huge as epsilon."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        delta, order = delta_of_linear_rdp(rho, eps)
+    assert order >= MIN_CONVERSION_ORDER and 0.0 <= delta <= 1.0
+    if rho <= 1e5:
+        assert delta == 0.0
+    # never below the truth: the RDP rho * alpha is the Gaussian mechanism's of mu = sqrt(2 rho), exact delta
+    assert delta >= float(lp.profiles.gdp_delta(math.sqrt(2.0 * rho), eps))
+
+
+@pytest.mark.parametrize("rho", [1e-300, 1e-20, 2.0**-54], ids=str)
+def test_linear_delta_of_a_tiny_rdp_is_a_number(rho):
+    """Below 2**-53 dp-accounting's KL term log1p(-exp(-rdp)) is a math domain error; the RDP is raised to
+    2**-53 there (still a valid bound, loose: about 1e-8 at epsilon 0): a small delta, never below the truth.
+    At rho 1e-300 and epsilon 0 the optimal order (7e149) is 500 halvings below the bracket's end (3.5e299)."""
+    for eps in (0.0, 1.0):
+        delta, _ = delta_of_linear_rdp(rho, eps)
+        assert float(lp.profiles.gdp_delta(math.sqrt(2.0 * rho), eps)) <= delta < 1e-7
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, "1", True])

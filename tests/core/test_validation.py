@@ -98,6 +98,28 @@ def test_validate_epsilon_accepts_zero_and_inf_and_refuses_negatives():
             validation.validate_epsilon(bad)
 
 
+_HUGE = "Found 1.000e+400 (an integer)."
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: lp.epsilon("best", 10**400, **PARAMS), f"delta must be in (0, 1). {_HUGE}"),
+        (lambda: lp.rdp("best", [2.0, 10**400], **PARAMS), f"orders must be finite and > 1. {_HUGE}"),
+        (lambda: lp.calibrate_noise("best", 10**400, DELTA, **PARAMS), f"target_epsilon must be a finite number > 0. {_HUGE}"),
+        (lambda: validation.validate_epsilon(10**400),
+         f"epsilon must be a number >= 0 that a double holds (at most 1.8e308, or inf). {_HUGE}"),
+        (lambda: validation.validate_epsilon(-(10**400)), "epsilon must be a number >= 0. Found -1.000e+400 (an integer)."),
+    ],
+    ids=["delta", "orders", "target-epsilon", "epsilon", "negative-epsilon"],
+)  # fmt: skip
+def test_integers_beyond_a_double_get_the_one_line_message(call, message):
+    """issue 38: an integer no double holds raised OverflowError (float(10**400)); it is named, abbreviated."""
+    with pytest.raises(ValueError) as info:
+        call()
+    assert str(info.value) == message
+
+
 def test_default_orders_are_read_only_and_copied():
     grid = validation.validate_orders(None)
     grid[0] = 99.0
