@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("CalibrationError", "NotApplicableError", "PipelineChangedError", "UnsupportedHostError"), "errors"
     ),
-    **dict.fromkeys(("BoundEvaluation", "EpsilonResult"), "evaluation"),
+    **dict.fromkeys(("BoundEvaluation", "EpsilonResult", "UnprovenBoundWarning"), "evaluation"),
     **dict.fromkeys(("BEST", "BOUND_IDS", "BOUNDS", "BoundSpec", "Kind", "Proof", "Protects"), "registry"),
 }
 
@@ -59,6 +59,7 @@ __all__ = [
     "Sampling",
     "Suggestion",
     "TrainingConfig",
+    "UnprovenBoundWarning",
     "UnsupportedHostError",
     "Update",
     "advise",
@@ -108,6 +109,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the eager imports
         PipelineChangedError,
         UnsupportedHostError,
     )
-    from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
+    from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult, UnprovenBoundWarning
     from lastiter_plugins.registry import BEST, BOUND_IDS, BOUNDS, BoundSpec, Kind, Proof, Protects
     from lastiter_plugins.validation import DEFAULT_ORDERS

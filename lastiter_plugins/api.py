@@ -169,9 +169,15 @@ def rdp(
       NotApplicableError: a precondition of the bound fails (the message names it
         and the theorem).
       ValueError: an invalid value.
+
+    Warns:
+      UnprovenBoundWarning: ``bound`` is an unproven row (its curve is not a guarantee; an array carries
+        no mark).
     """
     config, assumptions = pipeline(config, assumptions, params)
-    return evaluation.rdp_of(bound, config, assumptions, validate_orders(orders), published_only)
+    curve = evaluation.rdp_of(bound, config, assumptions, validate_orders(orders), published_only)
+    evaluation.warn_if_unproven(bound)
+    return curve
 
 
 @overload

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from lastiter_plugins import registry
-from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, warn_at_caller
 from lastiter_plugins.conversion import (
     delta_of_linear_rdp,
     epsilon_lower_estimate,
@@ -576,6 +576,29 @@ def require_applicable(
         return
     if not best_candidates(config, assumptions, published_only):
         raise _no_bound_applies(config, evaluate_all(config, assumptions), published_only)
+
+
+# ---------------------------------------------------------------- unproven rows
+
+
+class UnprovenBoundWarning(UserWarning):
+    """A number of an unproven bound (asked for by name) was stated where no mark can go: it is not a
+    privacy guarantee."""
+
+
+def warn_if_unproven(bound: str) -> None:
+    """Warn (:class:`UnprovenBoundWarning`, at the user's line) when ``bound`` is a row whose proof is unproven.
+
+    The rule: a route that states an unproven row's number marks it (``unproven: <reason>``: an
+    :class:`EpsilonResult`, a report, a statement), and a route that states it bare (a float, an array: the
+    API's ``rdp``, a host accountant's ``get_epsilon``) warns with this. ``best`` never uses such a row.
+    """
+    spec = registry.BOUNDS.get(bound)
+    if spec is not None and not spec.proof.proven:
+        warn_at_caller(
+            f"{bound} is {str(spec.proof).rstrip('.')}. Its number is not a privacy guarantee; best never uses it.",
+            UnprovenBoundWarning,
+        )
 
 
 # ---------------------------------------------------------------- by name

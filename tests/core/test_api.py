@@ -208,6 +208,18 @@ def test_unproven_bound_never_enters_best_and_is_computed_only_by_name():
     assert best.epsilon == min(proven) == asked[lp.BEST].epsilon and asked[lp.BEST].result.winner == best.winner
 
 
+def test_rdp_of_an_unproven_bound_warns_an_array_carries_no_mark():
+    """issue 38: an unproven bound's number is marked where it is stated (EpsilonResult) and warned about where it
+    is given bare: rdp's array."""
+    with pytest.warns(lp.UnprovenBoundWarning, match="altschuler-talwar is unproven: the proof of Theorem 3.1") as w:
+        lp.rdp("altschuler-talwar", [2.0, 8.0], **AT_PARAMS)
+    assert w[0].filename == __file__  # the user's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lp.rdp("best", [2.0, 8.0], **AT_PARAMS)
+        lp.rdp("bounded-domain-random", [2.0, 8.0], **AT_PARAMS)
+
+
 def test_epsilon_result_is_labelled():
     result = lp.epsilon("best", 1e-5, **strongly_convex(sampling="shuffle_once"))
     assert result.winner == "shifted-interpolation-shuffle"

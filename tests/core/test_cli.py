@@ -410,6 +410,7 @@ PUBLIC_NAMES = (
     "BEST", "BOUNDS", "BOUND_IDS", "BoundSpec", "Kind", "Proof", "Protects",
     # errors and warnings
     "NotApplicableError", "CalibrationError", "PipelineChangedError", "UnsupportedHostError", "OrderGridWarning",
+    "UnprovenBoundWarning",
 )  # fmt: skip
 
 
