@@ -16,6 +16,12 @@ errors) and this module, never the inner modules (``evaluation``, ``registry``, 
 * :func:`account`: the number for the pipeline that ran, with the rows that left, when and why.
 * :func:`host_numbers`: what the host's own accountant would print for the run, marked NOT VALID where its
   sampling assumption fails (display only: never counted).
+
+An adapter that composes runs with its host's other mechanisms (dp-accounting's accountants) also reads a
+bound's RDP curve and epsilon (the public ``rdp`` and ``epsilon``) and, here: the rows a bound's number comes
+from (:func:`rows`), its delta at an epsilon (:func:`delta_of`), a GDP row's mus (:func:`gaussian_mus`) and
+mu-GDP's exact delta (:func:`gaussian_delta`), the conversion of a composed RDP curve
+(:func:`rdp_to_epsilon`), and the warning for an unproven row's number stated bare (:func:`warn_if_unproven`).
 """
 
 from __future__ import annotations
@@ -26,14 +32,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lastiter_plugins import evaluation, registry
+from lastiter_plugins import conversion, evaluation, profiles, registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.errors import NotApplicableError
-from lastiter_plugins.evaluation import EpsilonResult
-from lastiter_plugins.registry import BEST, Protects
-from lastiter_plugins.validation import validate_delta, validate_orders
+from lastiter_plugins.evaluation import EpsilonResult, warn_if_unproven
+from lastiter_plugins.registry import BEST, DOCS, BoundSpec, Kind, Protects
+from lastiter_plugins.validation import validate_delta, validate_epsilon, validate_orders
 
 __all__ = [
+    "DOCS",
     "LAST_ITERATE",
     "Account",
     "Declaration",
@@ -42,10 +49,16 @@ __all__ = [
     "RowLeft",
     "account",
     "apply_departures",
+    "delta_of",
+    "gaussian_delta",
+    "gaussian_mus",
     "host_numbers",
     "published_note",
+    "rdp_to_epsilon",
     "refusal",
+    "rows",
     "rows_needing",
+    "warn_if_unproven",
 ]
 
 #: ``Declaration.require``: refuse when no last-iterate row is left (rather than fall back to composition).
@@ -325,3 +338,76 @@ def host_numbers(config: TrainingConfig, delta: float, host: str) -> tuple[HostN
             )
         )
     return tuple(out)
+
+
+# ---------------------------------------------------------------- composing a run with the host's mechanisms
+
+
+def rows(
+    bound: str, config: TrainingConfig, assumptions: LossAssumptions, published_only: bool = False
+) -> tuple[BoundSpec, ...]:
+    """The rows ``bound``'s number for the pipeline comes from, in table order: ``best``: its candidates (the
+    one candidate set, possibly empty); a bound id: that row, which must apply (``published_only``: with a
+    published proof for the pipeline). Each row says what it protects (``protects``), its kind and its proof.
+
+    Raises:
+      NotApplicableError: the named bound does not apply (the message names the condition).
+    """
+    if bound == BEST:
+        return evaluation.best_candidates(config, assumptions, published_only)
+    evaluation.require_applicable(bound, config, assumptions, published_only)
+    return (registry.get_spec(bound),)
+
+
+def delta_of(
+    bound: str,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    epsilon: float,
+    orders: np.ndarray | None = None,
+    published_only: bool = False,
+) -> tuple[float, float | None]:
+    """(delta, order) at ``epsilon`` >= 0 of ``bound`` (an id, or ``best``: the smallest delta over its
+    candidates), each row converted as :func:`lastiter_plugins.epsilon` converts it (a privacy profile exactly,
+    order None; ``orders`` None: the library's grid). The counterpart of the public ``epsilon``.
+
+    Raises:
+      NotApplicableError: the named bound does not apply, or (``best``) none does.
+      ValueError: ``epsilon`` is not a number >= 0, or invalid ``orders``.
+    """
+    epsilon = validate_epsilon(epsilon)
+    grid = None if orders is None else validate_orders(orders)
+    return evaluation.delta_of(bound, config, assumptions, epsilon, grid, published_only)
+
+
+def gaussian_mus(spec: BoundSpec, config: TrainingConfig, assumptions: LossAssumptions) -> tuple[float, ...]:
+    r"""The mus of a GDP row's privacy profile for the pipeline, one per component of its Gaussian mixture
+    (:math:`\delta(\varepsilon) = \sum_j w_j \delta_{\mu_j}(\varepsilon)`; one mu: the run is mu-GDP, Dong, Roth
+    & Su 2019, arXiv 1905.02383). The row must apply (:func:`rows`).
+
+    Raises:
+      ValueError: the row is not a GDP row (it has no Gaussian privacy profile).
+    """
+    if spec.kind is not Kind.GDP or spec.profile is None:
+        raise ValueError(
+            f"spec must be a GDP row (a Gaussian privacy profile). Found {spec.id}, a {spec.kind.value} row."
+        )
+    profile = spec.profile(config, assumptions)
+    if not isinstance(profile, profiles.GaussianMixtureProfile):  # every GDP row gives one
+        raise TypeError(f"{spec.id}'s profile must be a GaussianMixtureProfile. Found {type(profile).__name__}.")
+    return tuple(float(mu) for mu in profile.mus)
+
+
+def gaussian_delta(mu: float, epsilon: float) -> float:
+    r"""The exact delta of mu-GDP at ``epsilon``:
+    :math:`\Phi(-\varepsilon/\mu + \mu/2) - e^\varepsilon\Phi(-\varepsilon/\mu - \mu/2)` (Dong, Roth & Su 2019,
+    arXiv 1905.02383, Cor. 2.13; 0 where mu = 0 or epsilon = inf)."""
+    return float(profiles.gdp_delta(mu, epsilon))
+
+
+def rdp_to_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    """(epsilon, order) at ``delta`` in (0, 1) of an RDP curve (nats) on ``orders``, such as a host's sum of
+    curves: the library's one conversion of a curve on a grid (dp-accounting's ``compute_epsilon``, improved
+    conversion, at the best of the orders; warns with ``OrderGridWarning`` when the optimum is at an edge of
+    the grid)."""
+    return conversion.rdp_to_epsilon(orders, rdp, validate_delta(delta))

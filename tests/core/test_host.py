@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import sys
+import warnings
+from statistics import NormalDist
+
+import numpy as np
 import pytest
+from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 
 import lastiter_plugins as lp
 from lastiter_plugins import host
@@ -123,3 +130,137 @@ def test_published_note_is_the_cores():
     from lastiter_plugins import evaluation
 
     assert host.published_note(result, config, assumptions) == evaluation.published_note(result, config, assumptions)
+
+
+# ---------------------------------------------------------------- composing a run with the host's mechanisms
+
+#: issue 38's random-batch run: within the clip, strongly convex, projected (altschuler-talwar, unproven, applies)
+RANDOM_BATCH = dict(dataset_size=1000, batch_size=50, noise_multiplier=4.0, steps=400, learning_rate=1.0,
+                    smoothness=0.25, strong_convexity=0.05, gradient_norms_within_clip=True, diameter=2.0,
+                    sampling="random_batch", relation="replace_one")  # fmt: skip
+#: one pipeline per kind of row: Renyi curves, f-DP profiles (one Gaussian, mixtures), PLD profiles
+KINDS = {
+    "random_batch": RANDOM_BATCH,
+    "shuffle_once": strongly_convex(sampling="shuffle_once", relation="replace_one"),
+    "cyclic": dict(dataset_size=1000, batch_size=50, noise_multiplier=4.0, steps=400, learning_rate=1.0,
+                   smoothness=0.25, gradient_norms_within_clip=True, sampling="cyclic"),
+    "poisson": dict(dataset_size=1000, batch_size=50, noise_multiplier=1.0, steps=200, sampling="poisson",
+                    relation="add_or_remove_one"),
+}  # fmt: skip
+
+
+def _applying(config, assumptions):
+    table = lp.applicable_bounds(config=config, assumptions=assumptions)
+    return [bid for bid, e in table.items() if e.applies and bid != lp.BEST]
+
+
+@pytest.mark.parametrize("params", KINDS.values(), ids=KINDS.keys())
+def test_rows_are_bests_candidates_or_the_named_row_which_must_apply(params):
+    config, assumptions = lp.build(**params)
+    table = lp.applicable_bounds(config=config, assumptions=assumptions)
+    best = [spec.id for spec in host.rows(lp.BEST, config, assumptions)]
+    assert best and best == [b for b in lp.BOUNDS if table[b].applies and lp.BOUNDS[b].proof.proven]
+    assert table[lp.BEST].reference.startswith("minimum over " + ", ".join(best))
+    for bid in lp.BOUNDS:
+        if table[bid].applies:
+            assert host.rows(bid, config, assumptions) == (lp.BOUNDS[bid],)
+        else:
+            with pytest.raises(lp.NotApplicableError):
+                host.rows(bid, config, assumptions)
+
+
+def test_rows_with_published_only_keep_the_published_theorems():
+    config, assumptions = _pipeline()
+    published = host.rows(lp.BEST, config, assumptions, published_only=True)
+    every = host.rows(lp.BEST, config, assumptions)
+    derived = [s.id for s in every if s not in published]
+    assert published and derived  # this pipeline has both
+    with pytest.raises(lp.NotApplicableError, match="published_only"):
+        host.rows(derived[0], config, assumptions, published_only=True)
+
+
+@pytest.mark.parametrize("params", KINDS.values(), ids=KINDS.keys())
+def test_delta_of_is_the_counterpart_of_epsilon_for_best_and_every_row(params):
+    config, assumptions = lp.build(**params)
+    for bid in [lp.BEST, *_applying(config, assumptions)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", lp.OrderGridWarning)
+            result = lp.epsilon(bid, DELTA, config=config, assumptions=assumptions)
+            delta, order = host.delta_of(bid, config, assumptions, result.epsilon)
+        assert delta <= DELTA * (1 + 1e-6), bid  # the epsilon at DELTA has delta at most DELTA
+        assert (order is None) == (result.order is None), bid
+
+
+@pytest.mark.parametrize("params", KINDS.values(), ids=KINDS.keys())
+def test_delta_at_a_huge_epsilon_is_a_number_on_every_row(params):
+    """issue 38: delta at epsilon 1e308 raised scipy's "f(a) and f(b) must have different signs" (best on the
+    random-batch run); every row answers a delta in [0, 1], 0 for the Renyi rows, without a warning."""
+    config, assumptions = lp.build(**params)
+    for bid in [lp.BEST, *_applying(config, assumptions)]:
+        for eps in (1e300, 1e308, sys.float_info.max, math.inf):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                delta, _ = host.delta_of(bid, config, assumptions, eps)
+            assert 0.0 <= delta <= host.delta_of(bid, config, assumptions, 10.0)[0], (bid, eps)
+            if lp.BOUNDS.get(bid, lp.BOUNDS["composition"]).kind is lp.Kind.RDP and bid != lp.BEST:
+                assert delta == 0.0, (bid, eps)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "fragment"),
+    [(-1.0, "epsilon must be a number >= 0. Found -1.0."), (math.nan, "Found nan"),
+     (10**400, "epsilon must be a number >= 0 that a double holds (at most 1.8e308, or inf). Found 1.000e+400")],
+    ids=["negative", "nan", "1e400"],
+)  # fmt: skip
+def test_delta_of_refuses_an_invalid_epsilon_in_one_line(epsilon, fragment):
+    config, assumptions = lp.build(**RANDOM_BATCH)
+    with pytest.raises(ValueError) as info:
+        host.delta_of(lp.BEST, config, assumptions, epsilon)
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_gaussian_mus_one_per_component_of_a_gdp_rows_profile():
+    cyclic, cyclic_a = lp.build(**KINDS["cyclic"])
+    shuffled, shuffled_a = lp.build(**KINDS["cyclic"] | {"sampling": "shuffle_once"})
+    (mu,) = host.gaussian_mus(lp.BOUNDS["shifted-interpolation-cyclic"], cyclic, cyclic_a)
+    profile = lp.applicable_bounds(delta=DELTA, config=cyclic, assumptions=cyclic_a)[
+        "shifted-interpolation-cyclic"
+    ].profile
+    assert profile is not None and profile.delta(1.0) == pytest.approx(host.gaussian_delta(mu, 1.0), rel=1e-12)
+    assert len(host.gaussian_mus(lp.BOUNDS["shifted-interpolation-shuffle"], shuffled, shuffled_a)) > 1
+    with pytest.raises(ValueError, match=r"spec must be a GDP row.*kong-ribero-cyclic, a rdp row"):
+        host.gaussian_mus(lp.BOUNDS["kong-ribero-cyclic"], cyclic, cyclic_a)
+
+
+@pytest.mark.parametrize(
+    ("mu", "epsilon", "expected"),
+    [(1.0, 0.0, 2 * NormalDist().cdf(0.5) - 1), (2.0, 1.0, NormalDist().cdf(0.5) - math.e * NormalDist().cdf(-1.5)),
+     (0.0, 1.0, 0.0), (1.0, math.inf, 0.0)],
+    ids=["mu1-eps0", "mu2-eps1", "mu0", "eps-inf"],
+)  # fmt: skip
+def test_gaussian_delta_is_mu_gdps_exact_profile(mu, epsilon, expected):
+    # Dong, Roth & Su 2019, Cor. 2.13: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)
+    assert host.gaussian_delta(mu, epsilon) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+
+
+def test_rdp_to_epsilon_is_dp_accountings_conversion_on_the_grid():
+    orders = np.array([1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0])
+    config, assumptions = lp.build(**KINDS["poisson"])
+    curve = 3 * lp.rdp("composition", orders, config=config, assumptions=assumptions)  # a host's sum, say
+    eps, order = host.rdp_to_epsilon(orders, curve, DELTA)
+    assert (eps, order) == pytest.approx(dp_rdp.compute_epsilon(orders, curve, DELTA), rel=1e-12)
+    with pytest.warns(lp.OrderGridWarning):
+        host.rdp_to_epsilon(orders[:2], curve[:2], DELTA)  # the optimum at the grid's edge
+    with pytest.raises(ValueError, match=r"delta must be in \(0, 1\)"):
+        host.rdp_to_epsilon(orders, curve, 0.0)
+
+
+def test_warn_if_unproven_warns_for_an_unproven_row_only():
+    unproven = [b for b, spec in lp.BOUNDS.items() if not spec.proof.proven]
+    assert unproven == ["altschuler-talwar"]
+    with pytest.warns(lp.UnprovenBoundWarning, match=r"altschuler-talwar is unproven: .* not a privacy guarantee"):
+        host.warn_if_unproven("altschuler-talwar")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for bound in (lp.BEST, "composition", "kong-ribero-cyclic"):
+            host.warn_if_unproven(bound)
