@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 import lastiter_plugins as lp
-from lastiter_plugins import calibration, evaluation
-from lastiter_plugins.adapters.dp_accounting import _gdp
+from lastiter_plugins import calibration, evaluation, host
 from lastiter_plugins.api import build
 from lastiter_plugins.lower_end import LowerBound
 
@@ -59,8 +58,8 @@ def test_every_caller_reads_the_one_candidate_set(params):
     if ids:
         search = calibration._BestSearch(config, assumptions, DELTA, None, 1.0)
         assert [spec.id for spec in search._candidates] == ids
-        # the dp-accounting adapter's mu-GDP search too
-        assert [spec.id for spec in _gdp._candidates(lp.BEST, config, assumptions)] == ids
+        # the host contract's rows of best too (the dp-accounting adapter's mu-GDP search and statements)
+        assert [spec.id for spec in host.rows(lp.BEST, config, assumptions)] == ids
         # and best's winner is one of them
         assert lp.epsilon("best", DELTA, **params).winner in ids
     else:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lastiter_plugins as lp
-from lastiter_plugins import api, calibration, compare, evaluation, validation
+from lastiter_plugins import api, calibration, compare, evaluation, host, validation
 from lastiter_plugins.adapters import dp_accounting as lp_dpa
 
 DELTA = 1e-5
@@ -18,7 +18,17 @@ PARAMS = dict(dataset_size=1000, batch_size=50, noise_multiplier=2.0, epochs=5, 
               clipped_loss_convex_smooth=True)  # fmt: skip
 
 #: every module that imports a validator by name (so that a spy replaces each)
-_IMPORTERS = (api, calibration, evaluation, compare.table, compare.sweep, lp_dpa)
+_IMPORTERS = (
+    api,
+    calibration,
+    evaluation,
+    compare.table,
+    compare.sweep,
+    host,
+    lp_dpa._events,
+    lp_dpa._rdp,
+    lp_dpa._pld,
+)
 
 
 @pytest.fixture

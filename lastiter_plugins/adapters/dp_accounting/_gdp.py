@@ -1,27 +1,17 @@
 r"""One last-iterate run certified mu-GDP, for composing it as a Gaussian mechanism.
 
 :func:`gaussian_mu` is the mu of a run certified mu-GDP (a GDP bound whose profile has one
-component), for dp-accounting's PLD accountant. The run's epsilon and delta come from the core
-(:func:`lastiter_plugins.evaluation.epsilon_result` and :func:`~lastiter_plugins.evaluation.delta_of`),
-and ``best``'s rows from its one candidate set (:func:`~lastiter_plugins.evaluation.best_candidates`).
+component), for dp-accounting's PLD accountant. ``best``'s rows come from its one candidate set and a
+GDP row's mus from its privacy profile, both through the host contract (:func:`lastiter_plugins.host.rows`,
+:func:`~lastiter_plugins.host.gaussian_mus`).
 """
 
 from __future__ import annotations
 
-from lastiter_plugins import evaluation, registry
+import lastiter_plugins as lp
+from lastiter_plugins import host
 from lastiter_plugins.config import LossAssumptions, TrainingConfig
 from lastiter_plugins.errors import NotApplicableError
-from lastiter_plugins.profiles import GaussianMixtureProfile
-from lastiter_plugins.registry import BEST, BoundSpec, Kind
-
-
-def _candidates(bound: str, config: TrainingConfig, assumptions: LossAssumptions) -> tuple[BoundSpec, ...]:
-    """``best``: its candidates (possibly none); a bound id: that row, which must apply."""
-    if bound == BEST:
-        return evaluation.best_candidates(config, assumptions)
-    spec = registry.get_spec(bound)
-    registry.require(spec, config, assumptions)
-    return (spec,)
 
 
 def gaussian_mu(bound: str, config: TrainingConfig, assumptions: LossAssumptions) -> tuple[float, str]:
@@ -40,27 +30,25 @@ def gaussian_mu(bound: str, config: TrainingConfig, assumptions: LossAssumptions
     """
     found: list[tuple[float, str]] = []
     mixtures: list[str] = []
-    for spec in _candidates(bound, config, assumptions):
-        if spec.kind is not Kind.GDP:
+    for spec in host.rows(bound, config, assumptions):
+        if spec.kind is not lp.Kind.GDP:
             continue
-        assert spec.profile is not None  # every GDP row has its privacy profile
-        profile = spec.profile(config, assumptions)
-        assert isinstance(profile, GaussianMixtureProfile)  # what every GDP row gives
-        if len(profile.mus) == 1:
-            found.append((float(profile.mus[0]), spec.id))
+        mus = host.gaussian_mus(spec, config, assumptions)
+        if len(mus) == 1:
+            found.append((mus[0], spec.id))
         else:
             mixtures.append(spec.id)
     if found:
         return min(found)
     use = "Use LastIterateAccountant (Renyi DP) for this run"
-    if mixtures and bound != BEST:
+    if mixtures and bound != lp.BEST:
         raise NotApplicableError(
             f"{bound} certifies a mixture of Gaussian privacy profiles (one component per position of the "
             "differing example), not one Gaussian, so it cannot be composed as a Gaussian mechanism. "
             "shifted-interpolation-cyclic also covers shuffle_once (the worst position: the mixture's largest "
             f"component) and is one Gaussian. {use}, which composes the mixture's Renyi DP."
         )
-    if bound != BEST:
+    if bound != lp.BEST:
         raise NotApplicableError(
             f"{bound} is a Renyi-DP bound, not a mu-GDP one: only runs certified mu-GDP compose as Gaussian "
             f"mechanisms in the PLD accountant. {use}."
@@ -68,11 +56,11 @@ def gaussian_mu(bound: str, config: TrainingConfig, assumptions: LossAssumptions
     raise NotApplicableError(
         "no proven mu-GDP bound (one Gaussian privacy profile) applies to this run with sampling="
         f"{config.sampling.value}, relation={config.relation.value} (the f-DP bounds are "
-        f"{', '.join(gdp_bound_ids())}, each with its own conditions, see {registry.DOCS}; a mixture profile is not "
+        f"{', '.join(gdp_bound_ids())}, each with its own conditions, see {host.DOCS}; a mixture profile is not "
         f"one Gaussian). {use}."
     )
 
 
 def gdp_bound_ids() -> tuple[str, ...]:
     """The ids of the GDP (privacy-profile) bounds of the table."""
-    return tuple(spec.id for spec in registry.BOUNDS.values() if spec.kind is Kind.GDP)
+    return tuple(spec.id for spec in lp.BOUNDS.values() if spec.kind is lp.Kind.GDP)

@@ -45,26 +45,28 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_privacy_accountant as _dp_pld
 
-from lastiter_plugins import registry
-from lastiter_plugins.adapters.dp_accounting import (
+import lastiter_plugins as lp
+from lastiter_plugins import host
+from lastiter_plugins.adapters.dp_accounting import _gdp
+from lastiter_plugins.adapters.dp_accounting._events import (
     _HOST_RELATION,
-    CompositionErrorDetails,
     LastIterateDpSgdEvent,
     NeighboringRelation,
+    _parse_relation,
+    _to_bound,
+)
+from lastiter_plugins.adapters.dp_accounting._planning import (
+    CompositionErrorDetails,
     _check_count,
     _check_standard,
+    _count_problem,
     _EventPlanning,
-    _gdp,
-    _is_int,
-    _is_real,
-    _parse_relation,
+    _in_range,
     _Refusal,
-    _to_bound,
 )
 from lastiter_plugins.config import Relation
 from lastiter_plugins.errors import UnsupportedHostError
-from lastiter_plugins.profiles import gdp_delta
-from lastiter_plugins.registry import BEST, Protects
+from lastiter_plugins.validation import validate_epsilon
 
 __all__ = ["LastIteratePldAccountant"]
 
@@ -85,18 +87,22 @@ def host_gaussian_shift(relation: Any) -> float:
     Raises:
       UnsupportedHostError: the host's answer is neither.
     """
-    host = _dp_pld.PLDAccountant(relation).compose(dp_event.GaussianDpEvent(1.0))
-    found = float(host.get_delta(1.0))
+    pld = _dp_pld.PLDAccountant(relation).compose(dp_event.GaussianDpEvent(1.0))
+    found = float(pld.get_delta(1.0))
     for shift in (1.0, 2.0):
-        exact = float(gdp_delta(shift, 1.0))
+        exact = host.gaussian_delta(shift, 1.0)
         if abs(found - exact) <= 1e-6 * exact:
             return shift
     raise UnsupportedHostError(
         f"dp-accounting's PLDAccountant({relation}) gives GaussianDpEvent(1) delta {found:.12g} at epsilon 1, "
-        f"neither the 1-GDP value {float(gdp_delta(1.0, 1.0)):.12g} nor the 2-GDP value "
-        f"{float(gdp_delta(2.0, 1.0)):.12g}: this dp-accounting version is not supported by "
+        f"neither the 1-GDP value {host.gaussian_delta(1.0, 1.0):.12g} nor the 2-GDP value "
+        f"{host.gaussian_delta(2.0, 1.0):.12g}: this dp-accounting version is not supported by "
         "LastIteratePldAccountant (tested: 0.4.3, 0.6.0)."
     )
+
+
+#: The largest finite epsilon passed to the host's ``get_delta`` (its exp(epsilon) overflows beyond 709).
+_LARGEST_EPSILON = 700.0
 
 
 # ---------------------------------------------------------------- planning
@@ -157,13 +163,13 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
 
     def __init__(
         self,
-        bound: Any = BEST,
+        bound: Any = lp.BEST,
         neighboring_relation: Any = NeighboringRelation.REPLACE_ONE,
         value_discretization_interval: float = 1e-4,
     ):
         relation = _parse_relation(neighboring_relation)
         self._bound = _to_bound(bound)
-        allowed = (BEST, *_gdp.gdp_bound_ids())
+        allowed = (lp.BEST, *_gdp.gdp_bound_ids())
         if self._bound.value not in allowed:
             raise ValueError(
                 f"bound must be one of {', '.join(allowed)} for LastIteratePldAccountant (a run composes as a "
@@ -171,8 +177,11 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
                 "use LastIterateAccountant for it."
             )
         interval = value_discretization_interval
-        if not (_is_real(interval) and 0 < interval < math.inf):
-            raise ValueError(f"value_discretization_interval must be a number > 0. Found {interval!r}.")
+        problem = _in_range(
+            "value_discretization_interval", interval, "a finite number > 0", lambda x: 0 < x < math.inf
+        )
+        if problem is not None:
+            raise ValueError(problem)
         super().__init__(_HOST_RELATION[relation])
         self._relation = relation
         self._interval = float(interval)
@@ -217,22 +226,22 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
 
     def _execute(self, plan: _Plan) -> Any:
         """A copy of the host state with ``plan`` composed (the state itself is untouched)."""
-        host = copy.deepcopy(self._host)
+        pld = copy.deepcopy(self._host)
         for step in plan.steps:
             if step.count == 0:
                 continue
             try:
-                host.compose(step.host_event, step.count)
+                pld.compose(step.host_event, step.count)
             except (ArithmeticError, AssertionError, TypeError, ValueError) as exc:
                 raise _Refusal(
                     step.source,
                     f"dp-accounting's PLDAccountant failed on it, its parameters are invalid "
                     f"({type(exc).__name__}: {exc})",
                 ) from None
-        return host
+        return pld
 
-    def _commit(self, plan: _Plan, host: Any) -> None:
-        self._host = host
+    def _commit(self, plan: _Plan, pld: Any) -> None:
+        self._host = pld
         self._last_iterate_runs += plan.last_iterate_runs
         self._standard_events += plan.standard_events
         self._non_private = self._non_private or plan.non_private
@@ -242,12 +251,13 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
 
     def _maybe_compose(self, event: Any, count: int, do_compose: bool) -> CompositionErrorDetails | None:
         """Dry run (``do_compose=False``) or composition; a refused event changes nothing."""
-        if not (_is_int(count) and count >= 0):
-            return CompositionErrorDetails(
-                invalid_event=event, error_message=f"count must be an integer >= 0. Found {count!r}."
-            )
+        problem = _count_problem("count", count, 0)
+        if problem is not None:
+            return CompositionErrorDetails(invalid_event=event, error_message=problem)
         try:
             plan = self._plan(event, int(count))
+            if not count:  # supports() asks with count 0: would the event be accepted once?
+                self._plan(event, 1)
             if do_compose:
                 self._commit(plan, self._execute(plan))
         except _Refusal as refusal:
@@ -259,7 +269,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
 
         Raises:
           TypeError: ``event`` is not a DpEvent or ``count`` is not an integer.
-          ValueError: ``count`` < 1.
+          ValueError: ``count`` < 1 or > 2**53.
           dp_accounting.UnsupportedEventError: the event (or a sub-event, named
             in the message) is unsupported or invalid; nothing changes.
         """
@@ -268,13 +278,13 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         count = _check_count(count)
         try:
             plan = self._plan(event, count)
-            host = self._execute(plan)
+            pld = self._execute(plan)
         except _Refusal as refusal:
             raise dp_accounting.UnsupportedEventError(
                 f"Unsupported event: {event}. Error: [{refusal.message}] caused by subevent {refusal.event}."
             ) from None
         self._ledger.compose(event, count)
-        self._commit(plan, host)
+        self._commit(plan, pld)
         return self
 
     @property
@@ -300,26 +310,45 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         return self._shift
 
     def get_epsilon(self, target_delta: float) -> float:
-        """Epsilon at ``target_delta`` in [0, 1]: dp-accounting's PLD of everything composed."""
-        if not (_is_real(target_delta) and 0 <= target_delta <= 1):
-            raise ValueError(f"target_delta must be in [0, 1]. Found {target_delta!r}.")
+        """Epsilon at ``target_delta`` in [0, 1]: dp-accounting's PLD of everything composed.
+
+        Warns:
+          UnprovenBoundWarning: a run is accounted by an unproven bound (the number is not a guarantee).
+        """
+        problem = _in_range("target_delta", target_delta, "in [0, 1]", lambda d: 0 <= d <= 1)
+        if problem is not None:
+            raise ValueError(problem)
+        self._warn_if_unproven()
         return float(self._host.get_epsilon(float(target_delta)))
 
     def get_delta(self, target_epsilon: float) -> float:
-        """Delta at ``target_epsilon`` >= 0: dp-accounting's PLD of everything composed."""
-        if not (_is_real(target_epsilon) and target_epsilon >= 0):
-            raise ValueError(f"target_epsilon must be a number >= 0. Found {target_epsilon!r}.")
-        return float(np.asarray(self._host.get_delta(float(target_epsilon))).reshape(-1)[0])
+        """Delta at ``target_epsilon`` >= 0: dp-accounting's PLD of everything composed. Warns as
+        :meth:`get_epsilon`."""
+        target_epsilon = validate_epsilon(target_epsilon, "target_epsilon")
+        self._warn_if_unproven()
+        # The host multiplies exp(epsilon) by a mass: NaN beyond epsilon 709. delta is non-increasing in epsilon,
+        # so its value at _LARGEST_EPSILON is valid beyond (exact where every finite privacy loss is below 700;
+        # inf is the host's own case: the mass at infinity).
+        at = target_epsilon if math.isinf(target_epsilon) else min(target_epsilon, _LARGEST_EPSILON)
+        return float(np.asarray(self._host.get_delta(at)).reshape(-1)[0])
+
+    def _warn_if_unproven(self) -> None:
+        for winner in sorted(self._winners):
+            host.warn_if_unproven(winner)
 
     def statement(self, target_delta: float) -> str:
-        """A one-line, honest description of the current guarantee."""
+        """A one-line, honest description of the current guarantee (a winner whose proof is unproven is
+        marked ``[unproven: <reason>]``)."""
         eps = self.get_epsilon(target_delta)
         parts = []
         if self._last_iterate_runs:
             via = ", ".join(sorted(self._winners))
-            how = f"mu-GDP by {self._bound.value}{f' via {via}' if self._bound.value == BEST and via else ''}"
+            how = f"mu-GDP by {self._bound.value}{f' via {via}' if self._bound.value == lp.BEST and via else ''}"
+            how += "".join(
+                f" [{w}: {lp.BOUNDS[w].proof}]" for w in sorted(self._winners) if not lp.BOUNDS[w].proof.proven
+            )
             every = bool(self._winners) and all(
-                registry.BOUNDS[w].protects is Protects.EVERY_ITERATE for w in self._winners
+                lp.BOUNDS[w].protects is lp.Protects.EVERY_ITERATE for w in self._winners
             )
             runs = f"{self._last_iterate_runs} DP-SGD run(s)"
             parts.append(
