@@ -734,8 +734,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_negative_value(token: str) -> bool:
+    """A token that starts with one '-' and is a number (-3, -1e-5, -inf) or a list of them (``--orders -2,4``)."""
+    if len(token) < 2 or not token.startswith("-") or token.startswith("--"):
+        return False
+    try:
+        [float(piece) for piece in token.split(",") if piece]
+    except ValueError:
+        return False
+    return True
+
+
+def _negative_values_joined(argv: Sequence[str]) -> list[str]:
+    """``--delta -1e-5`` as ``--delta=-1e-5``: argparse reads a token after an option that starts with '-' as
+    another option unless it looks like -3 or -.5, and answers "expected one argument" without naming the value;
+    joined, a negative value (-1e-5, -inf, -3) reaches the library's check and its one-line message naming the
+    parameter and the value."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and _is_negative_value(token):
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    argv = _negative_values_joined(sys.argv[1:] if argv is None else argv)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -122,6 +122,54 @@ def test_user_errors_exit_2_with_one_line(capsys, argv, fragment):
     assert "Traceback" not in err
 
 
+#: issue 38: argparse answered "expected one argument" for a value that starts with '-' unless it looks like -3
+_NEGATIVE = [
+    ("--noise-multiplier", "-inf", "noise_multiplier must be a finite number > 0. Found -inf."),
+    ("--sigma", "-1e-5", "noise_multiplier must be a finite number > 0. Found -1e-05."),
+    ("--delta", "-1e-5", "delta must be in (0, 1). Found -1e-05."),
+    ("--delta", "-inf", "delta must be in (0, 1). Found -inf."),
+    ("--learning-rate", "-3", "learning_rate must be a finite number > 0. Found -3.0."),
+    ("--dataset-size", "-3", "dataset_size must be an integer >= 1. Found -3."),
+    ("--diameter", "-1e-5", "diameter must be a finite number > 0. Found -1e-05."),
+    ("--strong-convexity", "-inf", "strong_convexity must be a finite number >= 0. Found -inf."),
+]
+_SUBCOMMANDS = {  # each subcommand with what it needs besides the pipeline
+    "rdp": ["--orders", "2,4"],
+    "epsilon": [],
+    "bounds": ["--delta", "1e-5"],
+    "calibrate": ["--target-epsilon", "1"],
+    "advise": [],
+    "compare": [],
+}
+
+
+@pytest.mark.parametrize("command", _SUBCOMMANDS)
+@pytest.mark.parametrize(("flag", "value", "message"), _NEGATIVE, ids=[f"{f}{v}" for f, v, _ in _NEGATIVE])
+def test_negative_values_reach_the_librarys_check_on_every_subcommand(capsys, command, flag, value, message):
+    if flag == "--delta" and command == "rdp":
+        pytest.skip("rdp has no --delta")
+    if flag in ("--noise-multiplier", "--sigma") and command == "calibrate":
+        pytest.skip("calibrate finds the noise multiplier: a given one is not used")
+    code, out, err = run(capsys, command, *_SUBCOMMANDS[command], *PARAMS, flag, value)  # the last one counts
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert lines[0] == f"lastiter: error: {message}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["rdp", "--orders", "-2,4"], "orders must be finite and > 1. Found -2."),
+     (["calibrate", "--target-epsilon", "-1e-5"], "target_epsilon must be a finite number > 0. Found -1e-05."),
+     (["advise", "--top", "-3"], "argument --top: must be an integer >= 1. Found '-3'."),
+     (["epsilon", "--gradient-norms-within-clip", "-3"], "ignored explicit argument '-3'")],
+    ids=["orders", "target-epsilon", "top", "boolean-flag"],
+)  # fmt: skip
+def test_negative_values_of_the_subcommands_own_options_name_the_value(capsys, argv, message):
+    code, out, err = run(capsys, *argv, *PARAMS)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and message in lines[0], err
+
+
 def test_json_never_contains_nan_or_infinity(capsys):
     # a huge-RDP case whose epsilon may be infinite must still give strict JSON
     code, out, _ = run(
@@ -323,9 +371,10 @@ def test_subcommands_need_the_pipeline_from_flags_or_a_config(tmp_path):
         (["compare", "--plot", "DIR/x.png"], "plot path must be a file we can write"),
         (["compare", "--plot", "DIR/eps.txt"], "plot path must end in .png"),
         (["rdp", "--bound", "best", "--orders", "2", "--config", "DIR/missing.toml"], "config must be a readable TOML file"),
+        (["epsilon", *PARAMS, "--delta", "-1e-5"], "delta must be in (0, 1). Found -1e-05."),
     ],
     ids=["unknown-unproven", "proven-as-unproven", "non-utf8-epsilon", "non-utf8-compare", "config-is-a-folder",
-         "plot-onto-a-folder", "plot-suffix", "missing-config"],
+         "plot-onto-a-folder", "plot-suffix", "missing-config", "negative-delta"],
 )  # fmt: skip
 def test_user_errors_of_the_console_script_exit_2_with_one_line(tmp_path, argv, fragment):
     (tmp_path / "x.png").mkdir()  # a folder where the plot file should go
