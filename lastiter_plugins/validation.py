@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,40 +69,42 @@ def _beyond_float(values: Any) -> str:
     return shown(values)
 
 
-def _as_float(value: Any) -> float | None:
-    """``value`` as a float; None unless it is a number (not a bool) that a double holds (NaN included)."""
-    if not _is_number(value):
-        return None
-    try:
-        return float(value)
-    except OverflowError:  # an integer beyond the largest double
-        return None
+def number_problem(name: str, value: Any, constraint: str, holds: Callable[[float], bool]) -> str | None:
+    """None when ``value`` is a number (not a bool, not NaN) that a double holds and ``holds`` of; else the
+    one-line message naming ``name``, ``constraint`` (in words) and the value (a huge integer abbreviated; one
+    that the constraint would take but no double holds, such as 10**400 for ">= 0", says so)."""
+    if _is_number(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond the largest double
+            if holds(math.inf if value > 0 else -math.inf):
+                return (
+                    f"{name} must be {constraint} that a double holds (at most 1.8e308, or inf). Found {shown(value)}."
+                )
+        else:
+            if not math.isnan(number) and holds(number):
+                return None
+    return f"{name} must be {constraint}. Found {shown(value)}."
+
+
+def _checked(name: str, value: Any, constraint: str, holds: Callable[[float], bool]) -> float:
+    problem = number_problem(name, value, constraint, holds)
+    if problem is not None:
+        raise ValueError(problem)
+    return float(value)
 
 
 def validate_delta(delta: Any) -> float:
     """``delta`` as a float, checked to lie in (0, 1)."""
-    value = _as_float(delta)
-    if value is None or not (0.0 < value < 1.0):
-        raise ValueError(f"delta must be in (0, 1). Found {shown(delta)}.")
-    return value
+    return _checked("delta", delta, "in (0, 1)", lambda x: 0.0 < x < 1.0)
 
 
 def validate_epsilon(epsilon: Any, name: str = "epsilon") -> float:
     """``epsilon`` as a float, checked to be a number >= 0 (``inf`` allowed: delta 0) that a double holds (an
     integer beyond 1.8e308 is refused: pass ``math.inf``)."""
-    value = _as_float(epsilon)
-    if value is None and _is_number(epsilon) and epsilon > 0:
-        raise ValueError(
-            f"{name} must be a number >= 0 that a double holds (at most 1.8e308, or inf). Found {shown(epsilon)}."
-        )
-    if value is None or math.isnan(value) or value < 0.0:
-        raise ValueError(f"{name} must be a number >= 0. Found {shown(epsilon)}.")
-    return value
+    return _checked(name, epsilon, "a number >= 0", lambda x: x >= 0.0)
 
 
 def positive_number(name: str, value: Any) -> float:
     """``value`` as a float, checked to be a finite number > 0."""
-    number = _as_float(value)
-    if number is None or not (math.isfinite(number) and number > 0.0):
-        raise ValueError(f"{name} must be a finite number > 0. Found {shown(value)}.")
-    return number
+    return _checked(name, value, "a finite number > 0", lambda x: 0.0 < x < math.inf)

@@ -9,7 +9,6 @@ are checked here (:func:`_check_standard`), as are the counts (:func:`_check_cou
 core's largest count).
 """
 
-import math
 import numbers
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeAlias
@@ -20,49 +19,26 @@ from dp_accounting import dp_event
 
 from lastiter_plugins.adapters.dp_accounting._events import LastIterateDpSgdEvent
 from lastiter_plugins.config import MAX_COUNT, check_count, shown
+from lastiter_plugins.validation import number_problem
 
 CompositionErrorDetails: TypeAlias = dp_accounting.PrivacyAccountant.CompositionErrorDetails
-
-
-def _number(value: Any) -> float | None:
-    """``value`` as a float; None unless it is a number (not a bool, not NaN) that a double holds (an integer
-    beyond 1.8e308 is not)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return None if math.isnan(number) else number
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _in_range(name: str, value: Any, constraint: str, holds: Callable[[float], bool]) -> str | None:
-    """None when ``value`` is a number that a double holds and ``holds``; else the one-line message naming
-    ``name``, ``constraint`` and the value."""
-    number = _number(value)
-    if number is not None and holds(number):
-        return None
-    # an integer beyond the largest double that the constraint would take (10**400 >= 0): why it is refused
-    huge = _is_int(value) and number is None and holds(math.inf if value > 0 else -math.inf)
-    beyond = " that a double holds (at most 1.8e308, or inf)" if huge else ""
-    return f"{name} must be {constraint}{beyond}. Found {shown(value)}."
-
-
 def _check_gaussian(e: Any) -> str | None:
-    return _in_range("GaussianDpEvent.noise_multiplier", e.noise_multiplier, "a number >= 0", lambda z: z >= 0)
+    return number_problem("GaussianDpEvent.noise_multiplier", e.noise_multiplier, "a number >= 0", lambda z: z >= 0)
 
 
 def _check_laplace(e: Any) -> str | None:
-    return _in_range("LaplaceDpEvent.noise_multiplier", e.noise_multiplier, "a number > 0", lambda z: z > 0)
+    return number_problem("LaplaceDpEvent.noise_multiplier", e.noise_multiplier, "a number > 0", lambda z: z > 0)
 
 
 def _check_poisson(e: Any) -> str | None:
     q = e.sampling_probability
-    return _in_range("PoissonSampledDpEvent.sampling_probability", q, "in [0, 1]", lambda q: 0 <= q <= 1)
+    return number_problem("PoissonSampledDpEvent.sampling_probability", q, "in [0, 1]", lambda q: 0 <= q <= 1)
 
 
 def _check_sampled(e: Any) -> str | None:

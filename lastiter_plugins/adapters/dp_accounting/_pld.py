@@ -61,12 +61,11 @@ from lastiter_plugins.adapters.dp_accounting._planning import (
     _check_standard,
     _count_problem,
     _EventPlanning,
-    _in_range,
     _Refusal,
 )
 from lastiter_plugins.config import Relation
 from lastiter_plugins.errors import UnsupportedHostError
-from lastiter_plugins.validation import validate_epsilon
+from lastiter_plugins.validation import number_problem, validate_epsilon
 
 __all__ = ["LastIteratePldAccountant"]
 
@@ -177,7 +176,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
                 "use LastIterateAccountant for it."
             )
         interval = value_discretization_interval
-        problem = _in_range(
+        problem = number_problem(
             "value_discretization_interval", interval, "a finite number > 0", lambda x: 0 < x < math.inf
         )
         if problem is not None:
@@ -315,7 +314,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         Warns:
           UnprovenBoundWarning: a run is accounted by an unproven bound (the number is not a guarantee).
         """
-        problem = _in_range("target_delta", target_delta, "in [0, 1]", lambda d: 0 <= d <= 1)
+        problem = number_problem("target_delta", target_delta, "in [0, 1]", lambda d: 0 <= d <= 1)
         if problem is not None:
             raise ValueError(problem)
         self._warn_if_unproven()

@@ -49,11 +49,10 @@ from lastiter_plugins.adapters.dp_accounting._planning import (
     _check_standard,
     _count_problem,
     _EventPlanning,
-    _in_range,
     _Refusal,
 )
 from lastiter_plugins.config import Relation, default_relation, warn_at_caller
-from lastiter_plugins.validation import validate_epsilon, validate_orders
+from lastiter_plugins.validation import number_problem, validate_epsilon, validate_orders
 
 #: The FutureWarning of ``LastIterateAccountant()`` without ``neighboring_relation`` (until 0.4.0).
 _DEFAULT_CHANGED = (
@@ -413,7 +412,7 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         Warns:
           UnprovenBoundWarning: a run is accounted with an unproven bound (the number is not a guarantee).
         """
-        problem = _in_range("target_delta", target_delta, "in [0, 1]", lambda d: 0 <= d <= 1)
+        problem = number_problem("target_delta", target_delta, "in [0, 1]", lambda d: 0 <= d <= 1)
         if problem is not None:
             raise ValueError(problem)
         self._warn_if_unproven()
