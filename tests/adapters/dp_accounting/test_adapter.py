@@ -219,6 +219,16 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         KR.steps = 10
 
 
+def test_a_random_allocation_event_reaches_the_core_with_its_allocations_per_epoch():
+    """main's random allocation (allocations_per_epoch) kept on the host contract: the event's k is the core's."""
+    event = LastIterateDpSgdEvent("random_allocation", 1000, 50, 2.0, 100, None, allocations_per_epoch=2)
+    one = attr.evolve(event, allocations_per_epoch=1)
+    acc = accountant(AOR).compose(event)
+    expected = lp.epsilon("best", 1e-5, relation="add_or_remove_one", **event.to_params()).epsilon
+    assert acc.get_epsilon(1e-5) == expected
+    assert expected != lp.epsilon("best", 1e-5, relation="add_or_remove_one", **one.to_params()).epsilon
+
+
 def test_an_adam_run_gets_the_every_iterate_number():
     """update="any" (Adam, momentum, a schedule): the accountant gives the core's best over the every-iterate
     rows; a last-iterate bound named for it is not supported."""
