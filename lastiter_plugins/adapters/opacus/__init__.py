@@ -42,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from lastiter_plugins.adapters.opacus._accountant import LastIterateAccountant
+from lastiter_plugins.adapters.opacus._allocation_sampler import RandomAllocationSampler
 from lastiter_plugins.adapters.opacus._checks import DATA_INDEPENDENT_BUFFERS
 from lastiter_plugins.adapters.opacus._checks.examples import ExampleCounter as _ExampleCounter
 from lastiter_plugins.adapters.opacus._declaration import Registration
@@ -70,6 +71,7 @@ __all__ = [
     "LastIteratePipelineChangedError",
     "LoaderFacts",
     "Projection",
+    "RandomAllocationSampler",
     "Registration",
     "Report",
     "ReportRow",

@@ -21,7 +21,7 @@ from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationErr
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
 from lastiter_plugins.adapters.opacus._glm import GlmRoute
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
-from lastiter_plugins.adapters.opacus._record import Observed, StepRecord, pipeline
+from lastiter_plugins.adapters.opacus._record import Observed, StepRecord, core_assumptions, pipeline
 from lastiter_plugins.adapters.opacus._report import Report, build_report
 from lastiter_plugins.adapters.opacus._run import Run
 from lastiter_plugins.adapters.opacus._start import Start
@@ -132,7 +132,8 @@ class LastIterateAccountant(IAccountant):
         """Record a departure; refuse when the bound named (or ``require``) no longer holds."""
         reg = self.registration
         config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, max(steps, 1))
-        why = host.refusal(reg.declaration(), config, reg.assumptions, [*self.departures, departure])
+        assumptions = core_assumptions(reg.assumptions, observed)
+        why = host.refusal(reg.declaration(), config, assumptions, [*self.departures, departure])
         if why is not None:
             raise _Changed(f"{why} Register bound='best' (without require) to keep the rows that still apply.")
         self.departures.append(departure)
@@ -148,9 +149,8 @@ class LastIterateAccountant(IAccountant):
     def training_config(self) -> lp.TrainingConfig | None:
         """The core's description of the pipeline that ran so far, departures applied (None before a step)."""
         config = calibration.declared_config(self)
-        return (
-            None if config is None else host.apply_departures(config, self.registration.assumptions, self.departures)[0]
-        )
+        assumptions = core_assumptions(self.registration.assumptions, self.observed)
+        return None if config is None else host.apply_departures(config, assumptions, self.departures)[0]
 
     def account(self, delta: float, bound: str | None = None) -> host.Account | None:
         """The number for the pipeline that ran, with the rows that left (None before any step)."""
@@ -161,7 +161,8 @@ class LastIterateAccountant(IAccountant):
         declaration = (
             reg.declaration() if bound is None else host.Declaration(bound, reg.published_only, None, reg.orders)
         )
-        return host.account(declaration, config, reg.assumptions, delta, self.departures)
+        assumptions = core_assumptions(reg.assumptions, self.observed)
+        return host.account(declaration, config, assumptions, delta, self.departures)
 
     def epsilon_result(self, delta: float, bound: str | None = None) -> lp.EpsilonResult | None:
         """The labelled result (bound, winner, relation, order, what it protects); None before any step."""

@@ -17,6 +17,7 @@ from lastiter_plugins.adapters.opacus._loaders import FIXES, LoaderFacts, check_
 from lastiter_plugins.adapters.opacus._record import (
     Observed,
     check_clip,
+    core_assumptions,
     core_batch,
     core_learning_rate,
     pipeline,
@@ -116,6 +117,7 @@ def planned_run(accountant: Any) -> tuple[Observed, int]:
         sample_rate=sample_rate,
         batch_size=b,
         learning_rate=core_learning_rate(reg.learning_rate, b, normaliser),
+        allocations_per_epoch=facts.allocations_per_epoch,
     )
     accountant.departures = departures_at_start(reg, _Planned(call["optimizer"]))
     if not math.isclose(accountant.history[0][1], sample_rate, rel_tol=1e-12):
@@ -139,7 +141,8 @@ def check_plan(accountant: Any, observed: Observed, plan: tuple[float, float, in
     reg = accountant.registration
     steps = epochs * observed.loader_batches
     config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, steps)
-    eps = host.account(reg.declaration(), config, reg.assumptions, target_delta, accountant.departures).result.epsilon
+    assumptions = core_assumptions(reg.assumptions, observed)
+    eps = host.account(reg.declaration(), config, assumptions, target_delta, accountant.departures).result.epsilon
     if eps > target_epsilon:
         raise LastIterateConfigurationError(
             f"epsilon after the planned {epochs} epochs must be <= target_epsilon = {target_epsilon:g} as "

@@ -27,6 +27,7 @@ from torch.utils.data import (
 from torch.utils.data.distributed import DistributedSampler
 
 import lastiter_plugins as lp
+from lastiter_plugins.adapters.opacus._allocation_sampler import RandomAllocationSampler
 from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
 from lastiter_plugins.adapters.opacus._patches import PASS_IDS
 
@@ -145,6 +146,8 @@ class LoaderFacts:
       description: the sampler, in words.
       permutation_digest: for a ShuffleOnceSampler, the SHA-256 of its permutation (None otherwise).
       drop_last: the batch sampler's drop_last (accepted only when the batch size divides n).
+      allocations_per_epoch: k of a ``RandomAllocationSampler`` (1 otherwise); its ``batch_size`` is the core's b
+        and ``num_batches`` its t = ceil(n k / b).
     """
 
     sampling: Sampling
@@ -156,6 +159,7 @@ class LoaderFacts:
     description: str
     permutation_digest: str | None = None
     drop_last: bool = False
+    allocations_per_epoch: int = 1
 
     @property
     def opacus_sample_rate(self) -> float:
@@ -163,8 +167,8 @@ class LoaderFacts:
         return self.sample_rate if self.sample_rate is not None else 1.0 / self.num_batches
 
     def batch_at(self, position: int) -> int | None:
-        """Examples in the ``position``-th batch of an epoch (None for Poisson: random)."""
-        if self.batch_size is None:
+        """Examples in the ``position``-th batch of an epoch (None for Poisson and random allocation: random)."""
+        if self.batch_size is None or self.sampling is Sampling.RANDOM_ALLOCATION:
             return None
         if position == self.num_batches - 1:
             return self.dataset_size - (self.num_batches - 1) * self.batch_size
@@ -192,6 +196,26 @@ def _describe_poisson(batch_sampler: Any, n: int) -> LoaderFacts:
         float(batch_sampler.sample_rate),
         distributed,
         f"Opacus Poisson sampler (sample_rate={batch_sampler.sample_rate:g})",
+    )
+
+
+def _describe_allocation(sampler: RandomAllocationSampler, n: int) -> LoaderFacts:
+    if sampler.dataset_size != n:
+        raise _refuse(
+            f"RandomAllocationSampler must allocate the whole dataset: its dataset_size must equal len(dataset) = "
+            f"{n}. Found {sampler.dataset_size}. Build it with RandomAllocationSampler(len(dataset), batch_size)."
+        )
+    k, b = sampler.allocations_per_epoch, sampler.batch_size
+    return LoaderFacts(
+        Sampling.RANDOM_ALLOCATION,
+        n,
+        sampler.steps_per_epoch,
+        b,
+        None,
+        False,
+        f"RandomAllocationSampler (each example in {k} of each epoch's {sampler.steps_per_epoch} steps, drawn "
+        f"afresh every epoch; batch_size={b})",
+        allocations_per_epoch=k,
     )
 
 
@@ -256,6 +280,7 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
     ``DataLoader(shuffle=False)`` (``SequentialSampler``)        cyclic
     ``DataLoader(sampler=ShuffleOnceSampler(...))``              shuffle_once
     ``DataLoader(shuffle=True)`` (``RandomSampler``)             reshuffle
+    ``DataLoader(batch_sampler=RandomAllocationSampler(...))``   random_allocation
     ==========================================================  ==============
 
     Every sampler must cover the whole dataset, each example once per epoch, and the dataset must hold each
@@ -279,6 +304,8 @@ def describe_data_loader(loader: Any) -> LoaderFacts:
     batch_sampler = loader.batch_sampler
     if isinstance(batch_sampler, POISSON_SAMPLERS):
         return _describe_poisson(batch_sampler, n)
+    if type(batch_sampler) is RandomAllocationSampler:
+        return _describe_allocation(batch_sampler, n)
     if type(batch_sampler) is not BatchSampler:
         raise _refuse(
             "data_loader must batch with torch's BatchSampler (DataLoader(batch_size=...)) or Opacus' Poisson sampler. "
@@ -339,6 +366,10 @@ FIXES = {
     Sampling.SHUFFLE_ONCE: "DataLoader(sampler=ShuffleOnceSampler(dataset)) with make_private(poisson_sampling=False)",
     Sampling.RESHUFFLE: "DataLoader(shuffle=True) with make_private(poisson_sampling=False)",
     Sampling.POISSON: "make_private(poisson_sampling=True)",
+    Sampling.RANDOM_ALLOCATION: (
+        "DataLoader(dataset, batch_sampler=RandomAllocationSampler(len(dataset), b)) with "
+        "make_private(poisson_sampling=False)"
+    ),
 }
 
 

@@ -8,7 +8,8 @@ patched function                                    what it reports, to whom
 =================================================  =====================================================
 ``torch.utils.data.BatchSampler.__iter__``,         the batches a recorded batch sampler yields, per pass
 Opacus' ``UniformWithReplacementSampler.__iter__``  (:func:`record_batches`: the run's batch queue);
-and ``DistributedUniformWithReplacementSampler``    other samplers pass through untouched
+``DistributedUniformWithReplacementSampler``, and   other samplers pass through untouched
+this package's ``RandomAllocationSampler``
 ``torch.utils.data.dataloader.                      that the loop received a batch of a recorded pass
 _BaseDataLoaderIter.__next__``                      (:data:`DELIVERED`): workers draw ahead of the loop
 ``torch.optim.lr_scheduler.ReduceLROnPlateau.step``  that a rule read a metric for an optimizer
@@ -51,6 +52,7 @@ from torch.utils.data import BatchSampler
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _internals as internals
+from lastiter_plugins.adapters.opacus._allocation_sampler import RandomAllocationSampler
 
 #: torch minor versions the patched functions were read in: from Opacus 1.5's oldest torch to the tested one
 #: (torch 2.13; every patched function keeps its name, owner and role over this range). A newer torch is refused.
@@ -258,6 +260,7 @@ class HostPatches:
             _Patch(BatchSampler, "__iter__", _reporting_iter),
             _Patch(UniformWithReplacementSampler, "__iter__", _reporting_iter),
             _Patch(DistributedUniformWithReplacementSampler, "__iter__", _reporting_iter),
+            _Patch(RandomAllocationSampler, "__iter__", _reporting_iter),
             _Patch(torch_data_loader._BaseDataLoaderIter, "__next__", _reporting_next),
             _Patch(torch_lr_scheduler.ReduceLROnPlateau, "step", _counting_metric_reads),
             _Patch(torch_grad_scaler.GradScaler, "_maybe_opt_step", _marking_scaled_steps),

@@ -56,6 +56,7 @@ class Observed:
     permutation_digest: str | None = None  # shuffle_once: SHA-256 of the permutation (resumption must reuse it)
     clipping: str = "flat"  # flat | per_layer | ghost
     layer_clip_norms: tuple[float, ...] | None = None  # per_layer: Opacus' max_grad_norms
+    allocations_per_epoch: int = 1  # random_allocation: k, the steps of an epoch each example joins
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -63,8 +64,14 @@ class Observed:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Observed:
         fields = {f.name for f in dataclasses.fields(cls)}
-        # checkpoints of format 1 have no digest, of formats 1-3 no clipping
-        data = {"permutation_digest": None, "clipping": "flat", "layer_clip_norms": None, **data}
+        # checkpoints of format 1 have no digest, of formats 1-3 no clipping, before random allocation no k
+        defaults = {
+            "permutation_digest": None,
+            "clipping": "flat",
+            "layer_clip_norms": None,
+            "allocations_per_epoch": 1,
+        }
+        data = {**defaults, **data}
         if set(data) != fields:
             raise ValueError(f"observation must have the keys {sorted(fields)}. Found {sorted(data)}.")
         norms = data["layer_clip_norms"]
@@ -167,7 +174,8 @@ def planned_normaliser(loss_reduction: str, dataset_size: int, sample_rate: floa
 
 
 def core_batch(dataset_size: int, facts: LoaderFacts) -> int:
-    """b of the core: the loader's batch size (for Poisson ceil(n q))."""
+    """b of the core: the loader's batch size (for Poisson ceil(n q); for random allocation the sampler's b, with
+    t = ceil(n k / b) its steps an epoch)."""
     if facts.sampling is Sampling.POISSON:
         assert facts.sample_rate is not None  # a Poisson loader's facts carry its rate
         return poisson_batch_size(dataset_size, facts.sample_rate)
@@ -178,6 +186,17 @@ def core_batch(dataset_size: int, facts: LoaderFacts) -> int:
 def core_learning_rate(learning_rate: float | None, batch_size: int, normaliser: float) -> float | None:
     """The core's step size: Opacus divides the noisy sum by N, the core by b: lr * b / N."""
     return None if learning_rate is None else learning_rate * batch_size / normaliser
+
+
+def core_assumptions(assumptions: lp.LossAssumptions, observed: Observed | None) -> lp.LossAssumptions:
+    """The declared assumptions in the core's terms: an l2 term declared by hand (``l2_outside_clip``: torch
+    SGD's ``weight_decay`` w, added to the gradient after Opacus divided the noisy sum by N) is, on the core's
+    mean over b examples with step size lr b / N, the coefficient w N / b (<= w: N = int(n / len(loader)) <= b).
+    The GLM route folds the same factor into its derived constants."""
+    if observed is None or not assumptions.l2_outside_clip or observed.normaliser >= observed.batch_size:
+        return assumptions
+    scaled = assumptions.strong_convexity * observed.normaliser / observed.batch_size
+    return dataclasses.replace(assumptions, strong_convexity=scaled)
 
 
 def observe(optim: Any, learning_rate: float | None, dataset_size: int, facts: LoaderFacts) -> Observed:
@@ -211,6 +230,7 @@ def observe(optim: Any, learning_rate: float | None, dataset_size: int, facts: L
         permutation_digest=facts.permutation_digest,
         clipping=clipping,
         layer_clip_norms=layers,
+        allocations_per_epoch=facts.allocations_per_epoch,
     )
 
 
@@ -277,4 +297,5 @@ def pipeline(dataset_size: int, sampling: lp.Sampling, relation: lp.Relation, ob
         learning_rate=observed.learning_rate,
         clip_norm=observed.clip_norm,
         relation=relation,
+        allocations_per_epoch=observed.allocations_per_epoch,
     )

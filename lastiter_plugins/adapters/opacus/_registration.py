@@ -63,7 +63,8 @@ def register(
       bound: a bound id of ``lastiter_plugins.BOUND_IDS`` (default ``best``: the minimum over every proven
         row whose preconditions held at every step, composition included). A named bound whose precondition
         breaks refuses the run.
-      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson); checked against the loader.
+      sampling: what the data loader does (cyclic, shuffle_once, reshuffle, poisson, random_allocation with a
+        ``RandomAllocationSampler``, whose k and steps an epoch are read from it); checked against the loader.
       dataset_size: n; must equal ``len(data_loader.dataset)`` at every step.
       learning_rate: the constant SGD step size the last-iterate rows need (every step must use exactly it, or
         those rows leave); None (default): those rows leave, and the report says which would come back.
@@ -165,10 +166,10 @@ def register(
             )
     if sampling is lp.Sampling.RANDOM_BATCH:
         raise ValueError(
-            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson for the Opacus adapter: it does not "
-            "observe fixed-size random batches (a loader of one batch, DataLoader(ds, sampler=RandomSampler(ds, "
-            "num_samples=b), batch_size=b), iterated afresh every step, would be one; account it with "
-            "lp.epsilon(..., sampling='random_batch')). Found random_batch."
+            "sampling must be one of cyclic, shuffle_once, reshuffle, poisson, random_allocation for the Opacus "
+            "adapter: it does not observe fixed-size random batches (a loader of one batch, DataLoader(ds, "
+            "sampler=RandomSampler(ds, num_samples=b), batch_size=b), iterated afresh every step, would be one; "
+            "account it with lp.epsilon(..., sampling='random_batch')). Found random_batch."
         )
     reg = Registration(
         name=name,

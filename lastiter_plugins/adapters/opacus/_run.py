@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _checks as checks
 from lastiter_plugins.adapters.opacus._checkpoint import digest, model_differs, refuse_resumed_step
 from lastiter_plugins.adapters.opacus._declaration import Registration
@@ -68,6 +69,8 @@ class Run:
         self.examples = checks.OneGradientPerExample(module, loader.batch_sampler, ghost)
         self.batches = checks.DrawnBatches(loader, facts, derivation)
         self.loader = checks.BoundLoader(loader, facts)
+        allocation = facts.sampling is lp.Sampling.RANDOM_ALLOCATION
+        self.allocation = checks.DrawnAllocation(facts) if allocation else None
         self.buffers = checks.FrozenBuffers(module)  # the module's buffers at binding, with their values
         self.metric_rules = None if optim is None else checks.MetricRules(optim)
         self.optimizer: checks.BoundOptimizer | None = None
@@ -132,6 +135,7 @@ class Run:
             self.loader,
             self.examples,
             self.batches,
+            self.allocation,
             within,
         ]
         self.order = [c for c in order if c is not None]

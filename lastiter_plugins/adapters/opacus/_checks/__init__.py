@@ -2,6 +2,7 @@
 gates (``base``: the protocol; the run, ``_run.py``, holds them in the order of docs/opacus.md, *Verified at
 every step*)."""
 
+from lastiter_plugins.adapters.opacus._checks.allocation import DrawnAllocation
 from lastiter_plugins.adapters.opacus._checks.base import EVERY_ROW, Check, Step
 from lastiter_plugins.adapters.opacus._checks.batches import DrawnBatches
 from lastiter_plugins.adapters.opacus._checks.buffers import DATA_INDEPENDENT_BUFFERS, FrozenBuffers, tracked_buffers
@@ -28,6 +29,7 @@ __all__ = [
     "ConstantMechanism",
     "DeclaredProjection",
     "DeclaredWithinClip",
+    "DrawnAllocation",
     "DrawnBatches",
     "FrozenBuffers",
     "GhostBackward",

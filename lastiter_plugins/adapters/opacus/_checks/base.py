@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from lastiter_plugins.host import Departure
 
 if TYPE_CHECKING:
+    from lastiter_plugins.adapters._derivation import DrawnBatch
     from lastiter_plugins.adapters.opacus._declaration import Registration
     from lastiter_plugins.adapters.opacus._record import Observed
     from lastiter_plugins.adapters.opacus._run import Run
@@ -37,6 +38,7 @@ class Step:
       unchanged: every optimizer value the mechanism and the update were read from equals the previous
         step's (immutable values only): checks of those values may skip this step.
       gradients: the per-example clipped gradients the step sums (set by the examples check).
+      batch: the batch the step used, as its sampler drew it (set by the batches check).
     """
 
     number: int
@@ -45,6 +47,7 @@ class Step:
     observed: Observed
     unchanged: bool
     gradients: int | None = None
+    batch: DrawnBatch | None = None
 
     @property
     def registration(self) -> Registration:

@@ -164,6 +164,7 @@ class DrawnBatches(Check):
 
     def __init__(self, loader: Any, facts: LoaderFacts, derivation: Derivation | None) -> None:
         self.queue = BatchQueue(loader, facts)
+        self.last: DrawnBatch | None = None  # the batch of the step checked last
         self.derivation = derivation or Derivation(
             facts.sampling, facts.dataset_size, facts.num_batches, facts.sample_rate
         )
@@ -173,11 +174,13 @@ class DrawnBatches(Check):
         problem = self.check(step.gradients)
         if problem is not None:
             raise _Changed(f"{problem} (step {step.number}).")
+        step.batch = self.last
         return None
 
     def check(self, gradients: int) -> str | None:
         """The batch the step drew, against the declaration: None, or the reason to refuse."""
         batch, ahead, unused = self.queue.take()
+        self.last = batch
         if batch is None:
             other = self.queue.other_permutation()
             if other is not None:

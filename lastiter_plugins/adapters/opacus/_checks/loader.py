@@ -11,6 +11,7 @@ from typing import Any, cast
 from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
+from lastiter_plugins.adapters.opacus._allocation_sampler import RandomAllocationSampler
 from lastiter_plugins.adapters.opacus._checks.base import Check, Step
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
 from lastiter_plugins.adapters.opacus._loaders import POISSON_SAMPLERS, LoaderFacts, ShuffleOnceSampler
@@ -45,6 +46,17 @@ def _signature(loader: DataLoader) -> tuple:
     if isinstance(bs, POISSON_SAMPLERS):
         size = bs.total_size if isinstance(bs, DistributedUniformWithReplacementSampler) else bs.num_samples
         return dataset, len(dataset), bs, None, None, None, size, bs.sample_rate
+    if type(bs) is RandomAllocationSampler:
+        return (
+            dataset,
+            len(dataset),
+            bs,
+            bs.batch_size,
+            None,
+            None,
+            len(bs),
+            (bs.dataset_size, bs.allocations_per_epoch),
+        )
     return dataset, len(dataset), bs, None, None, None, None, None
 
 
