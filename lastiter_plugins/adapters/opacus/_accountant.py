@@ -132,7 +132,7 @@ class LastIterateAccountant(IAccountant):
         """Record a departure; refuse when the bound named (or ``require``) no longer holds."""
         reg = self.registration
         config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, max(steps, 1))
-        assumptions = core_assumptions(reg.assumptions, observed)
+        assumptions = core_assumptions(reg, observed)
         why = host.refusal(reg.declaration(), config, assumptions, [*self.departures, departure])
         if why is not None:
             raise _Changed(f"{why} Register bound='best' (without require) to keep the rows that still apply.")
@@ -149,7 +149,7 @@ class LastIterateAccountant(IAccountant):
     def training_config(self) -> lp.TrainingConfig | None:
         """The core's description of the pipeline that ran so far, departures applied (None before a step)."""
         config = calibration.declared_config(self)
-        assumptions = core_assumptions(self.registration.assumptions, self.observed)
+        assumptions = core_assumptions(self.registration, self.observed)
         return None if config is None else host.apply_departures(config, assumptions, self.departures)[0]
 
     def account(self, delta: float, bound: str | None = None) -> host.Account | None:
@@ -161,7 +161,7 @@ class LastIterateAccountant(IAccountant):
         declaration = (
             reg.declaration() if bound is None else host.Declaration(bound, reg.published_only, None, reg.orders)
         )
-        assumptions = core_assumptions(reg.assumptions, self.observed)
+        assumptions = core_assumptions(reg, self.observed)
         return host.account(declaration, config, assumptions, delta, self.departures)
 
     def epsilon_result(self, delta: float, bound: str | None = None) -> lp.EpsilonResult | None:

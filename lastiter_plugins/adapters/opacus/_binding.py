@@ -109,8 +109,6 @@ def refuse_broken_declaration(reg: Registration, optim: Any, facts: LoaderFacts)
     """Refuse at ``make_private`` a run whose named bound (or ``require``) the optimizer already breaks."""
     observed = observe(optim, reg.learning_rate, reg.dataset_size, facts)
     config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, 1)
-    why = host.refusal(
-        reg.declaration(), config, core_assumptions(reg.assumptions, observed), departures_at_start(reg, optim)
-    )
+    why = host.refusal(reg.declaration(), config, core_assumptions(reg, observed), departures_at_start(reg, optim))
     if why is not None:
         raise _Error(f"{why} Register bound='best' (without require) to keep the rows that still apply.")

@@ -141,7 +141,7 @@ def check_plan(accountant: Any, observed: Observed, plan: tuple[float, float, in
     reg = accountant.registration
     steps = epochs * observed.loader_batches
     config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, steps)
-    assumptions = core_assumptions(reg.assumptions, observed)
+    assumptions = core_assumptions(reg, observed)
     eps = host.account(reg.declaration(), config, assumptions, target_delta, accountant.departures).result.epsilon
     if eps > target_epsilon:
         raise LastIterateConfigurationError(

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer, DPPerLayerOptimizer
@@ -20,6 +20,9 @@ import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
 from lastiter_plugins.adapters.opacus._loaders import LoaderFacts
 from lastiter_plugins.config import poisson_batch_size
+
+if TYPE_CHECKING:
+    from lastiter_plugins.adapters.opacus._declaration import Registration
 
 try:  # Opacus >= 1.5
     from opacus.optimizers import DPOptimizerFastGradientClipping
@@ -188,12 +191,13 @@ def core_learning_rate(learning_rate: float | None, batch_size: int, normaliser:
     return None if learning_rate is None else learning_rate * batch_size / normaliser
 
 
-def core_assumptions(assumptions: lp.LossAssumptions, observed: Observed | None) -> lp.LossAssumptions:
+def core_assumptions(reg: Registration, observed: Observed | None) -> lp.LossAssumptions:
     """The declared assumptions in the core's terms: an l2 term declared by hand (``l2_outside_clip``: torch
     SGD's ``weight_decay`` w, added to the gradient after Opacus divided the noisy sum by N) is, on the core's
     mean over b examples with step size lr b / N, the coefficient w N / b (<= w: N = int(n / len(loader)) <= b).
-    The GLM route folds the same factor into its derived constants."""
-    if observed is None or not assumptions.l2_outside_clip or observed.normaliser >= observed.batch_size:
+    The GLM route's derived constants carry the same factor already (``_glm_derive``)."""
+    assumptions = reg.assumptions
+    if observed is None or reg.weight_decay_everywhere is None or observed.normaliser >= observed.batch_size:
         return assumptions
     scaled = assumptions.strong_convexity * observed.normaliser / observed.batch_size
     return dataclasses.replace(assumptions, strong_convexity=scaled)

@@ -721,6 +721,27 @@ def test_epsilon_equals_core_for_steps_taken(request, batch, accumulate, reducti
     assert expected.epsilon != pytest.approx(naive.epsilon, rel=1e-6)
 
 
+def test_an_l2_term_declared_by_hand_is_counted_on_the_cores_mean(request):
+    """torch's weight_decay w is added after Opacus divides by N = int(100 / 4) = 25 (batch 30): on the core's mean
+    over b = 30 at the step size lr 30 / 25 it is w 25 / 30. Counting w itself would count a contraction the run
+    does not have (a number below the run's)."""
+    w = 0.1
+    name = _register(request, bound="shifted-interpolation-cyclic", sampling="cyclic", smoothness=0.25 + w,
+                     strong_convexity=w, l2_outside_clip=True, gradient_norms_within_clip=True)  # fmt: skip
+    loader = DataLoader(_dataset(), batch_size=30)
+    optimizer = lambda model: torch.optim.SGD(model.parameters(), lr=LR, weight_decay=w)  # noqa: E731
+    engine, model, optimizer, loader = _private(name, loader=loader, optimizer=optimizer, clip=WITHIN_CLIP)
+    _train(model, optimizer, loader, epochs=3)
+    common = {"dataset_size": N, "batch_size": 30, "noise_multiplier": 1.0, "smoothness": 0.25 + w, "steps": 12,
+              "sampling": "cyclic", "learning_rate": LR * 30 / 25, "l2_outside_clip": True,
+              "gradient_norms_within_clip": True}  # fmt: skip
+    expected = lp.epsilon("shifted-interpolation-cyclic", DELTA, strong_convexity=w * 25 / 30, **common).epsilon
+    assert engine.get_epsilon(DELTA) == pytest.approx(expected, rel=1e-12)
+    assert (
+        expected > 1.001 * lp.epsilon("shifted-interpolation-cyclic", DELTA, strong_convexity=w, **common).epsilon
+    )  # 12.73 vs 12.70
+
+
 @pytest.mark.parametrize(
     ("bound", "weak_convexity", "has_order"),
     [("kong-ribero-cyclic", 0.1, True), ("shifted-interpolation-cyclic", 0.0, False)],
