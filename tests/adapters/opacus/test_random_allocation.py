@@ -191,3 +191,18 @@ def test_a_changed_sampler_is_refused(request):
     sampler.allocations_per_epoch = 2
     with pytest.raises(lp.PipelineChangedError, match="the data loader changed after make_private"):
         _train(model, optimizer, loader, 1)
+
+
+def test_the_example_gets_the_random_allocation_number():
+    """examples/opacus_random_allocation.py (docs/opacus.md shows its output): the core's number for its run, Opacus'
+    own numbers NOT VALID beside it, every example once an epoch, and the shuffled loader's number far above."""
+    from tests.stories.docs_blocks import _script
+
+    result = _script("examples/opacus_random_allocation.py").main()
+    expected = lp.epsilon(lp.BEST, DELTA, dataset_size=1000, batch_size=50, noise_multiplier=1.0, steps=60,
+                          sampling="random_allocation")  # fmt: skip
+    assert result["epsilon"] == expected.epsilon
+    assert expected.winner == "composition-pld-random-allocation"
+    assert len(result["sizes"]) == 60 and sum(result["sizes"]) == 3000
+    assert all("NOT VALID" in line for line in result["report"].host) and result["report"].host
+    assert result["shuffled"] > 5 * result["epsilon"]
