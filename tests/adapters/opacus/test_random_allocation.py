@@ -7,6 +7,8 @@ without the adapter), and a loop whose batches are not the sampler's allocations
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -206,3 +208,35 @@ def test_the_example_gets_the_random_allocation_number():
     assert len(result["sizes"]) == 60 and sum(result["sizes"]) == 3000
     assert all("NOT VALID" in line for line in result["report"].host) and result["report"].host
     assert result["shuffled"] > 5 * result["epsilon"]
+
+
+def test_loader_workers_draw_ahead_and_the_run_is_accepted(request):
+    """num_workers=2: the workers fetch batches ahead of the loop; the steps still use the allocation's batches in order."""
+    sampler = lo.RandomAllocationSampler(N, 20)
+    engine, model, optimizer, loader = _private(request, sampler, sampler.data_loader(dataset(N, D), num_workers=2))
+    _train(model, optimizer, loader, 2)
+    assert engine.accountant.steps == 20
+
+
+def test_a_checkpoint_resumes_at_an_epoch_end_only(request):
+    sampler = lo.RandomAllocationSampler(N, 20)
+    engine, model, optimizer, loader = _private(request, sampler)
+    _train(model, optimizer, loader, 1)
+    state = engine.accountant.state_dict()
+    engine2, model2, optimizer2, loader2 = _private(request, lo.RandomAllocationSampler(N, 20))
+    engine2.accountant.load_state_dict(state)
+    model2.load_state_dict(model.state_dict())
+    _train(model2, optimizer2, loader2, 1)
+    assert engine2.get_epsilon(DELTA) == pytest.approx(_core(20, 1, 20, 20), rel=1e-12)
+    # stopped mid-epoch: the resumed loader would start a new allocation inside an accounted epoch
+    engine3, model3, optimizer3, loader3 = _private(request, lo.RandomAllocationSampler(N, 20))
+    for x, y in itertools.islice(loader3, 3):
+        optimizer3.zero_grad()
+        nn.BCEWithLogitsLoss()(model3(x).squeeze(-1), y).backward()
+        optimizer3.step()
+    state = engine3.accountant.state_dict()
+    engine4, model4, optimizer4, loader4 = _private(request, lo.RandomAllocationSampler(N, 20))
+    engine4.accountant.load_state_dict(state)
+    model4.load_state_dict(model3.state_dict())
+    with pytest.raises(lo.LastIterateConfigurationError, match="must resume at an epoch boundary"):
+        _train(model4, optimizer4, loader4, 1)

@@ -1,7 +1,7 @@
 """The mechanism stays the first step's (every row): noise multiplier, clipping, loss reduction, normaliser,
 batch plan and sampling, as Opacus used them this step (the hook runs right after Opacus clipped and noised).
 A noise or clipping schedule is a mechanism no row of this library covers; a resumed run continues the
-checkpoint's mechanism, at an epoch boundary for the epoch schemes."""
+checkpoint's mechanism, at an epoch boundary for the epoch schemes and random allocation."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationErr
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
 from lastiter_plugins.host import Departure
 
-_EPOCH_SCHEMES = (lp.Sampling.CYCLIC, lp.Sampling.SHUFFLE_ONCE, lp.Sampling.RESHUFFLE)
+_EPOCH_SCHEMES = (lp.Sampling.CYCLIC, lp.Sampling.SHUFFLE_ONCE, lp.Sampling.RESHUFFLE, lp.Sampling.RANDOM_ALLOCATION)
 
 
 def check_permutation(sampling: lp.Sampling, saved: str | None, current: str | None) -> None:
