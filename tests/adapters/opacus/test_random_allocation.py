@@ -240,3 +240,19 @@ def test_a_checkpoint_resumes_at_an_epoch_end_only(request):
     model4.load_state_dict(model3.state_dict())
     with pytest.raises(lo.LastIterateConfigurationError, match="must resume at an epoch boundary"):
         _train(model4, optimizer4, loader4, 1)
+
+
+def test_make_private_with_epsilon_calibrates_for_random_allocation(request):
+    name = lo.register("ra-" + request.node.name, sampling="random_allocation", dataset_size=N, force=True)
+    engine = _engine(name)
+    model = nn.Linear(D, 1)
+    sampler = lo.RandomAllocationSampler(N, 20)
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), data_loader=sampler.data_loader(dataset(N, D)),
+        target_epsilon=3.0, target_delta=DELTA, epochs=3, max_grad_norm=1.0, poisson_sampling=False,
+    )  # fmt: skip
+    _train(model, optimizer, loader, 3)
+    eps = engine.get_epsilon(DELTA)
+    assert eps <= 3.0
+    assert eps == lp.epsilon(lp.BEST, DELTA, dataset_size=N, batch_size=20, noise_multiplier=optimizer.noise_multiplier,
+                             steps=30, sampling="random_allocation").epsilon  # fmt: skip
