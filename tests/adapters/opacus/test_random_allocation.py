@@ -256,3 +256,17 @@ def test_make_private_with_epsilon_calibrates_for_random_allocation(request):
     assert eps <= 3.0
     assert eps == lp.epsilon(lp.BEST, DELTA, dataset_size=N, batch_size=20, noise_multiplier=optimizer.noise_multiplier,
                              steps=30, sampling="random_allocation").epsilon  # fmt: skip
+
+
+def test_batch_memory_manager_splits_the_allocations_batches(request):
+    """Opacus' BatchMemoryManager splits each allocated batch into physical batches of at most 8: one noisy step
+    per allocated batch, the same number."""
+    from opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    sampler = lo.RandomAllocationSampler(N, 20)
+    engine, model, optimizer, loader = _private(request, sampler)
+    for _ in range(2):
+        with BatchMemoryManager(data_loader=loader, max_physical_batch_size=8, optimizer=optimizer) as split:
+            _train(model, optimizer, split, 1)
+    assert engine.accountant.steps == 20
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core(20, 1, 20, 20), rel=1e-12)
