@@ -39,7 +39,7 @@ _EPOCH_LOADERS = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
 ALLOCATE = (
     "allocate every example to one step of each epoch, uniformly at random and afresh every epoch, from a secret "
     "seed (random allocation, balls in bins: every example still used once per epoch; batch sizes vary around b, "
-    "the sum still divided by b)"
+    "the sum still divided by b; Opacus: RandomAllocationSampler)"
 )
 
 #: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
