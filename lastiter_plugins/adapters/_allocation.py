@@ -27,7 +27,6 @@ refuse a genuine run, never accept a wrong one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -172,8 +171,3 @@ def _log2_choose(a: int, b: int) -> float:
     if b < 0 or b > a:
         return -math.inf
     return (math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)) / math.log(2)
-
-
-def batches_of(allocation: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
-    """An epoch's batches as index tuples (what a monitor records)."""
-    return [tuple(int(i) for i in batch) for batch in allocation]
