@@ -58,6 +58,7 @@ __all__ = [
     "refusal",
     "rows",
     "rows_needing",
+    "rows_removed",
     "warn_if_unproven",
 ]
 
@@ -192,6 +193,15 @@ def _rows_left(
             left.append(RowLeft(bid, departure.step, departure.fact, unmet[0].short if unmet else "no longer applies"))
         remaining &= now
     return tuple(left)
+
+
+def rows_removed(
+    changes: Mapping[str, Any], config: TrainingConfig, assumptions: LossAssumptions, published_only: bool = False
+) -> tuple[str, ...]:
+    """The rows of ``best``'s candidates for the pipeline that a departure with ``changes`` would remove: the rows
+    a host's check gates (``changes`` as :class:`Departure` takes them)."""
+    departure = Departure(step=1, fact="", changes=changes)
+    return tuple(r.bound for r in _rows_left(config, assumptions, (departure,), published_only))
 
 
 def account(

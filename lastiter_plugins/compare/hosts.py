@@ -10,11 +10,18 @@ These rows are never counted in a best line (docs/derivations/baselines.md#host-
   would call them with ``q = b/n``: the rows ``composition`` and
   ``composition-pld-poisson`` evaluated on the Poisson pipeline with the same ``q``
   (the same computation, never a second one). On a Poisson pipeline those rows are
-  the registry's own and appear there.
+  the registry's own and appear there;
+* TF Privacy's ``compute_dp_sgd_privacy_statement`` (``used_microbatching=False``): its
+  "each example occurring once per epoch" line (``GaussianDpEvent(z)`` composed
+  ``ceil(E)`` times under add-or-remove at sensitivity C: not a proven bound for a
+  fixed batch size, docs/derivations/baselines.md#host-accountants) and its Poisson line
+  (``PoissonSampledDpEvent(b/n, GaussianDpEvent(z))`` composed ``ceil(E n/b)`` times),
+  computed as TF Privacy computes them, with dp-accounting's ``RdpAccountant`` (TF
+  Privacy is not imported: it loads TensorFlow).
 
 A row whose sampling model is not the pipeline's is flagged NOT valid: the mistake
 the table exists to show. Host versions this was written against: dp-accounting
-0.4.3 (also 0.6), Opacus 1.5 and 1.6.
+0.4.3 (also 0.6), Opacus 1.5 and 1.6, tensorflow-privacy 0.9.0.
 """
 
 from __future__ import annotations
@@ -23,9 +30,12 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
+import math
 import warnings
 from collections.abc import Callable
 
+import dp_accounting
 import numpy as np
 
 from lastiter_plugins import evaluation, registry
@@ -50,7 +60,7 @@ class HostAccountant:
 
     id: str
     label: str
-    host: str  # distribution name: "opacus" or "dp-accounting"
+    host: str  # "opacus", "dp-accounting" or "tf_privacy" (DISTRIBUTIONS: its distribution name)
     covers: tuple[Sampling, ...]
     relation: Relation
     assumptions: str
@@ -58,6 +68,7 @@ class HostAccountant:
     compute: Compute
     guarantee: bool = True  # False: an approximation that may under-estimate
     caveat: str = ""  # why it is not a guarantee
+    not_a_bound: str = "not a bound: an approximation"  # the proof cell when it is not a guarantee
     max_steps: int | None = None  # above this the host's discretised composition needs too much memory or time
     same_as: str = ""  # the registry row computing the same mechanism, where there is one
     only_when_invalid: bool = False  # a registry row already shows it where it is valid
@@ -110,8 +121,41 @@ def _as_poisson(bound: str) -> Compute:
     return compute
 
 
+def _tf_privacy_epochs(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, float]:
+    """TF Privacy's "each example occurring once per epoch" line (tensorflow-privacy 0.9.0,
+    ``compute_dp_sgd_privacy_lib._compute_dp_sgd_example_privacy`` with ``used_microbatching=False``):
+    ``GaussianDpEvent(z)`` composed ``ceil(E)`` times in dp-accounting's ``RdpAccountant()`` (add-or-remove)."""
+    count = math.ceil(_epochs(cfg))
+    return _tf_privacy_rdp(dp_accounting.GaussianDpEvent(cfg.noise_multiplier), count, delta)
+
+
+def _tf_privacy_poisson(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, float]:
+    """TF Privacy's "assuming Poisson sampling" line: ``PoissonSampledDpEvent(b/n, GaussianDpEvent(z))`` composed
+    ``ceil(E / (b/n))`` times in dp-accounting's ``RdpAccountant()``, as tensorflow-privacy 0.9.0 computes it."""
+    q = cfg.batch_size / cfg.dataset_size
+    event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(cfg.noise_multiplier))
+    return _tf_privacy_rdp(event, math.ceil(_epochs(cfg) / q), delta)
+
+
+def _epochs(cfg: TrainingConfig) -> float:
+    """The ``num_epochs`` a TF Privacy user passes for the run: its steps over the steps of a pass."""
+    return cfg.steps / cfg.steps_per_epoch
+
+
+def _tf_privacy_rdp(event: dp_accounting.DpEvent, count: int, delta: float) -> tuple[float, float]:
+    accountant = dp_accounting.rdp.RdpAccountant()  # TF Privacy's AccountantType.RDP: the default orders
+    accountant.compose(dp_accounting.SelfComposedDpEvent(event, count))
+    eps, order = accountant.get_epsilon_and_optimal_order(delta)
+    return float(eps), float(order)
+
+
 _NO_ASSUMPTIONS = LossAssumptions()  # the Poisson baselines assume nothing beyond clipping
 _POISSON = (Sampling.POISSON,)
+_EPOCHS = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
+_TF_PRIVACY = (
+    "tensorflow_privacy.compute_dp_sgd_privacy_statement(used_microbatching=False), tensorflow-privacy 0.9 "
+    "(dp-accounting's RdpAccountant)"
+)
 
 HOST_ACCOUNTANTS: tuple[HostAccountant, ...] = (
     HostAccountant(
@@ -177,13 +221,45 @@ HOST_ACCOUNTANTS: tuple[HostAccountant, ...] = (
         same_as="composition-pld-poisson",
         only_when_invalid=True,
     ),
+    HostAccountant(
+        id="tf-privacy-epochs",
+        label="TF Privacy statement, each example once per epoch",
+        host="tf_privacy",
+        covers=_EPOCHS,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions="each example in one batch per epoch; one Gaussian mechanism of sensitivity C per epoch "
+        "(noise multiplier z), ceil(epochs) of them",
+        reference=_TF_PRIVACY + ": the line 'Epsilon with each example occurring once per epoch'",
+        compute=_tf_privacy_epochs,
+        guarantee=False,
+        caveat="an add-or-remove number at sensitivity C per epoch, not proven for a fixed batch size: an added "
+        "example shifts the later batches of its pass (docs/derivations/baselines.md#host-accountants)",
+        not_a_bound="not a proven bound: add-or-remove with a fixed batch size",
+    ),
+    HostAccountant(
+        id="tf-privacy-poisson",
+        label="TF Privacy statement, Poisson",
+        host="tf_privacy",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES + "; ceil(epochs * n/b) steps",
+        reference=_TF_PRIVACY + ": the line 'Epsilon assuming Poisson sampling (*)'",
+        compute=_tf_privacy_poisson,
+        same_as="composition",
+    ),
 )
+
+#: The distribution of each host, and the extra of this package that installs it.
+DISTRIBUTIONS = {"dp-accounting": "dp-accounting", "opacus": "opacus", "tf_privacy": "tensorflow-privacy"}
+EXTRAS = {"dp-accounting": "", "opacus": "opacus", "tensorflow-privacy": "tf"}
 
 
 @functools.lru_cache(maxsize=8)
 def _host_available(host: str) -> bool:
     if host == "dp-accounting":
         return True
+    if host == "tf_privacy":  # installed is enough: its numbers are computed without importing TensorFlow
+        return importlib.util.find_spec("tensorflow_privacy") is not None
     try:
         importlib.import_module("opacus.accountants")
     except (ImportError, OSError):  # not installed, or torch fails to load
@@ -192,13 +268,13 @@ def _host_available(host: str) -> bool:
 
 
 def host_versions() -> dict[str, str | None]:
-    """Installed versions of the host libraries (None: not importable)."""
+    """Installed versions of the host libraries, by distribution name (None: not importable)."""
     out: dict[str, str | None] = {}
-    for host in ("dp-accounting", "opacus"):
+    for host, distribution in DISTRIBUTIONS.items():
         try:
-            out[host] = importlib.metadata.version(host) if _host_available(host) else None
+            out[distribution] = importlib.metadata.version(distribution) if _host_available(host) else None
         except importlib.metadata.PackageNotFoundError:
-            out[host] = None
+            out[distribution] = None
     return out
 
 
@@ -251,7 +327,7 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
         protects=EVERY_ITERATE,
         reference=acc.reference,
         counted=False,
-        proof="proven" if acc.guarantee else "not a bound: an approximation",
+        proof="proven" if acc.guarantee else acc.not_a_bound,
         notes=notes,
         first_unmet=first_unmet,
     )

@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 
 from lastiter_plugins import api
+from lastiter_plugins.compare.hosts import EXTRAS
 from lastiter_plugins.compare.rows import FINAL_MODEL, FOOTER, STANDARD, BestLine, Comparison, Row
 from lastiter_plugins.defaults import FORMATS
 from lastiter_plugins.jsonout import dump_json
@@ -104,7 +105,7 @@ def _hosts_line(c: Comparison) -> str:
     parts = []
     for host, version in c.hosts.items():
         if version is None:
-            fix = f"pip install 'lastiter-plugins[{host}]'"
+            fix = f"pip install 'lastiter-plugins[{EXTRAS.get(host, host)}]'"
             parts.append(f"{host} not installed (its accountants are not shown: {fix})")
         else:
             parts.append(f"{host} {version}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import types
 
 import numpy as np
@@ -1007,20 +1008,33 @@ def test_keras_refuses_declared_constants_with_glm():
         ltf.LastIterateCallback(sampling="cyclic", dataset_size=TF_N, delta=DELTA, feature_norm=A, smoothness=0.5)
 
 
+def _assert_glm_rows_left(callback, fragment, step=1):
+    """The linear model did not run as certified from ``step`` on: the rows needing its loss assumptions left,
+    and the number is the core's for the run without them (clipping still bounds each example's gradient)."""
+    config = lp.TrainingConfig(
+        dataset_size=TF_N, batch_size=TF_B, noise_multiplier=1.0, steps=2 * TF_N // TF_B, sampling="cyclic",
+        learning_rate=LR, clip_norm=1.0,
+    )  # fmt: skip
+    certified = lp.epsilon("best", DELTA, config=config, assumptions=_hand_constants("logistic", 1.0))
+    expected = lp.epsilon("best", DELTA, config=config, assumptions=lp.LossAssumptions())
+    assert expected.epsilon > certified.epsilon  # the departure costs something here
+    assert callback.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    (departure,) = callback.departures
+    assert departure.step == step and re.search(fragment, departure.fact), departure.fact
+    left = {row.bound for row in callback.rows_left}
+    assert certified.winner in left and all(row.step == step for row in callback.rows_left)
+    assert callback.config.steps == 2 * TF_N // TF_B  # every planned step ran and counts
+
+
 @needs_tf
-def test_keras_step_check_fires_when_the_clip_is_bypassed_after_registration():
+def test_keras_clip_bypassed_after_registration_leaves_the_rows_needing_the_loss_assumptions():
     model = _MaybeBypass()
     model.build((None, DIM))
     model = _keras(model)
     callback = _glm_callback()
     model.bypass = True  # after the callback was created: the Dense layer now sees raw features
-    fragment = r"Dense layer's input must be the FeatureNormClip's output.*\(step 1\)"
-    with pytest.raises(lp.PipelineChangedError, match=fragment):
-        _fit(model, callback)  # two epochs planned
-    # Found at its first step, reported at the end of that step's epoch (the rows are read once per epoch).
-    assert callback.steps == 0 and int(model.optimizer.iterations.numpy()) == TF_N // TF_B
-    with pytest.raises(lp.PipelineChangedError, match=fragment):
-        _ = callback.epsilon
+    _fit(model, callback)  # two epochs planned: found at the first step
+    _assert_glm_rows_left(callback, r"Dense layer's input must be the FeatureNormClip's output.*\(step 1\)")
 
 
 @needs_tf
@@ -1035,11 +1049,25 @@ def test_keras_same_model_with_the_clip_in_place_is_accepted():
 
 
 @needs_tf
-def test_keras_step_check_fires_on_labels_outside_the_range_the_certificate_needs():
+def test_keras_labels_outside_the_range_the_certificate_needs_leave_its_rows():
     model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)], clip=1.5)  # never-active route
     _, y = _data(n=TF_N)
-    with pytest.raises(lp.PipelineChangedError, match=r"binary labels must be in \[0, 1\]"):
-        _fit(model, _glm_callback(), labels=2.0 * y)
+    callback = _glm_callback()
+    _fit(model, callback, labels=2.0 * y)
+    (departure,) = callback.departures
+    assert departure.step == 1 and re.search(r"binary labels must be in \[0, 1\]", departure.fact)
+    assert callback.rows_left and callback.result.winner not in {row.bound for row in callback.rows_left}
+
+
+@needs_tf
+def test_keras_named_linear_model_bound_broken_by_a_step_voids_the_epsilon():
+    model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)], clip=1.5)
+    _, y = _data(n=TF_N)
+    callback = ltf.LastIterateCallback(
+        sampling="cyclic", dataset_size=TF_N, delta=DELTA, model="glm", feature_norm=A, bound="kong-ribero-cyclic"
+    )
+    with pytest.raises(lp.PipelineChangedError, match=r"kong-ribero-cyclic.*binary labels must be in \[0, 1\]"):
+        _fit(model, callback, labels=2.0 * y)
 
 
 @needs_tf
@@ -1079,15 +1107,12 @@ class _ScaleAfterTheChecks(tf.keras.callbacks.Callback if HAVE_TF else object):
 
 
 @needs_tf
-def test_keras_step_check_fires_when_the_optimizer_differentiates_another_loss():
+def test_keras_optimizer_differentiating_another_loss_leaves_the_rows_needing_the_loss_assumptions():
     model = _keras([ltf.FeatureNormClip(A), tf.keras.layers.Dense(1)])
     callback = _glm_callback()
     x, y = _data(n=TF_N)
-    with pytest.raises(lp.PipelineChangedError, match=r"must differentiate the certified loss itself.*\(step 1\)"):
-        model.fit(
-            x, y, batch_size=TF_B, epochs=1, shuffle=False, callbacks=[callback, _ScaleAfterTheChecks()], verbose=0
-        )
-    assert callback.steps == 0
+    model.fit(x, y, batch_size=TF_B, epochs=2, shuffle=False, callbacks=[callback, _ScaleAfterTheChecks()], verbose=0)
+    _assert_glm_rows_left(callback, r"must differentiate the certified loss itself.*\(step 1\)")
 
 
 def _epsilon_for(clip: float, loss: str = "logistic", steps: int = 2 * TF_N // TF_B) -> float:

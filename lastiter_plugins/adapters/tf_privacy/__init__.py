@@ -1,30 +1,24 @@
-r"""TF Privacy / Keras glue: last-iterate accounting during ``model.fit``, checked at every step,
-and a privacy statement to publish.
+r"""TF Privacy / Keras glue: the valid epsilon of ``model.fit`` with TF Privacy's DP Keras optimizers, checked
+at every step, and a privacy statement to publish.
 
-TF Privacy (0.9) has no accountant object: its Keras DP optimizers clip and
-noise the gradients and users compute epsilon afterwards from the
-hyperparameters. This module gives Keras users
+TF Privacy (0.9) has no accountant object: its Keras DP optimizers clip and noise the gradients and users
+compute epsilon afterwards from the hyperparameters. This module gives Keras users
 
-* :class:`LastIterateCallback`, a ``keras.callbacks.Callback`` that reads the
-  DP optimizer and ``fit``'s data pipeline, refuses every setting the bounds do
-  not cover before the first step, then checks after every step what the
-  compiled step actually did (batch, loss vector, clip norm, noise, learning
-  rate, trainable variables, weights) and writes ``epsilon`` into the epoch
-  logs; a mismatch raises ``lastiter_plugins.PipelineChangedError``;
-* :class:`ProjectionCallback`, the projection onto an l2 ball that the
-  bounded-domain bounds need;
-* :func:`compute_last_iterate_privacy_statement`, the counterpart of TF
-  Privacy's ``compute_dp_sgd_privacy_statement`` for the final model only.
+* :class:`LastIterateCallback`, a ``keras.callbacks.Callback`` that reads the DP optimizer and ``fit``'s
+  data (in-memory arrays or a ``tf.data`` pipeline), runs its checks before the first step and on what every
+  compiled step recorded, and writes ``epsilon`` (``best`` over the rows whose preconditions held at every
+  step), TF Privacy's own number and their ratio into the epoch logs; ``report`` says which rows left and why;
+* :class:`ProjectionCallback`, the projection onto an l2 ball that the bounded-domain bounds need;
+* :func:`compute_last_iterate_privacy_statement`, the counterpart of TF Privacy's
+  ``compute_dp_sgd_privacy_statement``.
 
-Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0;
-other versions are refused (``lastiter_plugins.UnsupportedHostError``). The
-modules of this package, behind this facade: ``_observe`` (observation: what fit
-was called with and what each step used; the only module that reads Keras' fit
-locals and TF Privacy's private attributes), ``_derive`` (derivation: the
-planned run from those facts, and every step compared with it), ``_callback``
-(the thin callback that wires the two into ``fit``), ``_glm`` (certified linear
-models: ``LastIterateCallback(..., model="glm")`` and ``FeatureNormClip``),
-``_projection``, ``_statement`` and ``_errors``. See
+Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0; other versions are refused
+(``lastiter_plugins.UnsupportedHostError``). The modules of this package, behind this facade: ``_observe``
+(host internals: what fit was called with, the DP optimizer's private attributes, the probe recording every
+compiled step), ``_tfdata`` (a tf.data pipeline's transformations), ``_settings`` (the mechanism and fit's
+scheme derived from those facts), ``checks/`` (one file per run check: the rows each gates), ``_run`` (the
+ledger of one fit call), ``_callback`` (the thin callback), ``_report``, ``_glm`` (certified linear models:
+``model="glm"`` and ``FeatureNormClip``), ``_projection``, ``_statement`` and ``_errors``. See
 docs/tf_privacy.md.
 """
 
@@ -41,10 +35,11 @@ except ImportError as error:  # pragma: no cover - depends on the environment
     ) from error
 
 from ._callback import LastIterateCallback
-from ._derive import DPOptimizerSettings, FitSettings, read_dp_optimizer
 from ._errors import AccountingError
 from ._glm import FeatureNormClip
 from ._projection import ProjectionCallback
+from ._report import Report
+from ._settings import DPOptimizerSettings, FitSettings, read_dp_optimizer
 from ._statement import compute_last_iterate_privacy_statement
 
 __all__ = [
@@ -54,6 +49,7 @@ __all__ = [
     "FitSettings",
     "LastIterateCallback",
     "ProjectionCallback",
+    "Report",
     "compute_last_iterate_privacy_statement",
     "read_dp_optimizer",
 ]

@@ -56,14 +56,27 @@ def _host_versions() -> dict[str, str]:
 
 _VERSIONS = _host_versions()
 _IMPORT_ERROR: str | None = None
+#: The families of TF Privacy's DP Keras optimizers (``OptimizerFacts.family``).
+GENERIC, VECTORIZED, SPARSE = "generic", "vectorized", "sparse"
 try:
     from keras.src.engine import data_adapter as _keras_data_adapter
     from keras.src.layers.normalization.batch_normalization import BatchNormalizationBase as _BatchNormBase
     from tensorflow_privacy.privacy.dp_query.gaussian_query import GaussianSumQuery as _GaussianSumQuery
-    from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras import GenericDPSGDOptimizer as _GenericDPSGD
-    from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized import (
-        VectorizedDPKerasSGDOptimizer as _VectorizedDPSGD,
-    )
+    from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras as _generic
+    from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras_sparse as _sparse
+    from tensorflow_privacy.privacy.optimizers import dp_optimizer_keras_vectorized as _vectorized
+
+    # TF Privacy 0.9's DP Keras optimizers, by family, each the DP subclass of a legacy Keras optimizer
+    # (SGD, Adam, Adagrad): the generic ones take a DP query (DPKeras*Optimizer builds a GaussianSumQuery and
+    # noises in _compute_gradients), the vectorized ones noise in _compute_gradients, the sparse ones clip in
+    # _compute_gradients and noise each variable's mean gradient in apply_gradients.
+    _FAMILIES: dict[str, tuple[tuple[str, Any], ...]] = {
+        GENERIC: tuple((base, getattr(_generic, f"GenericDP{base}Optimizer")) for base in ("SGD", "Adam", "Adagrad")),
+        VECTORIZED: tuple(
+            (base, getattr(_vectorized, f"VectorizedDPKeras{base}Optimizer")) for base in ("SGD", "Adam", "Adagrad")
+        ),
+        SPARSE: tuple((base, getattr(_sparse, f"DPSparseKeras{base}Optimizer")) for base in ("SGD", "Adam", "Adagrad")),
+    }
 except ImportError as error:  # pragma: no cover - another host version
     _IMPORT_ERROR = str(error)
 
@@ -105,15 +118,17 @@ def batch_mixing_layers(model: Any) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerFacts:
-    """Raw settings of a TF Privacy DP-SGD optimizer (private attributes, read only)."""
+    """Raw settings of a TF Privacy DP Keras optimizer (private attributes, read only)."""
 
-    kind: str | None  # "DPKerasSGDOptimizer", "VectorizedDPKerasSGDOptimizer" or None (not DP-SGD)
-    query: str | None  # the DP query's class name (generic optimizer), None when not a GaussianSumQuery
+    name: str | None  # "DPKerasAdamOptimizer", "VectorizedDPKerasSGDOptimizer", ...; None: not a DP Keras optimizer
+    family: str | None  # GENERIC, VECTORIZED or SPARSE
+    base: str | None  # the Keras update it applies to the noised gradient: "SGD", "Adam" or "Adagrad"
+    query: str | None  # the DP query's class name (generic family), None when not a GaussianSumQuery
     clip: Any
     noise_multiplier: Any
     num_microbatches: Any
     accumulation: int
-    momentum: Any
+    momentum: Any  # SGD's momentum (None for Adam and Adagrad)
     uses_momentum: bool
     nesterov: bool
     decay: float
@@ -122,36 +137,48 @@ class OptimizerFacts:
     learning_rate: Any  # the raw hyperparameter: a number, a tf.Variable, a schedule or a callable
 
 
+def _family(optimizer: Any) -> tuple[str, str] | None:
+    for family, classes in _FAMILIES.items():
+        for base, cls in classes:
+            if isinstance(optimizer, cls):
+                return family, base
+    return None
+
+
 def optimizer_facts(optimizer: Any) -> OptimizerFacts:
     """What the DP optimizer will do (TF Privacy 0.9 private attributes)."""
-    if isinstance(optimizer, _VectorizedDPSGD):
-        kind, query = "VectorizedDPKerasSGDOptimizer", None
-        # The compiled step draws noise of std float32(C * z) (tf.random.normal) and clips at float32(C).
-        clip = _float32(optimizer._l2_norm_clip)
-        std = _float32(_product(optimizer._l2_norm_clip, optimizer._noise_multiplier))
-        noise, accumulation = (std / clip if clip and std is not None else None), 1
-    elif isinstance(optimizer, _GenericDPSGD):
-        kind = "DPKerasSGDOptimizer"
-        q = optimizer._dp_sum_query
+    found = _family(optimizer)
+    if found is None:
+        return OptimizerFacts(None, None, None, None, None, None, None, 1, None, False, False, 0.0, {}, None, None)
+    family, base = found
+    if family == GENERIC:
+        name, q = f"DPKeras{base}Optimizer", optimizer._dp_sum_query
         query = type(q).__name__ if type(q) is _GaussianSumQuery else None
         state = optimizer._global_state  # what the compiled step reads (GaussianSumQuery's global state)
         clip = state.l2_norm_clip if query else None
         clip_value = value_of(clip)
         stddev = value_of(state.stddev) if query and clip_value else None  # a GaussianSumQuery's state only
         noise = stddev / clip_value if stddev is not None and clip_value else None
-        accumulation = optimizer.gradient_accumulation_steps
     else:
-        return OptimizerFacts(None, None, None, None, None, 1, 0.0, False, False, 0.0, {}, None, None)
+        name = f"VectorizedDPKeras{base}Optimizer" if family == VECTORIZED else f"DPSparseKeras{base}Optimizer"
+        query = family
+        # The compiled step draws noise of std float32(C * z) on the sum (the sparse family: on the mean, std
+        # float32(C * z) / k) and clips at float32(C).
+        clip = _float32(optimizer._l2_norm_clip)
+        std = _float32(_product(optimizer._l2_norm_clip, optimizer._noise_multiplier))
+        noise = std / clip if clip and std is not None else None
     return OptimizerFacts(
-        kind=kind,
-        query=query if kind == "DPKerasSGDOptimizer" else "vectorized",
+        name=name,
+        family=family,
+        base=base,
+        query=query,
         clip=clip,
         noise_multiplier=noise,
         num_microbatches=optimizer._num_microbatches,
-        accumulation=accumulation,
-        momentum=optimizer._hyper.get("momentum"),
-        uses_momentum=bool(optimizer._momentum),
-        nesterov=bool(optimizer.nesterov),
+        accumulation=int(getattr(optimizer, "gradient_accumulation_steps", 1)),
+        momentum=optimizer._hyper.get("momentum") if base == "SGD" else None,
+        uses_momentum=bool(getattr(optimizer, "_momentum", False)),
+        nesterov=bool(getattr(optimizer, "nesterov", False)),
         decay=float(optimizer._initial_decay),
         keras_clipping={n: getattr(optimizer, n, None) for n in ("clipnorm", "clipvalue", "global_clipnorm")},
         gradient_transformers=optimizer.gradient_transformers,
@@ -190,8 +217,9 @@ def value_of(x: Any) -> float | None:
 
 _FIT_CODE = inspect.unwrap(tf.keras.Model.fit).__code__
 
-#: What an in-memory adapter does with the examples' order across epochs (``FitFacts.order``).
-FIXED, PERMUTATION, BATCH_ORDER = "fixed", "permutation", "batch order"
+#: What fit does with the examples' order across epochs (``FitFacts.order``; ``ONCE``: one uniform
+#: permutation drawn in the first epoch and kept, which a tf.data pipeline can do, see ``_tfdata``).
+FIXED, PERMUTATION, BATCH_ORDER, ONCE = "fixed", "permutation", "batch order", "permutation once"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +240,9 @@ class FitFacts:
     initial_epoch: int
     steps_per_execution: int  # 0: tuned at run time
     callbacks: tuple[Any, ...]
+    dataset: Any  # a tf.data.Dataset given as x (None for other inputs)
+    validation_split: float  # fit's validation_split (part of the private data)
+    validation_data: bool  # whether fit got validation_data (data the user may declare public)
 
 
 def _in_memory(adapter: Any, shuffle: Any) -> tuple[int, int, int, Any, str] | None:
@@ -279,6 +310,9 @@ def running_fit(model: Any) -> FitFacts | None:
         initial_epoch=int(handler._initial_epoch),
         steps_per_execution=per_execution,
         callbacks=tuple(getattr(callback_list, "callbacks", callback_list) or ()),
+        dataset=adapter._dataset if type(adapter) is _keras_data_adapter.DatasetAdapter else None,
+        validation_split=float(found.get("validation_split") or 0.0),
+        validation_data=found.get("validation_data") is not None,
     )
 
 
@@ -481,6 +515,11 @@ class StepProbe:
         self._saved[(obj, name)] = obj.__dict__.get(name, _MISSING)
         object.__setattr__(obj, name, make(original))
 
+    @property
+    def installed(self) -> bool:
+        """Whether the wrappers are in place."""
+        return bool(self._saved)
+
     def remove(self) -> None:
         for (obj, name), before in self._saved.items():
             if before is _MISSING:
@@ -562,19 +601,25 @@ class StepProbe:
 
     def _compute_gradients(self, original: Any) -> Any:
         optimizer, record = self.optimizer, self.record
+        found = _family(optimizer)
+        family = found[0] if found is not None else None
 
         def compute_gradients(loss, var_list, grad_loss=None, tape=None):
-            if isinstance(optimizer, _VectorizedDPSGD):
-                clip = tf.cast(tf.cast(optimizer._l2_norm_clip, tf.float32), tf.float64)
-                std = tf.cast(tf.cast(optimizer._l2_norm_clip * optimizer._noise_multiplier, tf.float32), tf.float64)
-            else:
+            length = tf.shape(loss)[0] if not callable(loss) else -1
+            if family == GENERIC:
                 clip = tf.cast(optimizer._global_state.l2_norm_clip, tf.float64)
                 std = tf.cast(optimizer._global_state.stddev, tf.float64)
+            else:
+                clip = tf.cast(tf.cast(optimizer._l2_norm_clip, tf.float32), tf.float64)
+                std = tf.cast(tf.cast(optimizer._l2_norm_clip * optimizer._noise_multiplier, tf.float32), tf.float64)
             record.add(DP_CALLS, 1.0)
             record.set(CLIP, clip)
-            record.set(NOISE_STD, std)
-            record.set(LOSS_LENGTH, tf.shape(loss)[0] if not callable(loss) else -1)
+            record.set(LOSS_LENGTH, length)
             result = original(loss, var_list, grad_loss=grad_loss, tape=tape)
+            if family == SPARSE:  # the std apply_gradients will add to the mean of the k microbatch gradients
+                k = optimizer._num_microbatches if optimizer._num_microbatches is not None else length
+                std = tf.cast(optimizer._noise_stddev, tf.float64) * tf.cast(k, tf.float64)
+            record.set(NOISE_STD, std)
             self.dp_variables.append([v for _, v in result])
             return result
 

@@ -18,7 +18,7 @@ from lastiter_plugins.validation import validate_delta
 
 from . import _glm
 from . import _observe as observe
-from ._derive import flag
+from ._settings import flag
 
 
 def _steps_from_epochs(num_epochs: Any, steps_per_epoch: int) -> int:

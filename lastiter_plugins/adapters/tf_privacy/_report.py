@@ -1,0 +1,82 @@
+r"""What the Keras adapter tells the user about a run: the valid number for the pipeline that ran (what it
+protects, its relation, sampling and proof), the rows that left ``best`` on the way (at which step, why), the
+rows a parameter left out would add, and what TF Privacy's own statement would print for the run, marked NOT
+VALID where its assumptions fail, with the ratio of the valid number to it (as ``lastiter compare`` shows it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import lastiter_plugins as lp
+from lastiter_plugins.host import HostNumber, RowLeft, host_numbers
+
+#: TF Privacy's accountant whose number the callback's logs carry beside ``epsilon``: its Poisson line, the one
+#: its statement says "the actual epsilon should be closer to" for shuffled data.
+LOGGED = "tf-privacy-poisson"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The valid number for the run, what left ``best``, and TF Privacy's own numbers beside it.
+
+    Attributes:
+      result: the valid epsilon for the pipeline that ran (``str(result)`` renders it alone).
+      rows_left: the rows that applied as declared and left ``best`` (step, fact, first broken precondition).
+      host: what TF Privacy's ``compute_dp_sgd_privacy_statement`` prints for the run (display only).
+      needs: ``(parameter, rows)``: the rows that giving the parameter would add (e.g. ``learning_rate``).
+    """
+
+    result: lp.EpsilonResult
+    rows_left: tuple[RowLeft, ...] = ()
+    host: tuple[HostNumber, ...] = ()
+    needs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        result: lp.EpsilonResult,
+        config: lp.TrainingConfig,
+        rows_left: tuple[RowLeft, ...] = (),
+        needs: tuple[tuple[str, tuple[str, ...]], ...] = (),
+    ) -> Report:
+        return cls(result, rows_left, host_numbers(config, result.delta, "tf_privacy"), needs)
+
+    def ratio(self, number: HostNumber) -> float | None:
+        """The valid epsilon over the host's (None when the host gave none)."""
+        if number.epsilon is None:
+            return None
+        return self.result.epsilon / number.epsilon if number.epsilon > 0 else math.inf
+
+    def logs(self) -> dict[str, float]:
+        """What the callback writes into fit's epoch logs: ``epsilon``, TF Privacy's Poisson number (under a key
+        ending in ``_not_valid`` where its assumptions fail) and the ratio of the two."""
+        out = {"epsilon": self.result.epsilon}
+        for number in self.host:
+            ratio = self.ratio(number)
+            if number.id != LOGGED or ratio is None or number.epsilon is None:
+                continue
+            out["tf_privacy_epsilon" if number.valid else "tf_privacy_epsilon_not_valid"] = number.epsilon
+            out["epsilon_over_tf_privacy"] = ratio
+        return out
+
+    def lines(self) -> list[str]:
+        r = self.result
+        d = r.to_dict()
+        protects = "the final model only" if r.protects is lp.Protects.FINAL_MODEL else "every iterate"
+        lines = [
+            f"epsilon = {r.epsilon:.4g} at delta = {r.delta:g}, protecting {protects}: {r.relation.value} neighbours, "
+            f"sampling {r.sampling.value}, {r.steps} steps, via {r.winner} (proof: {d['proof']}; {d['provenance']})."
+        ]
+        lines += [f"  left best: {row}" for row in self.rows_left]
+        lines += [f"  give {name}= for {', '.join(rows)}" for name, rows in self.needs if rows]
+        if self.host:
+            lines.append("What TF Privacy's compute_dp_sgd_privacy_statement prints for this run (never counted):")
+            for number in self.host:
+                ratio = self.ratio(number)
+                times = "" if ratio is None else f"; the valid epsilon is {ratio:.3g}x it"
+                lines.append(f"  {number}{times}")
+        return lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
