@@ -86,8 +86,10 @@ class Declaration:
     Attributes:
       bound: a bound id, or ``best`` (the smallest epsilon over the rows whose preconditions held).
       published_only: ``best`` over rows whose proof is a published theorem for the run.
-      require: ``"last_iterate"``: refuse when no row certifying the final model only is left, instead of
-        reporting an every-iterate (composition) number; None: either.
+      require: ``"last_iterate"``: refuse when no row certifying the final model only is left among ``best``'s
+        candidates for the pipeline that ran, instead of falling back to the every-iterate (composition) rows
+        alone; while one is left, ``best`` is over every row (an every-iterate row winning protects the final
+        model too). None: never refuse for this.
       orders: Renyi orders (None: the library's grid).
     """
 
@@ -229,7 +231,10 @@ def account(
         )
     except NotApplicableError as exc:
         raise NotApplicableError(f"{exc}{_because(departures)}") from None
-    if declaration.require == LAST_ITERATE and result.protects is not Protects.FINAL_MODEL:
+    if declaration.require == LAST_ITERATE and not any(
+        registry.BOUNDS[bid].protects is Protects.FINAL_MODEL
+        for bid in _candidates(ran_config, ran_assumptions, declaration.published_only)
+    ):  # a last-iterate row is left: best over every row (composition winning protects the final model too)
         raise NotApplicableError(
             f"a bound certifying the final model only must be left (require='last_iterate'). Found only "
             f"every-iterate rows: best is {result.epsilon:.4g} via {result.winner}{_because(departures)}"

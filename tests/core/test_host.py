@@ -70,6 +70,19 @@ def test_require_last_iterate_refuses_an_every_iterate_number():
         host.account(declaration, config, assumptions, DELTA, [ADAM])
 
 
+def test_require_last_iterate_keeps_best_while_a_last_iterate_row_is_left():
+    # cyclic, 2 epochs: composition-gdp-epochs beats shifted-interpolation-cyclic after the first epoch
+    config = lp.TrainingConfig(dataset_size=64, batch_size=16, noise_multiplier=1.3, steps=4, sampling="cyclic",
+                               learning_rate=0.05)  # fmt: skip
+    assumptions = lp.LossAssumptions(smoothness=0.25, gradient_norms_within_clip=True)
+    declaration = host.Declaration(require=host.LAST_ITERATE)
+    best = lp.epsilon("best", DELTA, config=config, assumptions=assumptions)
+    assert best.protects is lp.Protects.EVERY_ITERATE  # the every-iterate row wins here
+    assert host.account(declaration, config, assumptions, DELTA).result == best
+    with pytest.raises(lp.NotApplicableError, match="require='last_iterate'"):
+        host.account(declaration, config, assumptions, DELTA, [ADAM])
+
+
 @pytest.mark.parametrize(
     "changes",
     [{"gradient_norms_within_clip": True}, {"update": "sgd"}, {"strong_convexity": 0.5}, {"sampling": "poisson"}, {}],
@@ -264,3 +277,25 @@ def test_warn_if_unproven_warns_for_an_unproven_row_only():
         warnings.simplefilter("error")
         for bound in (lp.BEST, "composition", "kong-ribero-cyclic"):
             host.warn_if_unproven(bound)
+
+
+def test_tf_privacy_statement_numbers_are_marked_where_they_are_not_proven(monkeypatch):
+    from lastiter_plugins.compare import hosts
+
+    monkeypatch.setattr(hosts, "_host_available", lambda name: True)  # computed with dp-accounting alone
+    shuffled = lp.TrainingConfig.from_epochs(
+        epochs=3, dataset_size=1000, batch_size=50, noise_multiplier=1.0, sampling="reshuffle"
+    )
+    numbers = {h.id: h for h in host.host_numbers(shuffled, DELTA, "tf_privacy")}
+    assert set(numbers) == {"tf-privacy-epochs", "tf-privacy-poisson"}
+    epochs, poisson = numbers["tf-privacy-epochs"], numbers["tf-privacy-poisson"]
+    assert not poisson.valid and "poisson" in poisson.why_not and "NOT VALID" in str(poisson)
+    assert not epochs.valid and "fixed batch size" in epochs.why_not  # add-or-remove at C: not proven here
+    valid = lp.epsilon("best", DELTA, config=shuffled, assumptions=lp.LossAssumptions())
+    assert poisson.epsilon < epochs.epsilon < valid.epsilon  # TF Privacy's numbers are below the valid one
+    on_poisson = shuffled.replace(sampling="poisson", relation="add_or_remove_one")
+    poisson = {h.id: h for h in host.host_numbers(on_poisson, DELTA, "tf_privacy")}["tf-privacy-poisson"]
+    composition = lp.epsilon("composition", DELTA, config=on_poisson, assumptions=lp.LossAssumptions())
+    assert poisson.valid and poisson.epsilon == pytest.approx(composition.epsilon, rel=0.02)
+    monkeypatch.setattr(hosts, "_host_available", lambda name: name != "tf_privacy")
+    assert host.host_numbers(shuffled, DELTA, "tf_privacy") == ()

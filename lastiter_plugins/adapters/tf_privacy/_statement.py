@@ -11,9 +11,9 @@ import numpy as np
 from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _tfp_statement
 
 import lastiter_plugins as lp
-from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.config import default_relation, refuse_renamed
-from lastiter_plugins.evaluation import evaluate_all
+from lastiter_plugins.host import host_numbers, rows_needing
 from lastiter_plugins.validation import validate_delta
 
 from . import _glm
@@ -69,8 +69,9 @@ def compute_last_iterate_privacy_statement(
     noise_multiplier: float,
     delta: float,
     l2_norm_clip: float,
-    learning_rate: float,
+    learning_rate: float | None = None,
     sampling: str | Sampling,
+    update: str | Update = Update.SGD,
     smoothness: float | None = None,
     weak_convexity: float = 0.0,
     strong_convexity: float = 0.0,
@@ -88,13 +89,16 @@ def compute_last_iterate_privacy_statement(
     r"""A privacy report for the FINAL model of a DP-SGD run: the last-iterate
     counterpart of TF Privacy's ``compute_dp_sgd_privacy_statement``.
 
-    It states the setup, the threat model (the final model only; TF Privacy's
-    statement protects every checkpoint), the loss assumptions with their
-    constants, for each neighbouring relation (the sampling scheme's default first:
-    ``lastiter_plugins.config.DEFAULT_RELATION``) the epsilon of every applicable
-    bound and the best, and TF Privacy's own statement as the baseline (computed with
-    ``used_microbatching=False``: one example per microbatch, the only setting
-    :class:`LastIterateCallback` accepts).
+    It states the setup, the threat model (the final model only where a
+    last-iterate row applies; TF Privacy's statement protects every checkpoint),
+    the loss assumptions with their constants, for each neighbouring relation (the
+    sampling scheme's default first: ``lastiter_plugins.config.DEFAULT_RELATION``)
+    the epsilon of every applicable bound and the best, the rows a left-out
+    ``learning_rate`` would add, and TF Privacy's own statement as the baseline
+    (computed with ``used_microbatching=False``: one example per microbatch, the
+    only setting :class:`LastIterateCallback` accepts), each of its numbers
+    marked NOT VALID where its assumptions fail, with the ratio of the valid
+    number to it.
 
     Args:
       number_of_examples: n.
@@ -103,8 +107,10 @@ def compute_last_iterate_privacy_statement(
       noise_multiplier: z.
       delta: the target delta.
       l2_norm_clip: C.
-      learning_rate: eta, constant.
+      learning_rate: eta, constant (None: the rows that need it are left out, and the statement names them).
       sampling: what the pipeline did (see :class:`lastiter_plugins.Sampling`).
+      update: ``"sgd"`` (plain SGD at the constant ``learning_rate``) or ``"any"`` (Adam, Adagrad, momentum, a
+        learning-rate schedule fixed in advance: only the every-iterate rows cover it).
       smoothness, weak_convexity, strong_convexity, diameter, gradient_norms_within_clip,
         clipped_loss_convex_smooth, l2_outside_clip: the loss assumptions, as the core takes them
         (:class:`lastiter_plugins.LossAssumptions`).
@@ -142,10 +148,10 @@ def compute_last_iterate_privacy_statement(
     # TF Privacy's names first (the core's checks name its own: dataset_size, clip_norm), then the sampling,
     # n, b, z, C and eta with the library's checks before using them.
     for name, value, what in (
-        ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on"),
+        ("learning_rate", learning_rate, "the constant step size the last-iterate bounds depend on, or None"),
         ("l2_norm_clip", l2_norm_clip, "the per-example clipping norm"),
     ):
-        if observe.finite_positive(value) is None:
+        if observe.finite_positive(value) is None and not (name == "learning_rate" and value is None):
             raise ValueError(f"{name} must be a finite number > 0 ({what}). Found {value!r}.")
     if isinstance(number_of_examples, bool) or not isinstance(number_of_examples, (int, np.integer)):
         raise ValueError(f"number_of_examples must be an integer >= 1. Found {number_of_examples!r}.")
@@ -158,6 +164,7 @@ def compute_last_iterate_privacy_statement(
         learning_rate=learning_rate,
         clip_norm=l2_norm_clip,
         relation=default_relation(sampling),  # the statement reports both relations, the default first
+        update=Update.parse(update),
     )
     if shape.dataset_size % shape.batch_size:
         raise ValueError(
@@ -193,14 +200,22 @@ def compute_last_iterate_privacy_statement(
     relations = (config.relation, *(r for r in Relation if r is not config.relation))  # the default first
     for relation in relations:
         cfg = config.replace(relation=relation)
-        evaluations = evaluate_all(cfg, assumptions, delta)
+        evaluations = lp.applicable_bounds(delta=delta, config=cfg, assumptions=assumptions)
+        evaluations.pop(lp.BEST)
         rows = [(bid, e.result) for bid, e in evaluations.items() if e.applies and e.result is not None]
         if rows:
             try:
                 best = lp.epsilon(lp.BEST, delta, lower_bound=True, config=cfg, assumptions=assumptions)
             except lp.NotApplicableError:
                 continue
-            missing = [f"{bid}: {_first_condition(e)}" for bid, e in evaluations.items() if _fails_here(e, cfg)]
+            needs = set(rows_needing("learning_rate", cfg, assumptions)) if cfg.learning_rate is None else set()
+            missing = [
+                f"{bid}: {_first_condition(e)}"
+                for bid, e in evaluations.items()
+                if _fails_here(e, cfg) and bid not in needs
+            ]
+            if needs:
+                missing.insert(0, f"give learning_rate= for {', '.join(b for b in evaluations if b in needs)}")
             other = [bid for bid, e in evaluations.items() if not e.applies and cfg.sampling not in e.covers]
             if other:
                 missing.append(f"for other samplings only: {', '.join(other)}")
@@ -212,26 +227,23 @@ def compute_last_iterate_privacy_statement(
         )
 
     n, b, per_epoch = config.dataset_size, config.batch_size, config.steps_per_epoch
+    if config.update is Update.ANY:
+        update_words = "the update computed from the noisy gradients otherwise than plain SGD: Adam, momentum or a "
+        update_words += "learning-rate schedule fixed in advance"
+    elif config.learning_rate is None:
+        update_words = "plain SGD, constant learning rate not given"
+    else:
+        update_words = f"plain SGD, constant learning rate {config.learning_rate:g}"
+    last_iterate = any(r.protects is lp.Protects.FINAL_MODEL for rows, _, _ in sections.values() for _, r in rows)
     paragraphs = [
         _fill(
-            f"DP-SGD (plain SGD, constant learning rate {config.learning_rate:g}) performed over {n} examples "
+            f"DP-SGD ({update_words}) performed over {n} examples "
             f"with {b} examples per iteration ({per_epoch} iterations per epoch"
             + f"), clipping norm {config.clip_norm:g} per example (one example per microbatch), noise "
             f"multiplier {config.noise_multiplier:g}, for {num_epochs:g} epochs = {steps} iterations. "
             f"Sampling: {_SAMPLING_WORDS[config.sampling]}."
         ),
-        _fill(
-            "This privacy guarantee protects the release of the FINAL model only. It does not protect "
-            "intermediate checkpoints, models evaluated or published during training, or anything "
-            "computed from them: they must stay private. (TF Privacy's statement below protects the "
-            "release of all model checkpoints in addition to the final model, with different numbers; "
-            "the 'composition' rows below, the standard baselines, also protect every iterate.) It covers "
-            "the model after the "
-            f"{steps} iterations stated, a number fixed before training: a stopping time chosen from the "
-            "private data (early stopping on a training or validation metric) and a model selected among "
-            "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not "
-            "covered."
-        ),
+        _fill(_THREAT_LAST_ITERATE.format(steps=steps) if last_iterate else _THREAT_EVERY_ITERATE.format(steps=steps)),
         _assumptions_paragraph(assumptions, config.clip_norm, model_words),
     ]
     references = _References()
@@ -278,8 +290,34 @@ def compute_last_iterate_privacy_statement(
         + "\n\n"
         + "\n".join(f"  | {line}".rstrip() for line in baseline.rstrip("\n").split("\n"))
     )
+    relation, (_, valid, _) = next(iter(sections.items()))
+    verdicts = [_fill("For this pipeline (display only, never counted):")]
+    for number in host_numbers(config.replace(relation=relation), delta, "tf_privacy"):
+        times = ""
+        if number.epsilon is not None and number.epsilon > 0:
+            times = f"; the valid best above ({relation.value}) is {valid.epsilon / number.epsilon:.3g}x it"
+        verdicts.append(_fill_item(f"{number}{times}"))
+    paragraphs.append("\n".join(verdicts))
     paragraphs.append(references.render())
     return "\n\n".join(paragraphs) + "\n"
+
+
+_THREAT_LAST_ITERATE = (
+    "This privacy guarantee protects the release of the FINAL model only. It does not protect "
+    "intermediate checkpoints, models evaluated or published during training, or anything "
+    "computed from them: they must stay private. (TF Privacy's statement below protects the "
+    "release of all model checkpoints in addition to the final model, with different numbers; "
+    "the 'composition' rows below, the standard baselines, also protect every iterate.) It covers "
+    "the model after the {steps} iterations stated, a number fixed before training: a stopping time chosen from the "
+    "private data (early stopping on a training or validation metric) and a model selected among "
+    "intermediate iterates (restoring the best weights, releasing the best checkpoint) are not covered."
+)
+_THREAT_EVERY_ITERATE = (
+    "No bound certifying the final model alone applies to this pipeline: the best number below is a composition "
+    "row, which protects the release of every iterate (all checkpoints), hence also of the final model. It "
+    "covers the {steps} iterations stated, a number fixed before training, and anything computed from the "
+    "iterates; a stopping time or a learning rate chosen from a metric on the private data is not covered."
+)
 
 
 def _assumptions_paragraph(a: LossAssumptions, clip_norm: float, model_words: str | None) -> str:

@@ -47,7 +47,7 @@ _WHY_NOT = {
     "_SkipDataset": "skip() leaves examples out",
     "_ShardDataset": "shard() keeps a part of the examples",
     "_UnbatchDataset": "unbatch() makes the elements before the batch something else than the examples",
-    "_FlatMapDataset": "flat_map() (or from_generator) makes elements whose number and order cannot be read",
+    "_FlatMapDataset": "flat_map() makes elements whose number and order cannot be read",
     "_InterleaveDataset": "interleave() makes elements whose number and order cannot be read",
     "_ParallelInterleaveDataset": "interleave() makes elements whose number and order cannot be read",
 }
@@ -176,13 +176,11 @@ def read(dataset: Any) -> DatasetFacts | str:
     order = FIXED
     if shuffle is not None:
         buffer = _int(shuffle._buffer_size)
-        if buffer != -1 and buffer < n:  # -1: tf.data.AUTOTUNE is refused as unknown below
+        if buffer < n:
             return (
                 f"its shuffle buffer holds {buffer} examples, fewer than the {n} of a pass: a partial shuffle is not "
                 "a uniform permutation (an example moves at most a buffer's length ahead); use shuffle(buffer_size=n)"
             )
-        if buffer < 0:
-            return "its shuffle buffer size is not a number of examples"
         if _int(shuffle._seed) == _DEFAULT_GRAPH_SEED:
             return (
                 f"its shuffle has an op-level seed ({_int(shuffle._seed2)}): the order is then reproducible by anyone "

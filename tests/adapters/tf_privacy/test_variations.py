@@ -348,7 +348,9 @@ def test_tf_data_shuffle_with_a_small_buffer_is_refused_saying_why(data):
     x, y = data
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(16).batch(B)
     model = linear()
-    fragment = r"holds 16 examples, fewer than the 64 of a pass: a partial shuffle is not a uniform permutation.*statement"
+    fragment = (
+        r"holds 16 examples, fewer than the 64 of a pass: a partial shuffle is not a uniform permutation.*statement"
+    )
     with pytest.raises(AccountingError, match=fragment):
         model.fit(dataset, epochs=1, callbacks=[accountant(sampling="reshuffle")], verbose=0)
     assert iterations(model) == 0
