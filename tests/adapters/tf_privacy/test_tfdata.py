@@ -86,5 +86,5 @@ def test_a_global_seed_is_a_precondition_not_a_refusal():
 
 def test_another_tensorflow_is_refused(monkeypatch):
     monkeypatch.setattr(tf, "__version__", "2.15.0")
-    with pytest.raises(UnsupportedHostError, match="tested with tensorflow 2.14.x only.*Found tensorflow 2.15.0"):
+    with pytest.raises(UnsupportedHostError, match=r"tested with tensorflow 2\.14\.x only.*Found tensorflow 2\.15\.0"):
         _tfdata.read(tf.data.Dataset.range(N).batch(B))
