@@ -23,7 +23,12 @@ their range [min, max]; the target is met when the median ratio is at most the c
 0.02. Also reported: the callback's own host work per epoch (its epoch hooks, timed by a subclass). An
 epoch of 10 steps charges the epoch hooks to few steps; a real epoch (n / b steps) spreads them thinner.
 
-    python benchmarks/bench_keras_overhead.py [--rounds 9] [--steps 10] [--epochs 3] [--model cnn] [--quick]
+    python benchmarks/bench_keras_overhead.py [--rounds 9] [--steps 10] [--epochs 3] [--model cnn]
+        [--optimizer sgd] [--quick]
+
+``--optimizer adam``: the same pipelines with TF Privacy's ``DPKerasAdamOptimizer`` (issue 37: the callback
+then keeps the every-iterate rows; its checks and the per-step record are the same); ``sgd`` (the default):
+``VectorizedDPKerasSGDOptimizer``.
 
 ``--model logistic`` / ``glm``: the same on a 31-weight logistic regression (batch 32) / the certified
 GLM route on 512-dimensional embeddings (batch 64): the callback's fixed cost against a millisecond
@@ -67,17 +72,23 @@ class Case:
     callback_args: dict[str, Any]
 
 
-def _optimizer(tfp: Any, clip: float = 1.0) -> Any:
-    return tfp.VectorizedDPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=1.0, learning_rate=LR)
+#: ``--optimizer``: the TF Privacy class and its learning rate.
+OPTIMIZERS = {"sgd": ("VectorizedDPKerasSGDOptimizer", LR), "adam": ("DPKerasAdamOptimizer", 0.001)}
 
 
-def _cases() -> dict[str, Case]:
+def _cases(optimizer: str = "sgd") -> dict[str, Case]:
     import tensorflow as tf
     import tensorflow_privacy as tfp
 
     from lastiter_plugins.adapters.tf_privacy import FeatureNormClip
 
     per_example = dict(from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+    name, rate = OPTIMIZERS[optimizer]
+
+    def _optimizer(tfp: Any, clip: float = 1.0) -> Any:
+        return getattr(tfp, name)(l2_norm_clip=clip, noise_multiplier=1.0, learning_rate=rate)
+
+    suffix = "" if optimizer == "sgd" else f", {name}"
 
     def cnn():
         tf.keras.utils.set_random_seed(0)
@@ -118,9 +129,9 @@ def _cases() -> dict[str, Case]:
         return make
 
     return {
-        "cnn": Case("CNN 2xConv2D(32, 3x3) + Dense(10) (193,898 weights)", 32, cnn, images, {}),
-        "logistic": Case("logistic regression (31 weights)", 32, logistic, vectors(30), {"smoothness": 0.25}),
-        "glm": Case("GLM route, 512-dim embeddings (513 weights)", 64, glm, vectors(512),
+        "cnn": Case(f"CNN 2xConv2D(32, 3x3) + Dense(10) (193,898 weights){suffix}", 32, cnn, images, {}),
+        "logistic": Case(f"logistic regression (31 weights){suffix}", 32, logistic, vectors(30), {"smoothness": 0.25}),
+        "glm": Case(f"GLM route, 512-dim embeddings (513 weights){suffix}", 64, glm, vectors(512),
                     {"model": "glm", "feature_norm": 1.0}),
     }  # fmt: skip
 
@@ -224,6 +235,7 @@ def _kept_rows(model: str) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=("cnn", "logistic", "glm"), default="cnn")
+    parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd")
     parser.add_argument("--rounds", type=int, default=9, help="rounds of three fits (at least 7)")
     parser.add_argument("--steps", type=int, default=10, help="steps per epoch")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per fit; the first is not timed")
@@ -239,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.get_logger().setLevel("ERROR")
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    case = _cases()[args.model]
+    case = _cases(args.optimizer)[args.model]
     start = time.perf_counter()
     print(f"{case.name}, batch {case.batch_size}:", file=sys.stderr, flush=True)
     row = measure(case, rounds=rounds, steps=steps, epochs=args.epochs)
@@ -251,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.quick:
         command = (
-            f"python benchmarks/bench_keras_overhead.py --model {args.model} --rounds {rounds} --steps {steps} "
-            f"--epochs {args.epochs}"
+            f"python benchmarks/bench_keras_overhead.py --model {args.model} --optimizer {args.optimizer} "
+            f"--rounds {rounds} --steps {steps} --epochs {args.epochs}"
         )
         row["command"] = command
         update_results("keras_overhead", [row, *_kept_rows(row["model"])], command=command, seconds=seconds,
