@@ -108,3 +108,25 @@ def test_the_statement_of_an_update_other_than_sgd_says_it_protects_every_iterat
     assert "each example once per epoch" in flat and "not proven for a fixed batch size" in flat
     with pytest.raises(ValueError, match=r"update must be one of sgd, any"):
         compute_last_iterate_privacy_statement(**STATEMENT, sampling="reshuffle", update="adam")
+
+
+def test_the_cnn_example_prints_the_valid_number_beside_tf_privacys(capsys):
+    """examples/tf_privacy_cnn.py: a CNN with DP Adam on a shuffled tf.data pipeline gets the every-iterate
+    number of its sampler, and TF Privacy's Poisson number beside it, NOT VALID, several times smaller."""
+    import importlib.util
+
+    from tests.support import ROOT
+
+    pytest.importorskip("sklearn")
+    spec = importlib.util.spec_from_file_location("tf_privacy_cnn", ROOT / "examples" / "tf_privacy_cnn.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    accountant = example.main(["--epochs", "1"])
+    out = capsys.readouterr().out
+    expected = lp.epsilon("best", DELTA, dataset_size=1792, batch_size=64, noise_multiplier=1.0, epochs=1,
+                          sampling="reshuffle", update="any")  # fmt: skip
+    assert accountant.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05, protecting every iterate" in out
+    _, poisson = printed(1792, 64, 1.0, 1.0)
+    assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in out and "NOT VALID" in out
+    assert accountant.epsilon > 2 * poisson
