@@ -130,3 +130,24 @@ def test_the_cnn_example_prints_the_valid_number_beside_tf_privacys(capsys):
     _, poisson = printed(1792, 64, 1.0, 1.0)
     assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in out and "NOT VALID" in out
     assert accountant.epsilon > 2 * poisson
+
+
+def test_the_readme_quotes_the_cnn_examples_numbers():
+    from tests.support import ROOT
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    valid = lp.epsilon(
+        "best",
+        DELTA,
+        dataset_size=1792,
+        batch_size=64,
+        noise_multiplier=1.0,
+        epochs=3,
+        sampling="reshuffle",
+        update="any",
+    )  # fmt: skip (the example's default: 3 epochs)
+    _, poisson = printed(1792, 64, 3.0, 1.0)
+    assert (
+        f"gets {valid.epsilon:.4g} (every iterate, replace-one) where TF Privacy's statement prints {poisson:.4g}"
+        in (readme)
+    )
