@@ -1,7 +1,7 @@
 r"""What the Keras adapter tells the user about a run: the valid number for the pipeline that ran (what it
-protects, its relation, sampling and proof), the rows that left ``best`` on the way (at which step, why), the
-rows a parameter left out would add, and what TF Privacy's own statement would print for the run, marked NOT
-VALID where its assumptions fail, with the ratio of the valid number to it (as ``lastiter compare`` shows it)."""
+protects, its relation, sampling and proof), the rows that left ``best`` on the way (at which step, why), and
+what TF Privacy's own statement would print for the run, marked NOT VALID where its assumptions fail, with the
+ratio of the valid number to it (as ``lastiter compare`` shows it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import math
 
 import lastiter_plugins as lp
-from lastiter_plugins.host import HostNumber, RowLeft, host_numbers
+from lastiter_plugins.host import Departure, HostNumber, RowLeft, host_numbers
 
 #: TF Privacy's accountant whose number the callback's logs carry beside ``epsilon``: its Poisson line, the one
 #: its statement says "the actual epsilon should be closer to" for shuffled data.
@@ -24,13 +24,14 @@ class Report:
       result: the valid epsilon for the pipeline that ran (``str(result)`` renders it alone).
       rows_left: the rows that applied as declared and left ``best`` (step, fact, first broken precondition).
       host: what TF Privacy's ``compute_dp_sgd_privacy_statement`` prints for the run (display only).
-      needs: ``(parameter, rows)``: the rows that giving the parameter would add (e.g. ``learning_rate``).
+      departures: every fact that weakened the pipeline (also those with which no row left: a schedule after
+        Adam, a departure on a pipeline where only the every-iterate rows applied).
     """
 
     result: lp.EpsilonResult
     rows_left: tuple[RowLeft, ...] = ()
     host: tuple[HostNumber, ...] = ()
-    needs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    departures: tuple[Departure, ...] = ()
 
     @classmethod
     def of(
@@ -38,9 +39,9 @@ class Report:
         result: lp.EpsilonResult,
         config: lp.TrainingConfig,
         rows_left: tuple[RowLeft, ...] = (),
-        needs: tuple[tuple[str, tuple[str, ...]], ...] = (),
+        departures: tuple[Departure, ...] = (),
     ) -> Report:
-        return cls(result, rows_left, host_numbers(config, result.delta, "tf_privacy"), needs)
+        return cls(result, rows_left, host_numbers(config, result.delta, "tf_privacy"), departures)
 
     def ratio(self, number: HostNumber) -> float | None:
         """The valid epsilon over the host's (None when the host gave none)."""
@@ -69,7 +70,12 @@ class Report:
             f"sampling {r.sampling.value}, {r.steps} steps, via {r.winner} (proof: {d['proof']}; {d['provenance']})."
         ]
         lines += [f"  left best: {row}" for row in self.rows_left]
-        lines += [f"  give {name}= for {', '.join(rows)}" for name, rows in self.needs if rows]
+        named = {(row.step, row.fact) for row in self.rows_left}
+        lines += [
+            f"  observed at step {d.step}: {d.fact} (no further row left with it)"
+            for d in self.departures
+            if (d.step, d.fact) not in named
+        ]
         if self.host:
             lines.append("What TF Privacy's compute_dp_sgd_privacy_statement prints for this run (never counted):")
             for number in self.host:

@@ -75,17 +75,8 @@ class Run:
             model, settings, fit, config, assumptions, declared.dataset_size, earlier_steps, declared.metric_source
         )
         checks = checks_module.checks(glm)
-        departures: list[Departure] = []
-        started: list[Check] = []
-        try:
-            for check in checks:
-                departures.extend(check.start(start))
-                started.append(check)
-            account(declared.declaration, config, assumptions, declared.delta, departures)  # refuses now
-        except BaseException:
-            for check in started:
-                check.remove()
-            raise
+        departures = [departure for check in checks for departure in check.start(start)]  # a refusal raises
+        account(declared.declaration, config, assumptions, declared.delta, departures)  # refuses now
         projection = next(c for c in checks if isinstance(c, ProjectionCheck))
         probe = observe.StepProbe(model, model.optimizer, projection.ball, capacity=fit.steps_per_epoch)
         for check in checks:  # a check's own probe wraps the step probe's wrappers: installed after it

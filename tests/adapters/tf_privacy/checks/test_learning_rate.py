@@ -70,3 +70,12 @@ def test_a_learning_rate_variable_left_unchanged_keeps_the_last_iterate_number()
     fit(linear(optimizer(learning_rate=rate)), cb)
     assert cb.departures == () and cb.result.protects is lp.Protects.FINAL_MODEL
     assert cb.epsilon == pytest.approx(core("cyclic", update="sgd", learning_rate=0.05, **DECLARED).epsilon, rel=1e-12)
+
+
+def test_the_report_names_every_departure_also_when_no_further_row_left_with_it():
+    cb = callback("cyclic", **DECLARED)
+    schedule = tf.keras.optimizers.schedules.CosineDecay(0.01, 8)
+    fit(linear(optimizer("DPKerasAdamOptimizer", learning_rate=schedule)), cb)
+    text = str(cb.report)
+    assert "left best: " in text and "the optimizer is DPKerasAdamOptimizer" in text
+    assert "observed at step 1: the learning rate follows CosineDecay" in text and "(no further row left" in text
