@@ -214,7 +214,8 @@ def _keras_overhead(section: dict, results: dict) -> list[str]:
             *_target_rows(rows, "epsilon (winner)", lambda r: f"{_num(r['epsilon'], '.3g')} ({r['winner']})"),
             "",
             "Generated data, CPU time (`time.process_time`, the process' threads), one TensorFlow thread, "
-            "`VectorizedDPKerasSGDOptimizer`, `fit(shuffle=True)`. Three pipelines, identical but for the callback: "
+            "`VectorizedDPKerasSGDOptimizer` (or the optimizer the row names: `DPKerasAdamOptimizer`, whose run keeps "
+            "the every-iterate rows), `fit(shuffle=True)`. Three pipelines, identical but for the callback: "
             'A and A\' without it, B with `LastIterateCallback(sampling="reshuffle")` (`best`). A block is one '
             "fresh `fit` per pipeline, its first epoch (tracing) left out and every later epoch timed whole, the "
             "callback's epoch hooks (the check of the epoch's rows, the epsilon in the logs) included; each round "
