@@ -132,22 +132,19 @@ def test_the_cnn_example_prints_the_valid_number_beside_tf_privacys(capsys):
     assert accountant.epsilon > 2 * poisson
 
 
-def test_the_readme_quotes_the_cnn_examples_numbers():
+def test_the_readme_and_the_guide_quote_the_cnn_examples_numbers():
     from tests.support import ROOT
 
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    guide = (ROOT / "docs" / "tf_privacy.md").read_text(encoding="utf-8")
+    epochs = 3  # the example's default
     valid = lp.epsilon(
-        "best",
-        DELTA,
-        dataset_size=1792,
-        batch_size=64,
-        noise_multiplier=1.0,
-        epochs=3,
-        sampling="reshuffle",
+        "best", DELTA, dataset_size=1792, batch_size=64, noise_multiplier=1.0, epochs=epochs, sampling="reshuffle",
         update="any",
-    )  # fmt: skip (the example's default: 3 epochs)
-    _, poisson = printed(1792, 64, 3.0, 1.0)
-    assert (
-        f"gets {valid.epsilon:.4g} (every iterate, replace-one) where TF Privacy's statement prints {poisson:.4g}"
-        in (readme)
-    )
+    )  # fmt: skip
+    _, poisson = printed(1792, 64, float(epochs), 1.0)
+    quoted = f"gets {valid.epsilon:.4g} (every iterate, replace-one) where TF Privacy's statement prints {poisson:.4g}"
+    assert quoted in readme
+    assert f"epsilon = {valid.epsilon:.4g} at delta = 1e-05, protecting every iterate" in guide
+    assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in guide
+    assert f"the valid epsilon is {valid.epsilon / poisson:.3g}x it" in guide
