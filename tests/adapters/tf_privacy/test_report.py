@@ -148,3 +148,13 @@ def test_the_readme_and_the_guide_quote_the_cnn_examples_numbers():
     assert f"epsilon = {valid.epsilon:.4g} at delta = 1e-05, protecting every iterate" in guide
     assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in guide
     assert f"the valid epsilon is {valid.epsilon / poisson:.3g}x it" in guide
+
+
+def test_the_statement_describes_every_sampling():
+    for sampling in lp.Sampling:
+        try:
+            text = compute_last_iterate_privacy_statement(**STATEMENT, sampling=sampling, learning_rate=0.5)
+        except ValueError as exc:  # no row for this sampling under either relation: said so, not a KeyError
+            assert "no bound applies" in str(exc)
+            continue
+        assert "Sampling: " in text
