@@ -231,9 +231,8 @@ def account(
         )
     except NotApplicableError as exc:
         raise NotApplicableError(f"{exc}{_because(departures)}") from None
-    if declaration.require == LAST_ITERATE and not any(
-        registry.BOUNDS[bid].protects is Protects.FINAL_MODEL
-        for bid in _candidates(ran_config, ran_assumptions, declaration.published_only)
+    if declaration.require == LAST_ITERATE and not _last_iterate_left(
+        evaluation.best_candidates(ran_config, ran_assumptions, declaration.published_only)
     ):  # a last-iterate row is left: best over every row (composition winning protects the final model too)
         raise NotApplicableError(
             f"a bound certifying the final model only must be left (require='last_iterate'). Found only "
@@ -262,7 +261,7 @@ def refusal(
     candidates = evaluation.best_candidates(ran_config, ran_assumptions, declaration.published_only)
     if not candidates:
         return f"best must have a proven row left. Found none for the pipeline that ran{_because(departures)}"
-    if declaration.require == LAST_ITERATE and all(s.protects is not Protects.FINAL_MODEL for s in candidates):
+    if declaration.require == LAST_ITERATE and not _last_iterate_left(candidates):
         rows = ", ".join(s.id for s in candidates)
         return (
             f"a bound certifying the final model only must be left (require='last_iterate'). Found only "
@@ -278,6 +277,11 @@ def published_note(
     published theorems only, or that none applies); empty when it rests on a published theorem."""
     grid = None if orders is None else validate_orders(np.array(tuple(orders), dtype=float))
     return evaluation.published_note(result, config, assumptions, grid)
+
+
+def _last_iterate_left(candidates: Iterable[BoundSpec]) -> bool:
+    """Whether a row certifying the final model only is among ``best``'s candidates (``require``'s test)."""
+    return any(spec.protects is Protects.FINAL_MODEL for spec in candidates)
 
 
 def _because(departures: tuple[Departure, ...]) -> str:
