@@ -279,19 +279,17 @@ def compute_last_iterate_privacy_statement(
         delta=delta,
         used_microbatching=False,
     )
-    paragraphs.append(
+    paragraphs.append(  # its verdict for this pipeline follows: the Poisson line's sampling, the relation
         _fill(
             "Baseline: TF Privacy's compute_dp_sgd_privacy_statement (tensorflow-privacy 0.9, "
-            "used_microbatching=False). Its numbers use add-or-remove-one adjacency and protect every "
-            "checkpoint; they are not comparable with the replace-one numbers above without care (a "
-            "replace-one change is one removal plus one addition). Its Poisson line assumes Poisson sampling, "
-            "which Keras fit does not perform."
+            "used_microbatching=False), display only, add-or-remove-one, every checkpoint (a replace-one "
+            "change is one removal plus one addition: compare with care):"
         )
-        + "\n\n"
+        + "\n"
         + "\n".join(f"  | {line}".rstrip() for line in baseline.rstrip("\n").split("\n"))
     )
     relation, (_, valid, _) = next(iter(sections.items()))
-    verdicts = [_fill("For this pipeline (display only, never counted):")]
+    verdicts = [_fill("For this pipeline (never counted):")]
     for number in host_numbers(config.replace(relation=relation), delta, "tf_privacy"):
         times = ""
         if number.epsilon is not None and number.epsilon > 0:
