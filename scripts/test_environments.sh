@@ -7,7 +7,10 @@
 #      (.venv-dpa06, pinned by constraints/dpa06.txt);
 #   3. the Opacus adapter and comparison tests against Opacus 1.5.x in a third venv
 #      (.venv-opacus15, pinned by constraints/opacus15.txt);
-#   4. the randomised ground-truth and property sweeps at full size and the fixed-seed subset of the
+#   4. the jax_privacy adapter tests (Keras 3 on JAX, the JAX API; CPU) in a venv of their own, with Python 3.11
+#      (.venv-jax) and with Python 3.12 (.venv-jax312), pinned by constraints/jax.txt (scripts/test_jax.sh; TF
+#      Privacy's dp-accounting and numpy pins cannot share an environment with jax_privacy);
+#   5. the randomised ground-truth and property sweeps at full size and the fixed-seed subset of the
 #      soundness fuzzing (--runslow; each takes a minute or more of CPU, too long for the README's
 #      command; the full soundness fuzzing, about 100 min of CPU, stays by hand: tests/README.md, tier 3).
 # Every step runs even when an earlier one fails; the exit status is the first failing
@@ -20,6 +23,8 @@ source scripts/_steps.sh
 step .venv/bin/python -m pytest -q -m packaging tests/stories/test_packaging.py
 step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
 step bash scripts/test_opacus_15.sh
+step env PYTHON="${PYTHON311:-python3.11}" JAX_VENV=.venv-jax bash scripts/test_jax.sh
+step env PYTHON="${PYTHON312:-python3.12}" JAX_VENV=.venv-jax312 bash scripts/test_jax.sh
 step .venv/bin/python -m pytest -q --runslow -n auto --maxprocesses 4 tests/core/verification/test_ground_truth.py \
   tests/core/test_properties.py tests/core/verification/test_verification.py::test_fuzz_subset_fast
 
