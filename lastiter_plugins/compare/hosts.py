@@ -20,8 +20,12 @@ These rows are never counted in a best line (docs/derivations/baselines.md#host-
   Privacy is not imported: it loads TensorFlow).
 
 A row whose sampling model is not the pipeline's is flagged NOT valid: the mistake
-the table exists to show. Host versions this was written against: dp-accounting
-0.4.3 (also 0.6), Opacus 1.5 and 1.6, tensorflow-privacy 0.9.0.
+the table exists to show. jax_privacy's ``DpsgdTrainingAccountant`` (when jax_privacy is
+installed): its Poisson number (what ``keras_api.DPKerasConfig`` calibrates with, also for a
+``fit`` that shuffles) and its fixed-batch-size number (Poisson with the sensitivity doubled,
+composed in an add-or-remove PLD: below the truth for adaptive runs under replace-one, so never
+valid; docs/derivations/jax-privacy-adapter.md#jp-host-numbers). Host versions this was written
+against: dp-accounting 0.4.3 (also 0.6), Opacus 1.5 and 1.6, tensorflow-privacy 0.9.0, jax_privacy 2.0.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ class HostAccountant:
 
     id: str
     label: str
-    host: str  # "opacus", "dp-accounting" or "tf_privacy" (DISTRIBUTIONS: its distribution name)
+    host: str  # "opacus", "dp-accounting", "tf_privacy" or "jax-privacy" (DISTRIBUTIONS: its distribution name)
     covers: tuple[Sampling, ...]
     relation: Relation
     assumptions: str
@@ -155,6 +159,28 @@ def _tf_privacy_epsilon(rdp: np.ndarray, delta: float) -> tuple[float, float]:
     with np.errstate(over="ignore"):
         eps, order = rdp_privacy_accountant.compute_epsilon(_TF_PRIVACY_ORDERS, rdp, delta)
     return float(eps), float(order)
+
+
+def _jax_privacy(sampling_method: str) -> Compute:
+    """jax_privacy's ``DpsgdTrainingAccountant`` as ``DPKerasConfig`` builds it (dp-accounting's add-or-remove PLD,
+    value discretisation 1e-3), for ``sampling_method`` (``POISSON`` or ``FIXED_BATCH_SIZE``) with q = b/n."""
+
+    def compute(cfg: TrainingConfig, delta: float, orders: np.ndarray | None) -> tuple[float, None]:
+        from jax_privacy.accounting import accountants, analysis
+
+        accountant = analysis.DpsgdTrainingAccountant(
+            dp_accountant_config=accountants.PldAccountantConfig(value_discretization_interval=1e-3)
+        )
+        params = analysis.DpParams(
+            noise_multipliers=cfg.noise_multiplier,
+            num_samples=cfg.dataset_size,
+            batch_size=cfg.batch_size,
+            delta=delta,
+            sampling_method=analysis.SamplingMethod[sampling_method],
+        )
+        return float(accountant.compute_epsilon(cfg.steps, params)), None
+
+    return compute
 
 
 _NO_ASSUMPTIONS = LossAssumptions()  # the Poisson baselines assume nothing beyond clipping
@@ -255,11 +281,49 @@ HOST_ACCOUNTANTS: tuple[HostAccountant, ...] = (
         compute=_tf_privacy_poisson,
         same_as="composition",
     ),
+    HostAccountant(
+        id="jax-privacy-poisson",
+        label="jax_privacy DpsgdTrainingAccountant, Poisson",
+        host="jax-privacy",
+        covers=_POISSON,
+        relation=Relation.ADD_OR_REMOVE_ONE,
+        assumptions=_POISSON_ASSUMES + "; the PLD of DPKerasConfig (value discretisation 1e-3)",
+        reference="jax_privacy.accounting.DpsgdTrainingAccountant, SamplingMethod.POISSON (what DPKerasConfig "
+        "calibrates and checks its noise with)",
+        compute=_jax_privacy("POISSON"),
+        max_steps=HOST_COMPOSITION_MAX_STEPS,
+        same_as="composition-pld-poisson",
+    ),
+    HostAccountant(
+        id="jax-privacy-fixed-batch",
+        label="jax_privacy DpsgdTrainingAccountant, fixed batch size",
+        host="jax-privacy",
+        covers=(Sampling.RANDOM_BATCH,),
+        relation=Relation.REPLACE_ONE,
+        assumptions="fixed-size random batches of b from n, replace-one: Poisson at q = b/n with noise multiplier "
+        "z/2, composed in an add-or-remove PLD",
+        reference="jax_privacy.accounting.DpsgdTrainingAccountant, SamplingMethod.FIXED_BATCH_SIZE",
+        compute=_jax_privacy("FIXED_BATCH_SIZE"),
+        guarantee=False,
+        caveat="jax_privacy composes the two directions of the Poisson pair separately; for an adaptive run under "
+        "replace-one that is below the truth (n = 4, b = 2, z = 1, T = 2: "
+        "docs/derivations/baselines.md#random-batch-pair)",
+        max_steps=HOST_COMPOSITION_MAX_STEPS,
+    ),
 )
 
 #: The distribution of each host, and the extra of this package that installs it.
-DISTRIBUTIONS = {"dp-accounting": "dp-accounting", "opacus": "opacus", "tf_privacy": "tensorflow-privacy"}
-EXTRAS = {"dp-accounting": "", "opacus": "opacus", "tensorflow-privacy": "tf"}
+DISTRIBUTIONS = {
+    "dp-accounting": "dp-accounting",
+    "opacus": "opacus",
+    "tf_privacy": "tensorflow-privacy",
+    "jax-privacy": "jax-privacy",
+}
+EXTRAS = {"dp-accounting": "", "opacus": "opacus", "tensorflow-privacy": "tf", "jax-privacy": "jax"}
+
+
+#: The module each optional host's accountants are imported from.
+_HOST_MODULES = {"opacus": "opacus.accountants", "jax-privacy": "jax_privacy.accounting"}
 
 
 @functools.lru_cache(maxsize=8)
@@ -269,8 +333,8 @@ def _host_available(host: str) -> bool:
     if host == "tf_privacy":  # installed is enough: its numbers are computed without importing TensorFlow
         return importlib.util.find_spec("tensorflow_privacy") is not None
     try:
-        importlib.import_module("opacus.accountants")
-    except (ImportError, OSError):  # not installed, or torch fails to load
+        importlib.import_module(_HOST_MODULES[host])
+    except (ImportError, OSError):  # not installed, or torch (jax) fails to load
         return False
     return True
 
