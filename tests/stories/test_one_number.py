@@ -5,7 +5,8 @@ bias, plain SGD, a fixed order, clipping active), trained for real with Opacus a
 TF Privacy, and described to the API, the CLI, compare and dp-accounting's event with the
 declarations the hosts derive (``clipped_loss_convex_smooth``, the smoothness of the clipped
 logistic loss). Every route gives the same ``best``: computed by each, compared with each other,
-never pinned.
+never pinned. jax_privacy (Keras 3 on JAX) cannot share an environment with TF Privacy: its route is
+compared with the routes of its own environment (.venv-jax, scripts/test_jax.sh).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lastiter_plugins.cli import main
 
 HAVE_OPACUS = importlib.util.find_spec("opacus") is not None
 HAVE_TF = importlib.util.find_spec("tensorflow_privacy") is not None
+HAVE_JAX_PRIVACY = importlib.util.find_spec("jax_privacy") is not None
 
 N, B, DIM, EPOCHS, LR, Z, C, A = 120, 20, 5, 2, 0.5, 1.0, 1.0, 1.0
 DELTA = 1e-5
@@ -375,3 +377,60 @@ def test_random_allocation_gives_the_same_best_on_every_route(capsys, relation):
     assert calibrated.result.winner == api.winner and calibrated.result.relation is api.relation
     again = lp.epsilon("best", DELTA, **{**params, "noise_multiplier": calibrated.noise_multiplier})
     assert again.epsilon == calibrated.result.epsilon <= numbers["api"]
+
+
+def _routes_without_hosts(params: dict, capsys) -> dict[str, float]:
+    """The API, the CLI (epsilon and compare), compare's API and dp-accounting's event for the pipeline."""
+    from dp_accounting import NeighboringRelation
+
+    from lastiter_plugins.adapters.dp_accounting import LastIterateAccountant, LastIterateDpSgdEvent
+
+    numbers = {"api": lp.epsilon("best", DELTA, **params).epsilon}
+    flags = ["--dataset-size", str(N), "--batch-size", str(B), "--noise-multiplier", str(Z), "--clip-norm", str(C),
+             "--learning-rate", str(LR), "--epochs", str(EPOCHS), "--sampling", "cyclic", "--smoothness",
+             repr(params["smoothness"]), "--clipped-loss-convex-smooth"]  # fmt: skip
+    assert main(["epsilon", "--format", "json", "--delta", str(DELTA), *flags]) == 0
+    numbers["cli epsilon"] = json.loads(capsys.readouterr().out)["epsilon"]
+    assert main(["compare", "--format", "json", "--delta", str(DELTA), *flags]) == 0
+    data = json.loads(capsys.readouterr().out)
+    numbers["cli compare"] = next(b["epsilon"] for b in data["best"] if b["declared"])
+    numbers["compare (API)"] = lp.compare.compare(DELTA, lower_bound=False, **params).best[0].epsilon
+    event = LastIterateDpSgdEvent(steps=EPOCHS * (N // B), **{k: v for k, v in params.items() if k != "epochs"})
+    dpa = LastIterateAccountant(neighboring_relation=NeighboringRelation.REPLACE_ONE)
+    dpa.compose(event)
+    numbers["dp-accounting"] = dpa.get_epsilon(DELTA)
+    return numbers
+
+
+@pytest.mark.skipif(not HAVE_JAX_PRIVACY, reason="needs jax_privacy (the jax extra: scripts/test_jax.sh, .venv-jax)")
+def test_the_jax_privacy_route_gives_the_same_best(capsys, monkeypatch):
+    """The same pipeline trained with jax_privacy's Keras API (Keras 3 on JAX): features clipped before fit (the
+    adapter checks the array fit receives), shuffle=False, plain SGD; the adapter derives the same constants."""
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    import keras
+    from jax_privacy import keras_api
+
+    from lastiter_plugins.adapters import jax_privacy as ljp
+    from lastiter_plugins.feature_clip import clip_features
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(1)])
+    config = keras_api.DPKerasConfig(epsilon=1e3, delta=DELTA, clipping_norm=C, batch_size=B,
+                                     gradient_accumulation_steps=1, train_steps=EPOCHS * (N // B), train_size=N,
+                                     noise_multiplier=Z, rescale_to_unit_norm=False, seed=0)  # fmt: skip
+    model = keras_api.make_private(model, config)
+    accountant = ljp.watch(model, delta=DELTA, relation="replace_one", model_kind="glm", loss="binary_logistic",
+                           feature_norm=A)  # fmt: skip
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    x, y = _data()
+    model.fit(clip_features(x, A), y[:, None], batch_size=B, epochs=EPOCHS, shuffle=False, verbose=0)
+    assumptions = accountant.assumptions
+    assert assumptions.clipped_loss_convex_smooth
+    params = _core_params(assumptions)
+    numbers = _routes_without_hosts(params, capsys)
+    numbers["jax_privacy keras"] = accountant.epsilon()
+    numbers["jax_privacy report"] = accountant.report().epsilon
+    reference = numbers["api"]
+    assert reference < lp.epsilon("best", DELTA, **{**params, "clipped_loss_convex_smooth": False}).epsilon
+    for route, value in numbers.items():
+        assert value == pytest.approx(reference, rel=1e-12), (route, numbers)
