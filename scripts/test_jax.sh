@@ -17,7 +17,8 @@
 #
 # Default selection: the jax_privacy adapter (tests/adapters/jax_privacy/: real Keras fits and JAX loops on CPU,
 # the strategies, the calibration, jax_privacy's numbers in compare) and the one-number story's jax_privacy
-# route, on every core (pytest-xdist, at most 4 workers, a file's tests on one worker). About two minutes of CPU.
+# route, the packaging checks of the jax extra (constraints/jax.txt within its ranges, the example's imports within
+# it), on every core (pytest-xdist, at most 4 workers, a file's tests on one worker). About two minutes of CPU.
 # Exit status is pytest's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +43,8 @@ esac
 
 export KERAS_BACKEND=jax JAX_PLATFORMS=cpu
 if [ "$#" -eq 0 ]; then
-  set -- tests/adapters/jax_privacy tests/stories/test_one_number.py -q -rs -n auto --maxprocesses 4 --dist loadfile
+  set -- tests/adapters/jax_privacy tests/stories/test_one_number.py tests/stories/test_packaging.py \
+    -k 'not packaging.py or jax_privacy or constraints' -q -rs -n auto --maxprocesses 4 --dist loadfile
 fi
 echo "+ $venv/bin/python -m pytest $*"
 exec "$venv/bin/python" -m pytest "$@"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import email
+import importlib.util
 import json
 import os
 import re
@@ -116,7 +117,7 @@ def wheel_metadata(wheel) -> email.message.Message:
 def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "lastiter_plugins/adapters/__init__.py" in names
-    for host in ("opacus", "tf_privacy", "dp_accounting"):  # one subpackage per host
+    for host in ("opacus", "tf_privacy", "dp_accounting", "jax_privacy"):  # one subpackage per host
         assert f"lastiter_plugins/adapters/{host}/__init__.py" in names, host
     assert "lastiter_plugins/adapters/opacus/_internals.py" in names
     assert "lastiter_plugins/py.typed" in names
@@ -251,14 +252,18 @@ def _closure(requirements: list[str]) -> set[str]:
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
 def test_every_example_needs_only_its_host_extra_and_examples(example):
-    """`pip install "lastiter-plugins[opacus,examples]"` (tf_privacy_*: `[tf,examples]`) installs what each example
-    imports: the README says so. Checked against the installed requirement graph."""
+    """`pip install "lastiter-plugins[opacus,examples]"` (tf_privacy_*: `[tf,examples]`, jax_privacy_*: `[jax]`)
+    installs what each example imports: the README says so. Checked against the installed requirement graph (the
+    jax_privacy example in .venv-jax: scripts/test_jax.sh)."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    host = {"opacus": "opacus", "tf": "tf"}.get(example.name.split("_")[0])
-    declared = project["dependencies"] + extras["examples"] + (extras[host] if host else [])
+    host = {"opacus": "opacus", "tf": "tf", "jax": "jax"}.get(example.name.split("_")[0])
+    if host == "jax" and importlib.util.find_spec("jax_privacy") is None:
+        pytest.skip("needs jax_privacy installed (the jax extra's environment, .venv-jax) to resolve its imports")
+    # the jax_privacy example draws its data with numpy: its extra alone (it runs in .venv-jax, without scikit-learn)
+    declared = project["dependencies"] + (extras["examples"] if host != "jax" else []) + (extras[host] if host else [])
     missing = _imported_distributions(example) - _closure(declared)
     assert not missing, f"{example.name} imports {sorted(missing)}, which [{host or ''},examples] does not install"
     readme = (ROOT / "README.md").read_text()
@@ -276,6 +281,7 @@ def test_constraints_satisfy_the_published_ranges():
         "ci.txt": project["dependencies"] + extras["all"] + extras["dev"],
         "opacus15.txt": project["dependencies"] + extras["opacus"],
         "dpa06.txt": project["dependencies"],
+        "jax.txt": project["dependencies"] + extras["jax"],
     }
     for filename, requirements in envs.items():
         pins = _pins(ROOT / "constraints" / filename)
@@ -389,4 +395,10 @@ def test_all_extra_is_the_union_of_the_host_extras():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert set(extras["all"]) == set(extras["opacus"]) | set(extras["tf"]) | set(extras["plot"]) | set(
         extras["examples"]
+    )
+    # jax_privacy needs dp-accounting >= 0.6 and numpy 2, which TF Privacy 0.9 forbids: never in `all`
+    assert (
+        not {r.split(">")[0].split("<")[0] for r in extras["jax"]}
+        & {"jax-privacy", "jax", "keras"}
+        & {r.split(">")[0].split("<")[0] for r in extras["all"]}
     )

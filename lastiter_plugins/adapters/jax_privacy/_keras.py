@@ -5,8 +5,8 @@ r"""The Keras route: the valid epsilon of ``fit`` on a model made private by ``j
 model on ``model="glm"``), then run with the recorder of :mod:`._internals` installed: the indices of every batch
 fed to the step and the clip, divisor and noise std the step was compiled with. At every epoch's end and after
 ``fit`` the recorded batches are checked step by step against the scheme (the shared derivation,
-``adapters/_derivation.py``) and the learning rate re-read. The pipeline is derived from what was observed
-(docs/derivations/jax-privacy-adapter.md, parts 1-3), and :meth:`KerasAccountant.account` is the number for the
+``lastiter_plugins/adapters/_derivation.py``) and the learning rate re-read. The pipeline is derived from what was
+observed (docs/derivations/jax-privacy-adapter.md, parts 1-3), and :meth:`KerasAccountant.account` is the number for the
 pipeline that ran (:func:`lastiter_plugins.host.account`), with jax_privacy's own number beside it.
 """
 

@@ -2,9 +2,9 @@ r"""The JAX API: a training loop of the user's over a ``jax_privacy.batch_select
 
 :class:`TrainingRun` maps the strategy to the core's scheme (:func:`._schemes.strategy_scheme`; refused, with the
 reason, where no row covers it), hands the loop its batches (:meth:`TrainingRun.batches`), checking each one as it
-is drawn against the scheme (the shared derivation, ``adapters/_derivation.py``: one permutation per pass, the
-same batches every cycle, no Poisson pass repeated; for random allocation, no example twice in a cycle) and
-counting it as one noisy step, and makes the noise (:meth:`TrainingRun.privatizer`: ``gaussian_privatizer`` with
+is drawn against the scheme (the shared derivation, ``lastiter_plugins/adapters/_derivation.py``: one permutation
+per pass, the same batches every cycle, no Poisson pass repeated; for random allocation, no example twice in a cycle)
+and counting it as one noisy step, and makes the noise (:meth:`TrainingRun.privatizer`: ``gaussian_privatizer`` with
 std ``noise_multiplier * l2_norm_bound`` of the clipped-gradient function it is given, whose bound is checked
 against the declared clip and divisor). :meth:`TrainingRun.account` is the number for the steps drawn;
 :meth:`TrainingRun.accountant` the same accountant for jax_privacy's calibration.
