@@ -9,6 +9,7 @@ import math
 from typing import Any, Literal
 
 import lastiter_plugins as lp
+from lastiter_plugins.config import resolve_relation
 from lastiter_plugins.host import HostNumber, host_numbers
 
 from ._report import HOST_POISSON
@@ -61,7 +62,7 @@ def calibrate(
     config: Any,
     target_epsilon: float,
     *,
-    relation: lp.Relation | str,
+    relation: lp.Relation | str | None = None,
     shuffle: bool | Literal["batch"] = True,
     learning_rate: float | None = None,
     assumptions: lp.LossAssumptions | None = None,
@@ -74,6 +75,7 @@ def calibrate(
     default ``True`` reshuffles every pass).
 
     Args:
+      relation: left out, the default of the scheme fit runs (``lastiter_plugins.config.DEFAULT_RELATION``).
       learning_rate: the Keras SGD learning rate (None: only the rows that do not need it), divided by the
         clipping norm when ``config.rescale_to_unit_norm`` (docs/derivations/jax-privacy-adapter.md#jp-keras-step).
 
@@ -89,7 +91,7 @@ def calibrate(
     base = shape.scheme.config(
         noise_multiplier=1.0,
         steps=max(1, shape.steps(int(config.train_steps))),
-        relation=lp.Relation.parse(relation),
+        relation=resolve_relation(relation, shape.scheme.sampling),
         learning_rate=rate,
         clip_norm=float(config.clipping_norm),
         update=update,

@@ -17,10 +17,11 @@ import functools
 import math
 import types
 import weakref
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
+from lastiter_plugins.config import resolve_relation
 from lastiter_plugins.host import Account, Declaration, Departure, HostNumber, account, host_numbers
 from lastiter_plugins.validation import validate_delta
 
@@ -49,7 +50,7 @@ class Declared:
 
     declaration: Declaration
     delta: float
-    relation: lp.Relation
+    relation: lp.Relation | None  # None: the default of the scheme fit runs (resolved at the first fit)
     assumptions: lp.LossAssumptions
     glm: _glm.GlmDeclaration | None
     metric_source: Literal["public"] | None
@@ -76,6 +77,7 @@ class KerasAccountant:
         self.optimizer: OptimizerFacts | None = None
         self.mechanism: Mechanism | None = None
         self.assumptions = declared.assumptions
+        self.relation: lp.Relation | None = None  # resolved at the first fit, once the scheme is known
         self.derivation: Derivation | None = None
         self.departures: list[Departure] = []
         self.steps = 0  # physical steps checked
@@ -102,6 +104,7 @@ class KerasAccountant:
                 fit_plan.sampling, fit_plan.dataset_size, fit_plan.batch_size, fit_plan.batches_per_pass,
                 facts.accumulation,
             )  # fmt: skip
+            self.relation = resolve_relation(self.declared.relation, fit_plan.sampling)
             self.derivation = Derivation(
                 fit_plan.sampling,
                 fit_plan.dataset_size,
@@ -201,11 +204,11 @@ class KerasAccountant:
                 f"{new} steps and {len(self._pending)} recorded batches since step {self.steps}" + _VOID
             )
         assert self.derivation is not None and self.plan is not None
-        used = self._pending[:new]
+        used: list[_internals.Batch] | None = self._pending[:new]
         if self.plan.sampling is lp.Sampling.POISSON:
-            used = _in_draw_order(used)
-            if used is None:
-                self._fail("every Poisson batch jax_privacy drew must feed one step. Found one fed twice" + _VOID)
+            used = _in_draw_order(self._pending[:new])
+        if used is None:
+            self._fail("every Poisson batch jax_privacy drew must feed one step. Found one fed twice" + _VOID)
         for batch in used:
             drawn = DrawnBatch(batch.pass_id, batch.position, batch.indices)
             problem = self.derivation.check_step(drawn, len(batch.indices))
@@ -249,7 +252,7 @@ class KerasAccountant:
                     self._fail(f"{exc}".rstrip(".") + _VOID)
                 raise
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         self.failure = message
         raise lp.PipelineChangedError(message)
 
@@ -257,7 +260,7 @@ class KerasAccountant:
     def config(self, steps: int | None = None, planning: bool = False) -> lp.TrainingConfig:
         """The pipeline that ran (``steps``: physical steps; default the steps checked, or every planned one when a
         stopping rule chose the end)."""
-        if self.plan is None or self.shape is None or self.optimizer is None:
+        if self.plan is None or self.shape is None or self.optimizer is None or self.relation is None:
             raise ValueError("no fit call was watched yet: there is no run to account.")
         physical = steps if steps is not None else (max(self.steps, self.planned) if self.stop_rule else self.steps)
         dp = _internals.dp_config(self.model)
@@ -276,7 +279,7 @@ class KerasAccountant:
         return self.shape.scheme.config(
             noise_multiplier=self.shape.noise_multiplier(mechanism.physical_noise_multiplier),
             steps=max(1, self.shape.steps(physical)),
-            relation=self.declared.relation,
+            relation=self.relation,
             learning_rate=rate,
             clip_norm=mechanism.clip_norm,
             update=lp.Update.SGD,
@@ -386,7 +389,7 @@ def watch(
     model: Any,
     *,
     delta: float,
-    relation: lp.Relation | str,
+    relation: lp.Relation | str | None = None,
     assumptions: lp.LossAssumptions | None = None,
     model_kind: Literal["glm"] | None = None,
     loss: str | None = None,
@@ -401,7 +404,9 @@ def watch(
     Args:
       model: the Keras model (JAX backend) returned by ``make_private``, not trained yet.
       delta: the delta of the epsilon.
-      relation: the neighbouring relation (``add_or_remove_one`` or ``replace_one``).
+      relation: the neighbouring relation (``add_or_remove_one`` or ``replace_one``); left out, the default of the
+        scheme fit runs (``lastiter_plugins.config.DEFAULT_RELATION``: add-or-remove for Poisson sampling in fit,
+        replace-one for Keras' shuffle), resolved at the first fit.
       assumptions: the loss assumptions the run meets (default: none; ``model_kind="glm"`` derives them).
       model_kind: ``"glm"``: derive the assumptions of a certified linear model (``loss``, ``feature_norm``).
       loss: the linear model's loss family (``binary_logistic``).
@@ -444,7 +449,7 @@ def watch(
     declared = Declared(
         declaration=Declaration(bound=bound, published_only=published_only, require=require),
         delta=validate_delta(delta),
-        relation=lp.Relation.parse(relation),
+        relation=None if relation is None else lp.Relation.parse(relation),
         assumptions=assumptions or lp.LossAssumptions(),
         glm=glm,
         metric_source=metric_source,

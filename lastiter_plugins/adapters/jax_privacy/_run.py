@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
+from lastiter_plugins.config import resolve_relation
 from lastiter_plugins.host import Account, Declaration, HostNumber, account, host_numbers
 from lastiter_plugins.validation import validate_delta
 
@@ -46,7 +47,8 @@ class TrainingRun:
       noise_multiplier: z, the noise std over the clipped sum's sensitivity (``stddev / l2_norm_bound``).
       clip_norm: C (``clipped_grad(l2_clip_norm=C)``).
       delta: the delta of the epsilon.
-      relation: the neighbouring relation.
+      relation: the neighbouring relation; left out, the scheme's default
+        (``lastiter_plugins.config.DEFAULT_RELATION``).
       update: ``"sgd"``: the loop applies plain SGD at the constant ``learning_rate`` (``optax.sgd(lr)``, no
         momentum); ``"any"`` (default): any update (the every-iterate rows only).
       learning_rate: the SGD learning rate (with ``update="sgd"``).
@@ -63,7 +65,7 @@ class TrainingRun:
         noise_multiplier: float,
         clip_norm: float,
         delta: float,
-        relation: lp.Relation | str,
+        relation: lp.Relation | str | None = None,
         update: lp.Update | str = lp.Update.ANY,
         learning_rate: float | None = None,
         assumptions: lp.LossAssumptions | None = None,
@@ -77,7 +79,7 @@ class TrainingRun:
         self.scheme = strategy_scheme(strategy, num_examples, batch_size)
         self.declaration = Declaration(bound=bound, published_only=published_only, require=require)
         self.delta = validate_delta(delta)
-        self.relation = lp.Relation.parse(relation)
+        self.relation = resolve_relation(relation, self.scheme.sampling)
         self.update = lp.Update.parse(update)
         if self.update is lp.Update.SGD and learning_rate is None:
             raise ValueError("update='sgd' needs learning_rate (the constant SGD step the loop applies).")
@@ -144,7 +146,7 @@ class TrainingRun:
             )
         self._in_cycle.update(drawn.indices)
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str) -> NoReturn:
         self.failure = message + _VOID
         raise lp.PipelineChangedError(self.failure)
 

@@ -45,11 +45,12 @@ def test_shuffled_fit_is_reshuffle_and_jax_privacys_poisson_number_is_not_valid(
     """The common mistake: DPKerasConfig's default fit shuffles, jax_privacy's number is Poisson's."""
     x, y = regression_data(N)
     model = _private_model()
-    accountant = ljp.watch(model, delta=DELTA, relation="replace_one")
+    accountant = ljp.watch(model, delta=DELTA)  # the relation left out: reshuffle's default, replace-one
     model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
     model.fit(x, y, batch_size=B, epochs=2, verbose=0)
     account = accountant.account()
     assert accountant.steps == 8 and account.config.sampling is lp.Sampling.RESHUFFLE
+    assert account.config.relation is lp.Relation.REPLACE_ONE
     expected = _core("reshuffle", "replace_one", 8, learning_rate=LR32)
     assert account.result.epsilon == expected.epsilon and account.result.winner == expected.winner
     host = accountant.host_number()

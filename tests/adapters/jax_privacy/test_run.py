@@ -160,3 +160,13 @@ def test_update_sgd_needs_its_learning_rate():
     with pytest.raises(ValueError, match="learning_rate"):
         ljp.TrainingRun(bs.CyclicPoissonSampling(sampling_prob=B / N, iterations=4), num_examples=N, batch_size=B,
                         noise_multiplier=Z, clip_norm=C, delta=DELTA, relation="add_or_remove_one", update="sgd")  # fmt: skip
+
+
+def test_the_relation_left_out_is_the_schemes_default():
+    """lastiter_plugins.config.DEFAULT_RELATION, the rule of every route (Poisson warns until 0.4.0)."""
+    declared = dict(num_examples=N, batch_size=B, noise_multiplier=Z, clip_norm=C, delta=DELTA)
+    with pytest.warns(FutureWarning, match="add_or_remove_one"):
+        poisson = ljp.TrainingRun(bs.CyclicPoissonSampling(sampling_prob=B / N, iterations=4), **declared)
+    assert poisson.relation is lp.Relation.ADD_OR_REMOVE_ONE
+    fixed = ljp.TrainingRun(bs.FixedBatchSampling(batch_size=B, iterations=4), **declared)
+    assert fixed.relation is lp.Relation.REPLACE_ONE
