@@ -85,8 +85,9 @@ def test_balls_in_bins_over_one_cycle_is_random_allocation():
     _train(run)
     result = run.account().result
     expected = _core("random_allocation", "replace_one", 8, assumptions=WITHIN_CLIP)
-    assert result.sampling is lp.Sampling.RANDOM_ALLOCATION and result.protects is lp.Protects.FINAL_MODEL
-    assert (result.epsilon, result.winner) == (expected.epsilon, expected.winner)
+    assert result.sampling is lp.Sampling.RANDOM_ALLOCATION
+    # the core's best for random allocation (since issue 39 its every-iterate PLD row can win over the last-iterate ones)
+    assert (result.epsilon, result.winner, result.protects) == (expected.epsilon, expected.winner, expected.protects)
 
 
 def test_fixed_bins_over_several_cycles_get_the_epoch_baseline_only():
