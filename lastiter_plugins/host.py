@@ -334,8 +334,9 @@ class HostNumber:
 
 
 def host_numbers(config: TrainingConfig, delta: float, host: str) -> tuple[HostNumber, ...]:
-    """What ``host`` (``"opacus"``, ``"dp-accounting"`` or ``"jax-privacy"``) would report for the run as its users
-    call it, in the order compare shows them. Empty when the host is not installed."""
+    """What ``host`` (``"opacus"``, ``"dp-accounting"``, ``"tf_privacy"`` or ``"jax-privacy"``: a key of
+    ``compare.hosts.DISTRIBUTIONS``) would report for the run as its users call it, in the order compare shows them.
+    Empty when the host is not installed."""
     from lastiter_plugins.compare.hosts import HOST_ACCOUNTANTS, host_row  # display only: loaded when asked
 
     out = []
