@@ -10,6 +10,7 @@ mapping differs; the registry checks a row's preconditions before any of its glu
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol, TypedDict, TypeVar
 
@@ -27,6 +28,20 @@ class PrivacyProfile(Protocol):
     def epsilon(self, delta: float) -> float: ...
 
     def delta(self, eps: float) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SmallestProfile:
+    """Several valid privacy profiles of the same pair of laws: at every epsilon the smallest delta, at every
+    delta the smallest epsilon. Each profile holds on its own, so their pointwise minimum does."""
+
+    profiles: tuple[PrivacyProfile, ...]
+
+    def delta(self, eps: float) -> float:
+        return min(float(p.delta(eps)) for p in self.profiles)
+
+    def epsilon(self, delta: float) -> float:
+        return min(float(p.epsilon(delta)) for p in self.profiles)
 
 
 class RenyiProfile(PrivacyProfile, Protocol):

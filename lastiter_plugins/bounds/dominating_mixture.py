@@ -319,7 +319,10 @@ def poisson_profile(
 # ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
 
 
-def _poisson(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> DominatingMixtureProfile:
+def poisson_allocation(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> DominatingMixtureProfile:
+    """Poisson sampling: the additive allocation's law as the pair (M, N(0, 1)) (add-or-remove) or (M, M
+    reflected) (replace-one). The rows ``shifted-interpolation-poisson`` and ``-poisson-replace-one`` take
+    the smaller of this and the majorant's profile (:mod:`lastiter_plugins.bounds.concave_majorant`)."""
     # each pattern's run against the run without the record: shift C per use (the divisor b is fixed);
     # the patterns mixed against that one law (add-or-remove), or through it (replace-one):
     # docs/derivations/poisson-amplification.md#amplification
@@ -330,13 +333,3 @@ def _poisson(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> Dom
         events=list(membership_mixtures.poisson_events(cfg, a)),
         reflected=reflected,
     )
-
-
-def shifted_interpolation_poisson(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
-    """Add-or-remove: the patterns mixed against the run without the record."""
-    return _poisson(cfg, a, reflected=False)
-
-
-def shifted_interpolation_poisson_replace_one(cfg: TrainingConfig, a: LossAssumptions) -> DominatingMixtureProfile:
-    """Replace-one: both worlds compared through the run without the record."""
-    return _poisson(cfg, a, reflected=True)

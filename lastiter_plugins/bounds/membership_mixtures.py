@@ -166,7 +166,7 @@ def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, flo
 
     Small laws are convolved directly. Otherwise the atoms above _HEAVY of either law (all atoms
     of a law with at most _SPARSE_ATOMS) are added one by one, exactly (sums of non-negative
-    terms), and the rest by FFT less the FFT's error bound (:func:`_fft_error`), which is
+    terms), and the rest by FFT less the FFT's error bound (:func:`fft_error`), which is
     proportional to the norms of the light parts: small."""
     mass = float(a.sum()) * float(b.sum())
     atoms_a, atoms_b = np.flatnonzero(a), np.flatnonzero(b)
@@ -198,11 +198,11 @@ def _convolve(a: np.ndarray, b: np.ndarray, cells: int) -> tuple[np.ndarray, flo
     size = 1 << (a.size + b.size - 2).bit_length()  # a power of two >= a.size + b.size - 1
     fft = np.fft.irfft(np.fft.rfft(a_light, size) * np.fft.rfft(b_light, size), size)[: out.size]
     cut = max(mass - float(out.sum()) - float(fft.sum()), 0.0)
-    out += np.maximum(fft - _fft_error(size) * np.linalg.norm(a_light) * np.linalg.norm(b_light), 0.0)
+    out += np.maximum(fft - fft_error(size) * np.linalg.norm(a_light) * np.linalg.norm(b_light), 0.0)
     return out, cut
 
 
-def _fft_error(size: int) -> float:
+def fft_error(size: int) -> float:
     r"""A bound on :math:`\max_j |\hat z_j - z_j| / (\|a\|_2 \|b\|_2)` for the convolution
     :math:`z = a * b` computed by FFTs of length ``size`` = 2^k in double precision: Percival
     (2003, Math. Comp. 72, Theorem 5.1), :math:`(1+\epsilon)^{3k}(1+\epsilon\sqrt5)^{3k+1}
@@ -358,11 +358,11 @@ def _prefix_shift_law_horizon(
     for value, (k, pk) in zip(values.tolist(), _count_laws(tuple(runs.tolist()), q), strict=True):
         law, end = _plus_multiples(law, end, value, k, pk)
     if split and q < 1.0:  # P(fractional sum > F*) joins the missing mass, taken from the lowest values
-        law = _without_lowest(law, _LEFT_OUT / 10.0)
+        law = without_lowest(law, _LEFT_OUT / 10.0)
     return law, unit
 
 
-def _without_lowest(law: np.ndarray, mass: float) -> np.ndarray:
+def without_lowest(law: np.ndarray, mass: float) -> np.ndarray:
     """The law with ``mass`` removed from its lowest values (that mass then counts as mu = inf): for
     any event A of probability at most ``mass``, P(X > x) <= min(1, P(Y > x) + mass) is the survival
     function of this law when X <= Y outside A."""
@@ -934,8 +934,9 @@ def poisson_size_events(
 # ---------------------------------------------------------------- glue: DP-SGD hyperparameters -> the paper's symbols
 
 
-def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) -> profiles.GaussianMixtureProfile:
-    c = batch_step_contraction(
+def random_batch_contraction(cfg: TrainingConfig, a: LossAssumptions) -> float:
+    """The Lipschitz constant of every step of a random-batch run (every batch holds b examples)."""
+    return batch_step_contraction(
         cfg.batch_size,
         learning_rate=given(cfg.learning_rate, "learning_rate"),
         strong_convexity=a.strong_convexity,
@@ -943,9 +944,15 @@ def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) 
         batch_size=cfg.batch_size,
         l2_outside_clip=a.l2_outside_clip,
     )
+
+
+def random_batch_allocation(cfg: TrainingConfig, a: LossAssumptions) -> profiles.GaussianMixtureProfile:
+    """Random batches (replace-one): the additive allocation's law mixed by joint convexity (the row
+    ``shifted-interpolation-random-batch`` takes the smaller of this and
+    :func:`lastiter_plugins.bounds.concave_majorant.shifted_interpolation_random_batch`'s other profile)."""
     return membership_profile(
         step_mu=replace_one_step_mu(cfg.noise_multiplier),
-        contraction=c,
+        contraction=random_batch_contraction(cfg, a),
         use_probability=cfg.sampling_probability,
         steps=cfg.steps,
     )

@@ -19,10 +19,9 @@ from lastiter_plugins.bounds import (
     altschuler_talwar,
     bounded_domain,
     composition,
-    dominating_mixture,
+    concave_majorant,
     kong_ribero,
     liang,
-    membership_mixtures,
     shifted_interpolation,
     ye_shokri,
 )
@@ -469,7 +468,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "from a secret seed",
         conditions=(c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
-        profile=membership_mixtures.shifted_interpolation_random_batch,
+        profile=concave_majorant.shifted_interpolation_random_batch,
         kind=Kind.GDP,
     ),
     BoundSpec(
@@ -485,7 +484,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         assumptions=_POISSON_SI_ASSUMES,
         conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
-        profile=dominating_mixture.shifted_interpolation_poisson,
+        profile=concave_majorant.shifted_interpolation_poisson,
         kind=Kind.GDP,
     ),
     BoundSpec(
@@ -501,7 +500,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         assumptions=_POISSON_SI_ASSUMES,
         conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
-        profile=dominating_mixture.shifted_interpolation_poisson_replace_one,
+        profile=concave_majorant.shifted_interpolation_poisson_replace_one,
         kind=Kind.GDP,
     ),
     BoundSpec(

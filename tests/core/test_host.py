@@ -241,6 +241,15 @@ def test_gaussian_mus_one_per_component_of_a_gdp_rows_profile():
     ].profile
     assert profile is not None and profile.delta(1.0) == pytest.approx(host.gaussian_delta(mu, 1.0), rel=1e-12)
     assert len(host.gaussian_mus(lp.BOUNDS["shifted-interpolation-shuffle"], shuffled, shuffled_a)) > 1
+    # a profile that is no Gaussian mixture (Poisson's dominating pair, the smaller of two profiles): no mus
+    convex = dict(dataset_size=1000, batch_size=50, noise_multiplier=1.0, steps=200, learning_rate=1.0,
+                  smoothness=1.0, gradient_norms_within_clip=True)  # fmt: skip
+    for bound, sampling, relation in [
+        ("shifted-interpolation-poisson", "poisson", "add_or_remove_one"),
+        ("shifted-interpolation-random-batch", "random_batch", "replace_one"),
+    ]:
+        config, assumptions = lp.build(**convex, sampling=sampling, relation=relation)
+        assert host.gaussian_mus(lp.BOUNDS[bound], config, assumptions) == ()
     with pytest.raises(ValueError, match=r"spec must be a GDP row.*kong-ribero-cyclic, a rdp row"):
         host.gaussian_mus(lp.BOUNDS["kong-ribero-cyclic"], cyclic, cyclic_a)
 

@@ -34,7 +34,7 @@ def gaussian_mu(bound: str, config: TrainingConfig, assumptions: LossAssumptions
         if spec.kind is not lp.Kind.GDP:
             continue
         mus = host.gaussian_mus(spec, config, assumptions)
-        if len(mus) == 1:
+        if len(mus) == 1:  # one Gaussian is mu-GDP; a mixture, or a profile that is none (Poisson), is not one
             found.append((mus[0], spec.id))
         else:
             mixtures.append(spec.id)
