@@ -3,7 +3,8 @@
 The settings: the built-in scenario and those of examples/scenarios/; the anchor settings of
 docs/anchor-table.md (c = 0.9999 and 0.9998; E = 50, 100, 200; five samplings, and Poisson under
 add-or-remove); the GLM route's settings (E = 20, 80, 200, both relations); the how-tight settings of
-bench_lower_bounds.py. 94 settings, every row of the table at delta = 1e-5 unless a scenario names one.
+bench_lower_bounds.py; issue 40's convex random-batch and Poisson settings (delta = 1e-6). 97 settings, every row
+of the table at delta = 1e-5 unless a setting names its delta.
 Every setting states its neighbouring relation (a scenario file without one gets replace_one, the default of
 0.2.0, where the records were first taken), so that a change of a default never changes a setting: records
 taken before and after compare like with like.
@@ -54,6 +55,13 @@ def settings() -> dict[str, dict]:
         )  # fmt: skip
         out[f"glm:{e}"] = glm
         out[f"glm:{e}:r1"] = dict(glm, relation="replace_one")
+    convex = dict(
+        dataset_size=50000, batch_size=500, noise_multiplier=0.8, steps=1000, learning_rate=1.0, smoothness=1.0,
+        gradient_norms_within_clip=True, delta=1e-6,
+    )  # fmt: skip
+    out["issue40:convex-random-batch"] = dict(convex, sampling="random_batch")
+    out["issue40:convex-poisson"] = dict(convex, sampling="poisson", relation="add_or_remove_one")
+    out["issue40:convex-poisson-r1"] = dict(convex, sampling="poisson")
     for variant in ("as declared (c = 0.9999)", "l2 outside the clip", "convex (c = 1)"):
         for s in blb.SAMPLINGS:
             for e in (50, 100, 200):

@@ -122,10 +122,11 @@ _DIRECT_ATOMS = 128
 
 def _transforms(atoms, h: float) -> tuple[np.ndarray, float]:
     r"""(CELLS // 2 + 1, T + 1) array: the discrete Fourier transform of each cycle length's lattice law
-    (atoms beyond the last cell not placed; column 0 unused), and a bound on the error of every entry:
-    a direct sum over at most :data:`_DIRECT_ATOMS` atoms with table twiddles, error <= sqrt(2) (K + 5) u (the
-    products and the sum, Higham Lemma 3.5, with twiddles within 2 u); beyond, one real FFT of the lattice
-    vector x, error <= sqrt(N) rho ||x||_2 (Percival: docs/derivations/concave-majorant.md#cm-numerics)."""
+    (atoms beyond the last cell not placed; column 0 unused), and a bound on the error of every entry
+    (docs/derivations/concave-majorant.md#cm-numerics): a direct sum over at most :data:`_DIRECT_ATOMS` atoms
+    with a table of twiddles (each within 10 u: the angle 2 pi j / N is rounded), error <= sqrt(2) (K + 16) u
+    (the products and the sum, Higham Lemma 3.5); beyond, one real FFT of the lattice vector x, error
+    <= sqrt(N) rho ||x||_2 (Percival's bound on the whole error vector)."""
     steps = len(atoms) - 1
     frequencies = CELLS // 2 + 1
     rho = membership_mixtures.fft_error(CELLS)
@@ -141,7 +142,7 @@ def _transforms(atoms, h: float) -> tuple[np.ndarray, float]:
             rows.append(np.full(index.size, length))
             cols.append(index)
             weights.append(probs)
-            error = max(error, math.sqrt(2.0) * (index.size + 5) * _U)
+            error = max(error, math.sqrt(2.0) * (index.size + 16) * _U)
         else:
             dense = np.zeros(CELLS)
             np.add.at(dense, index, probs)
@@ -181,7 +182,7 @@ def _entry_error(steps: int, input_error: float) -> float:
     margin."""
     rho = membership_mixtures.fft_error(CELLS)
     per_step = math.sqrt(2.0) * _U  # a, times m
-    constant = 2.0 * math.sqrt(2.0) * _U + _U + input_error  # b
+    constant = 3.0 * math.sqrt(2.0) * _U + input_error  # b: the products, the division, the inputs
     harmonic = math.log(steps) + 1.0
     return _ERROR_MARGIN * (2.0 * per_step * steps + constant * harmonic + rho)
 

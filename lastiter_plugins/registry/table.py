@@ -58,8 +58,10 @@ _POISSON_PROVENANCE = Provenance(
     derived="docs/derivations/random-batch.md#random-batch-poisson and "
     "docs/derivations/poisson-amplification.md#amplification (per-pattern shifted interpolation, batch sizes "
     "conditioned; the "
-    "patterns mixed against the run without the record); checks: exact instances "
-    "(tests/core/bounds/test_membership_mixtures.py, tests/core/bounds/test_dominating_mixture.py), fuzzing "
+    "patterns mixed against the run without the record) and docs/derivations/concave-majorant.md#concave-majorant "
+    "(the exact per-pattern optimum at c = 1, where the run is nearly non-expansive); checks: exact instances "
+    "(tests/core/bounds/test_membership_mixtures.py, tests/core/bounds/test_dominating_mixture.py, "
+    "tests/core/bounds/test_concave_majorant.py), fuzzing "
     f"({_FUZZ_MEMBERSHIP}), an independent re-derivation of docs/derivations/random-batch.md#random-batch-poisson"
 )
 
@@ -453,16 +455,18 @@ _TABLE: tuple[BoundSpec, ...] = (
     BoundSpec(
         id="shifted-interpolation-random-batch",
         provenance=Provenance(
-            derived="docs/derivations/random-batch.md#random-batch-poisson (a schedule mixture over the memberships); "
-            "checks: exact instances "
-            "(tests/core/bounds/test_membership_mixtures.py), "
+            derived="docs/derivations/random-batch.md#random-batch-poisson (a schedule mixture over the memberships) "
+            "and docs/derivations/concave-majorant.md#concave-majorant (the exact per-pattern optimum at c = 1, where "
+            "the run is nearly non-expansive); checks: exact instances "
+            "(tests/core/bounds/test_membership_mixtures.py, tests/core/bounds/test_concave_majorant.py), "
             f"fuzzing ({_FUZZ_MEMBERSHIP}), an independent re-derivation"
         ),
         title="f-DP, a fresh random batch of b every step: schedule mixture over the memberships",
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): an "
         "allocation whose cost is a sum of independent block terms, its exact law on a lattice (rounded up), "
-        "averaged by joint convexity of the hockey-stick divergence; derivation in "
-        "docs/derivations/random-batch.md#random-batch-poisson",
+        "and, where the run is nearly non-expansive, the exact per-pattern optimum's law (a concave majorant); "
+        "the smaller profile, each averaged by joint convexity of the hockey-stick divergence; derivations in "
+        "docs/derivations/random-batch.md#random-batch-poisson and docs/derivations/concave-majorant.md",
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions=_SI_ASSUMES + "; every step draws b of the n examples without replacement, independently, "
         "from a secret seed",
@@ -478,8 +482,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): every "
         "membership pattern against the run without the record, the patterns' tradeoff functions averaged "
         "(a one-dimensional Gaussian mixture against N(0, 1): amplification by subsampling kept), with the "
-        "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
-        "docs/derivations/poisson-amplification.md#pa-add-or-remove",
+        "batch sizes conditioned on a range whose complement's probability is added to delta; the smaller "
+        "profile of the additive allocation's and, where the run is nearly non-expansive, the exact per-pattern "
+        "optimum's law; derivations in docs/derivations/poisson-amplification.md#pa-add-or-remove and "
+        "docs/derivations/concave-majorant.md",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
@@ -494,8 +500,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         reference=f"our schedule mixture of {BOK_SU_ALTSCHULER}'s shifted interpolation (section 4): both "
         "worlds compared through the run without the record (a one-dimensional Gaussian mixture against its "
         "reflection: amplification by subsampling kept), with the "
-        "batch sizes conditioned on a range whose complement's probability is added to delta; derivation in "
-        "docs/derivations/poisson-amplification.md#pa-replace-one-pivot",
+        "batch sizes conditioned on a range whose complement's probability is added to delta; the smaller "
+        "profile of the additive allocation's and, where the run is nearly non-expansive, the exact per-pattern "
+        "optimum's law; derivations in docs/derivations/poisson-amplification.md#pa-replace-one-pivot and "
+        "docs/derivations/concave-majorant.md",
         covers=_covers((Sampling.POISSON,)),
         assumptions=_POISSON_SI_ASSUMES,
         conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
