@@ -13,6 +13,7 @@ import pytest
 from scipy import stats
 
 import lastiter_plugins as lp
+from lastiter_plugins.bounds import dominating_mixture as dm
 from lastiter_plugins.bounds.dominating_mixture import DominatingMixtureProfile
 from lastiter_plugins.lower_end.exact import gaussian_mixture_hockey_stick
 
@@ -148,14 +149,18 @@ _CONVEX = dict(
 
 
 @pytest.mark.parametrize(
-    ("q", "z", "steps", "lower", "row"),
-    [(0.01, 0.8, 1000, 1.909, 4.046), (0.082, 3.0, 2500, 7.113, 7.983)],
+    ("q", "z", "steps", "lower", "allocation", "row"),
+    [(0.01, 0.8, 1000, 1.909, 4.046, 2.847), (0.082, 3.0, 2500, 7.113, 7.983, 7.983)],
 )
-def test_convex_poisson_row_against_the_linear_lower_end(q, z, steps, lower, row):
+def test_convex_poisson_row_against_the_linear_lower_end(q, z, steps, lower, allocation, row):
     """The issue's convex settings (delta 1e-6): the linear-loss lower end reproduces the issue's
-    figure, and the row is above it (as any valid bound) and below its section-19 value (8.36, 8.40)."""
+    figure, and the row is above it (as any valid bound); the allocation is below its section-19 value
+    (8.36, 8.40), and the row, where it also computes the exact optimum's law (T <= 2048,
+    docs/derivations/concave-majorant.md#cm-rows), below the allocation."""
     assert _linear_lower_end(q, z, steps, 1e-6) == pytest.approx(lower, abs=2e-3)
     params = {**_CONVEX, "batch_size": round(50000 * q), "noise_multiplier": z, "steps": steps}
+    cfg, a = lp.build(**params)
+    assert dm.poisson_allocation(cfg, a, reflected=False).epsilon(1e-6) == pytest.approx(allocation, abs=0.02)
     eps = lp.epsilon("shifted-interpolation-poisson", 1e-6, **params).epsilon
     assert lower < eps == pytest.approx(row, abs=0.02)
 
