@@ -225,7 +225,8 @@ def majorant_law(steps: int, use_probability: float) -> tuple[np.ndarray, np.nda
 def worth_computing(steps: int, contraction: float) -> bool:
     """Whether the rows compute :func:`majorant_law` beside their allocation: at most :data:`MAX_STEPS` steps
     and a run close to non-expansive, T (1 - c) <= 1 (elsewhere the contraction the law gives up is worth
-    more). A choice of which valid bounds to compute; no bound depends on it."""
+    more); the glue also leaves out shifts outside the lattices' range (there the allocation's crude forms
+    are exact or vacuous). A choice of which valid bounds to compute; no bound depends on it."""
     return steps <= MAX_STEPS and steps * (1.0 - contraction) <= 1.0
 
 
@@ -236,26 +237,24 @@ def shifted_interpolation_random_batch(cfg: TrainingConfig, a: LossAssumptions) 
     """Random batches (replace-one): the allocation's profile, and where worth it the smaller one of the
     majorant's law mixed by joint convexity (docs/derivations/concave-majorant.md#cm-rows)."""
     allocation = membership_mixtures.random_batch_allocation(cfg, a)
+    s = replace_one_step_mu(cfg.noise_multiplier)
     c = membership_mixtures.random_batch_contraction(cfg, a)
-    if not worth_computing(cfg.steps, c):
+    if not (worth_computing(cfg.steps, c) and membership_mixtures.lattice_shift(s)):
         return allocation
     weights, nus = majorant_law(cfg.steps, cfg.sampling_probability)
-    with np.errstate(over="ignore"):
-        mus = nus * replace_one_step_mu(cfg.noise_multiplier)
-    return SmallestProfile((allocation, profiles.GaussianMixtureProfile.mixture(weights, mus)))
+    return SmallestProfile((allocation, profiles.GaussianMixtureProfile.mixture(weights, nus * s)))
 
 
 def _poisson(cfg: TrainingConfig, a: LossAssumptions, *, reflected: bool) -> PrivacyProfile:
     allocation = dominating_mixture.poisson_allocation(cfg, a, reflected=reflected)
     events = membership_mixtures.poisson_events(cfg, a)  # non-empty: the allocation refuses otherwise
-    if not worth_computing(cfg.steps, min(c for c, _ in events)):
+    s = replace_one_step_mu(cfg.noise_multiplier) / 2.0  # each pattern against the run without the record
+    if not (worth_computing(cfg.steps, min(c for c, _ in events)) and membership_mixtures.lattice_shift(s)):
         return allocation
     weights, nus = majorant_law(cfg.steps, cfg.sampling_probability)
-    with np.errstate(over="ignore"):
-        mus = nus * replace_one_step_mu(cfg.noise_multiplier) / 2.0  # each pattern against the run without it
     # the event only has to keep every step non-expansive: the least probable one
     mass = min(p for _, p in events)
-    majorant = dominating_mixture.DominatingMixtureProfile.of(weights, mus, reflected=reflected, event_mass=mass)
+    majorant = dominating_mixture.DominatingMixtureProfile.of(weights, nus * s, reflected=reflected, event_mass=mass)
     return SmallestProfile((allocation, majorant))
 
 

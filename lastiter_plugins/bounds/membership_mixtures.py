@@ -795,6 +795,13 @@ def _scaled(weights: np.ndarray, nus: np.ndarray, s: float, extra_mass: float) -
 _TINY_SHIFT = 1e-100
 _HUGE_SHIFT = 1e100
 
+
+def lattice_shift(step_mu: float) -> bool:
+    """Whether a per-use shift is within the range where lattices of mu are computed (outside it the
+    crude forms of :func:`membership_profile` are used)."""
+    return _TINY_SHIFT <= step_mu <= _HUGE_SHIFT
+
+
 #: Probability budget of the batch-size event of Poisson sampling
 #: (docs/derivations/random-batch.md#rb-poisson-batch-sizes) when it is set
 #: by the tails alone: each tail gets half.
