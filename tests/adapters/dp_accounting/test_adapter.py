@@ -803,6 +803,17 @@ def test_pld_uses_the_worst_position_gaussian_for_shuffle_once():
         SI_SHUFFLE.gaussian_mu("shifted-interpolation-shuffle")
 
 
+@pytest.mark.parametrize("sampling", ["poisson", "random_batch"])
+def test_gaussian_mu_of_a_membership_run_is_refused_with_the_reason(sampling):
+    """The membership rows' profiles are mixtures (Poisson: against the run without the record; the smaller
+    of two profiles where the exact optimum's law is computed), not one Gaussian: a typed refusal naming
+    that, never an AssertionError (it was one for Poisson)."""
+    event = attr.evolve(SI_CYCLIC, sampling=sampling, steps=100)
+    relation = "add_or_remove_one" if sampling == "poisson" else "replace_one"
+    with pytest.raises(lp.NotApplicableError, match="no proven mu-GDP bound"):
+        event.gaussian_mu("best", relation)
+
+
 @pytest.mark.parametrize(
     "other",
     [GAUSS, LAPLACE, dp_event.PoissonSampledDpEvent(0.05, GAUSS)],
