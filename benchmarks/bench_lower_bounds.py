@@ -201,16 +201,18 @@ schedules are averaged (joint convexity, or Lemma M / P for Poisson).
 
 ### The built-in scenario (shuffle-once, lambda 0.01, D 10, z 4, 100 epochs, n 10000, b 100, delta 1e-5)
 
-best 1.359 (shifted-interpolation-shuffle), lower end 0.221 (6.2x). Per-position, Theorem A against the
-exact linear (G2, c = 0.99) value: mu 0.502 against 0.111 at the last batch position (4.5x), equal at the
-first; joint convexity of the exact per-position values gives 0.308, so **the per-position step costs 4.4x**;
-the exact mixture with the position hidden gives 0.233 (G2 without the projection), so **the averaging costs
-1.3x**. Why the per-position step loses: Theorem A pays a use only with the noise added after it (the
-shift must be absorbed after it appears, `z_t >= 0`); the linear instance's last iterate also carries the
-noise of every earlier step, so a use in the last step is paid by one step's noise (mu = 2/z = 0.5) against
-all of it (0.111). Not tightened: using the earlier noise for every loss meeting the declarations needs the
-shift of a future use to be predictable before it happens; we found no argument valid for every such loss
-(whether a loss within the declarations reaches Theorem A's value is open, so the lower end may move too).
+best 1.359 (shifted-interpolation-shuffle), lower end 0.221 (6.2x). Against the exact linear (G2, c = 0.99)
+values: per position, Theorem A's mu is 0.502 against 0.111 at the last batch position (4.5x), equal at
+the first; joint convexity of the exact per-position values gives 0.308, and the exact mixture with the
+position hidden 0.233 (G2 without the projection). But the per-position step is nearly tight for each
+position on its own: the lower side's G5 (the last use against a wall of the segment) reaches Theorem A's
+worst position within 1.06x (the cyclic variant: 2.001 against 1.887). So **the loss is in combining the
+positions** (a factor up to 1.36 / 0.23, about 6x): Theorem A's worst maps differ by position (clear the
+state just before that position's last use), and the average over positions lets each position have its
+own; the losses of one run are the same for every position of the secret permutation, and a single loss
+cannot realise them all (docs/derivations/lower-end.md#lower-side-search). Not tightened: a bound whose
+worst maps must be common to all positions needs an argument beyond Theorem A's per-schedule coupling
+(the positions' pairs share their maps, not their laws); none was found. The target 3x is not reached.
 
 ### Random batches, convex, within the clip (n 50000, b 500, z 0.8, T 1000, delta 1e-6)
 
@@ -218,19 +220,22 @@ Was 23.80 (shifted-interpolation-random-batch), lower end 3.74 (6.4x). **The all
 exact per-pattern optimum at c = 1 gives 15.28, and the row now computes it
 ([the exact per-pattern optimum](derivations/concave-majorant.md#concave-majorant)): 4.09x. The rest:
 joint convexity of the exact linear per-pattern values gives 6.78, so **the per-pattern step costs 2.25x**
-(as above: a use r steps before the end costs `s^2/(r+1)` in Theorem A, `s^2/T` for the linear loss) and
-**the mixing 1.81x** (joint convexity: the record's memberships are averaged as if revealed). Not tightened:
-the per-pattern step as above; for the mixing, fixed-size batches have no law common to every pattern
-at distance C from both worlds, and the one-sided pair that would keep the amplification is refuted by a
-counterexample ([Poisson amplification, part 4](derivations/poisson-amplification.md#pa-random-batch-fails)).
-The target 2.5x is not reached.
+(a use r steps before the end costs `s^2/(r+1)` in Theorem A, `s^2/T` for the linear loss: Theorem A's
+worst maps know when the last use comes, which a loss cannot when the memberships are secret,
+docs/derivations/lower-end.md#lower-side-search) and **the mixing 1.81x** (joint convexity: the memberships
+averaged as if revealed). Not tightened: the per-pattern step for the reason of the built-in scenario (a
+bound whose maps are common to every pattern is missing); for the mixing, fixed-size batches have no law
+common to every pattern at distance C from both worlds, and the one-sided pair that would keep the
+amplification is refuted by a counterexample
+([Poisson amplification, part 4](derivations/poisson-amplification.md#pa-random-batch-fails)). The target
+2.5x is not reached.
 
 ### Convex Poisson, add-or-remove (q 0.01, z 0.8, T 1000, n 50000, delta 1e-6)
 
 Was 3.706 (the every-iterate PLD; shifted-interpolation-poisson 4.046), lower end 1.909 (1.94x). **The
 allocation cost 1.42x**: with the exact per-pattern optimum the row gives 2.847, now `best`: **1.49x** (the
-target 1.5x is met). The rest is **the per-pattern step alone**: Lemma M applied to the exact linear
-per-pattern values gives exactly the lower end, 1.909.
+target 1.5x is met). The rest is **the per-pattern step alone** (as for random batches): Lemma M applied
+to the exact linear per-pattern values gives exactly the lower end, 1.909.
 
 ### GLM Poisson (docs/anchor-table.md: n 450, b 45, z 3.2, lambda 0.01 outside the clip, c = 0.9615, delta 1e-5)
 
@@ -247,14 +252,14 @@ for windows of 8 / 12 / 16 / 24 / 32 steps (E = 20, add-or-remove): no better th
 
 ### Anchor table: cyclic E = 50, random batches E = 50 to 200 (docs/anchor-table.md, delta 1e-5)
 
-Cyclic 4.34 against 3.13 (1.39x; 1.21x at E = 100, 1.11x at E = 200): the position is fixed, so only the
-per-position step loses, as in the built-in scenario: Theorem A pays the last use with one step's noise,
-`mu^2 = s^2 (1 + theta FB)` (about `s^2 (1 + 49/40)`) against the linear `s^2 E / l` (`s^2 50/40`); the share of
-that last use falls as E grows. Not tightened, as above. Random batches: E = 50 was 4.44 (the PLD), now
-4.09 by the exact per-pattern optimum (1.32x of 3.10); E = 100 and 200 (T = 4000 and 8000) stay 6.33 and 8.38:
-the exact law is computed for at most 2048 steps (its cost grows as T^2), and the optimum's mixture was
-estimated at 5.1 and 7.2 there ([random batches, part 6](derivations/random-batch.md#rb-what-it-gives)); the
-rest is the per-pattern step and the mixing, as for the convex random batches above.
+Cyclic (4.34 against 3.13 at the start of issue 40): the position is fixed, and the lower side's G5 / G6
+instances (the last use on a coordinate cleared before it) now reach Theorem A's value within a few
+percent: the per-position step is tight there; nothing to tighten on the upper side. Random batches:
+E = 50 was 4.44 (the PLD), now 4.09 by the exact per-pattern optimum (1.32x of 3.10); E = 100 and 200
+(T = 4000 and 8000) stay 6.33 and 8.38: the exact law is computed for at most 2048 steps (its cost grows as
+T^2), and the optimum's mixture was estimated at 5.1 and 7.2 there
+([random batches, part 6](derivations/random-batch.md#rb-what-it-gives)); the rest is the per-pattern step
+and the mixing, as for the convex random batches above.
 """
 
 
