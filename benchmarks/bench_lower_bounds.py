@@ -237,10 +237,11 @@ allocation cost 1.42x**: with the exact per-pattern optimum the row gives 2.847,
 target 1.5x is met). The rest is **the per-pattern step alone** (as for random batches): Lemma M applied
 to the exact linear per-pattern values gives exactly the lower end, 1.909.
 
-### GLM Poisson (docs/anchor-table.md: n 450, b 45, z 3.2, lambda 0.01 outside the clip, c = 0.9615, delta 1e-5)
+### GLM Poisson (n 450, b 45, z 3.2, lambda 0.01 outside the clip, delta 1e-5)
 
-add-or-remove 1.54 / 1.55 / 1.55 at E = 20 / 80 / 200 against 0.877 (1.76x); replace-one 3.09 against
-1.741 (1.78x). **The allocation costs about 1.6x**: the exact per-pattern optimum, mixed the same way,
+Measured on benchmarks/row_snapshot.py's GLM setting (learning rate 1/0.26, c = 0.9615; the table above
+uses 1/0.27): add-or-remove 1.54 / 1.55 / 1.55 at E = 20 / 80 / 200 against 0.877 (1.76x); replace-one
+3.09 against 1.741 (1.78x). **The allocation costs about 1.6x**: the exact per-pattern optimum, mixed the same way,
 estimated over 20000 sampled patterns, gives 0.979 (E = 20) and 0.980 (E = 80) add-or-remove, 1.915 (E = 20)
 replace-one: 1.12x and 1.10x of the lower ends. Not tightened: the exact law of this branch needs every step
 taken as non-expansive (c = 1), which here gives up a contraction of 0.96 per step (T (1 - c) = 7.7 at
