@@ -59,9 +59,9 @@ def settings() -> dict[str, dict]:
         dataset_size=50000, batch_size=500, noise_multiplier=0.8, steps=1000, learning_rate=1.0, smoothness=1.0,
         gradient_norms_within_clip=True, delta=1e-6,
     )  # fmt: skip
-    out["issue40:convex-random-batch"] = dict(convex, sampling="random_batch")
+    out["issue40:convex-random-batch"] = dict(convex, sampling="random_batch", relation="replace_one")
     out["issue40:convex-poisson"] = dict(convex, sampling="poisson", relation="add_or_remove_one")
-    out["issue40:convex-poisson-r1"] = dict(convex, sampling="poisson")
+    out["issue40:convex-poisson-r1"] = dict(convex, sampling="poisson", relation="replace_one")
     for variant in ("as declared (c = 0.9999)", "l2 outside the clip", "convex (c = 1)"):
         for s in blb.SAMPLINGS:
             for e in (50, 100, 200):
