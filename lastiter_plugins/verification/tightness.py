@@ -88,7 +88,8 @@ PANELS: tuple[Panel, ...] = (
                               relation="add_or_remove_one")),
     Panel("G2 poisson, replace-one (l2 outside the clip, lam=0.5, eta=1, n=20, b=5)", "G2", (1, 2, 4, 6, 8, 10),
           lambda t: g2_params(strong_convexity=0.5, l2_outside_clip=True, learning_rate=1.0, dataset_size=20,
-                              batch_size=5, noise_multiplier=1.0, steps=t, sampling="poisson")),
+                              batch_size=5, noise_multiplier=1.0, steps=t, sampling="poisson",
+                              relation="replace_one")),
     Panel("G3 cyclic (D = 2s, n=4, b=1)", "G3", (1, 2, 4, 8, 16, 32),
           lambda t: _g3(dataset_size=4, steps=t, sampling="cyclic")),
     Panel("G3 shuffle once (D = 2s, n=4, b=1)", "G3", (1, 2, 4, 8, 16, 32),
@@ -98,7 +99,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("G3 random batch (D = 2s, q=1/4)", "G3", (1, 2, 4, 8, 16, 32),
           lambda t: _g3(dataset_size=4, steps=t, sampling="random_batch")),
     Panel("G3 poisson, replace-one (D = 2s, q=1/4)", "G3", (1, 2, 4, 8, 16, 32),
-          lambda t: _g3(dataset_size=4, steps=t, sampling="poisson")),
+          lambda t: _g3(dataset_size=4, steps=t, sampling="poisson", relation="replace_one")),
     Panel("G3 poisson, add/remove (D = 2s, q=1/4)", "G3", (1, 2, 4, 8, 16, 32),
           lambda t: _g3(dataset_size=4, steps=t, sampling="poisson", relation="add_or_remove_one")),
 )  # fmt: skip
