@@ -517,6 +517,14 @@ TARGETS: dict[str, list[tuple[str, Drawer]]] = {
         ("G1 random_batch", _g1("random_batch")),
         ("G3 random_batch", _g3("random_batch")),
     ],
+    "composition-pld-random-allocation": [
+        ("G1 random_allocation add/remove", _g1("random_allocation", _ADD_REMOVE)),
+        ("G3 random_allocation add/remove", _g3("random_allocation", _ADD_REMOVE)),
+    ],
+    "composition-pld-random-allocation-replace-one": [
+        ("G1 random_allocation", _g1("random_allocation")),
+        ("G3 random_allocation", _g3("random_allocation")),
+    ],
     "composition": [
         ("G1 cyclic", _g1("cyclic")),
         ("G1 reshuffle", _g1("reshuffle")),
