@@ -18,7 +18,7 @@ from lastiter_plugins.validation import validate_delta, validate_orders
 
 from . import _glm
 from ._errors import AccountingError
-from ._observe import check_host
+from ._observe import check_host, keras_train_steps
 from ._report import Report
 from ._run import Declared, Run
 from ._settings import DPOptimizerSettings, FitSettings, flag
@@ -77,6 +77,14 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         (``EarlyStopping``, ``ReduceLROnPlateau``, a callback changing the rate or stopping) reads data outside
         the private set (``validation_data``, not ``validation_split``) or the released iterates only: the
         every-iterate rows then cover the run. None (default): such rules are refused.
+      public_statistics: declares that every preprocessing layer of the model fitted by ``adapt``
+        (``is_adapted`` true: ``Normalization``, ``Discretization``, ``TextVectorization``, the lookups) was
+        adapted on public data only: its statistics are released with the model without noise. False
+        (default): such a layer is refused. It does not cover a ``BatchNormalization`` in training mode
+        (refused whatever is declared: it couples the examples of each batch).
+      public_pretraining: declares that any training of the model before this fit (an earlier ``fit`` in this
+        process, or earlier steps of its optimizer) used public data only: its result is the public starting
+        point. False (default): such training is refused.
 
     Raises:
       ValueError: invalid arguments (at construction), ``clipping=`` (renamed).
@@ -108,6 +116,8 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         published_only: bool = False,
         require: str | None = None,
         metric_source: str | None = None,
+        public_statistics: bool = False,
+        public_pretraining: bool = False,
         **renamed: Any,
     ) -> None:
         super().__init__()
@@ -131,6 +141,10 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             )
         if metric_source not in (None, "public"):
             raise ValueError(f"metric_source must be None or 'public'. Found {metric_source!r}.")
+        public_statistics, public_pretraining = flag(public_statistics), flag(public_pretraining)
+        for name, value in (("public_statistics", public_statistics), ("public_pretraining", public_pretraining)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False. Found {value!r}.")
         TrainingConfig(dataset_size=dataset_size, batch_size=1, noise_multiplier=1.0, steps=1, sampling=sampling)
         given = {
             "smoothness": smoothness is not None,
@@ -161,8 +175,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             ),
             glm=_glm.declare(model=model, feature_norm=feature_norm, declared=given),
             metric_source=metric_source,
+            public_statistics=public_statistics,
+            public_pretraining=public_pretraining,
         )
         self._run: Run | None = None
+        self._keras_steps_before = 0
         self._cache: tuple[tuple[int, int], Any] | None = None
 
     # -- reading
@@ -263,6 +280,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
 
     # -- the Keras hooks
 
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        # fit builds its callback list (which sets the model) before it resets Keras' count of training steps
+        self._keras_steps_before = keras_train_steps(model)
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         if self._run is not None:
             raise AccountingError(
@@ -271,7 +293,7 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
                 "fit call, or account the runs together (each run's RDP adds: "
                 "lastiter_plugins.adapters.dp_accounting composes them). Found a second on_train_begin."
             )
-        self._run = Run.begin(self.model, self._declared, _TRAINED.get(self.model))
+        self._run = Run.begin(self.model, self._declared, _TRAINED.get(self.model), self._keras_steps_before)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self._run is not None and self._run.failure is None:

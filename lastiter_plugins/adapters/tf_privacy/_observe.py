@@ -108,9 +108,39 @@ def check_host() -> None:
 
 
 def batch_mixing_layers(model: Any) -> list[str]:
-    """Names of layers that couple the examples of a batch (BatchNormalization, SyncBatchNormalization, the
-    tf.compat.v1 layer: every subclass of Keras' BatchNormalizationBase)."""
-    return [m.name for m in model.submodules if isinstance(m, _BatchNormBase)]
+    """Names of the batch-normalization layers (every subclass of Keras' BatchNormalizationBase:
+    BatchNormalization, SyncBatchNormalization, the tf.compat.v1 layer) that may run in training mode in fit,
+    where they couple the examples of a batch and update their moving statistics from it.
+
+    A layer is frozen, and left out, when Keras 2.14 runs it in inference mode whatever fit passes: a v2 layer
+    (``_USE_V2_BEHAVIOR``, private) with ``trainable=False`` (``_get_training_value`` then forces
+    ``training=False``), or a layer every one of whose calls in the model's graph was made with
+    ``training=False`` (the node's ``call_kwargs``; a subclassed model's calls are not in a graph: not frozen).
+    """
+    return [m.name for m in model.submodules if isinstance(m, _BatchNormBase) and not _frozen(m)]
+
+
+def _frozen(layer: Any) -> bool:
+    if not layer.trainable and getattr(layer, "_USE_V2_BEHAVIOR", False) is True:
+        return True
+    nodes = list(getattr(layer, "_inbound_nodes", ()))
+    return bool(nodes) and all(node.call_kwargs.get("training", None) is False for node in nodes)
+
+
+def adapted_layers(model: Any) -> list[str]:
+    """Names of the layers whose state was fitted to data by ``adapt`` (``is_adapted`` true: Normalization,
+    Discretization, TextVectorization, StringLookup, IntegerLookup, any PreprocessingLayer, found by the
+    attribute, not the class)."""
+    return [m.name for m in model.submodules if getattr(m, "is_adapted", False) is True]
+
+
+def keras_train_steps(model: Any) -> int:
+    """The training steps Keras counted on the model in this process (its private ``_train_counter``, Keras
+    2.14): every ``train_on_batch`` and every step of a ``fit`` adds one, ``compile`` keeps it, and ``fit``
+    sets it to 0 only after building its callback list, so a callback's ``set_model`` still reads the count of
+    the training before that fit. 0 for a model without the counter."""
+    counter = getattr(model, "_train_counter", None)
+    return 0 if counter is None else int(counter.numpy())
 
 
 # ---------------------------------------------------------------- the optimizer
@@ -509,6 +539,9 @@ class StepProbe:
         self._wrap(model, "train_step", self._train_step)
         self._wrap(optimizer, "_compute_gradients", self._compute_gradients)
         self._wrap(optimizer, "apply_gradients", self._apply_gradients)
+        # fit reuses a train function traced before (by train_on_batch or an earlier fit), which calls the step
+        # unwrapped: the running fit gets one traced afresh (fit reads model.train_function at every step)
+        model.train_function = model.make_train_function(force=True)
 
     def _wrap(self, obj: Any, name: str, make: Any) -> None:
         original = getattr(obj, name)

@@ -44,6 +44,8 @@ class Declared:
     assumptions: LossAssumptions
     glm: _glm.GlmDeclaration | None
     metric_source: str | None
+    public_statistics: bool = False
+    public_pretraining: bool = False
 
 
 class Run:
@@ -61,8 +63,10 @@ class Run:
         self.ended = False
 
     @classmethod
-    def begin(cls, model: Any, declared: Declared, earlier_steps: int | None) -> Run:
-        """Before the first step: the planned run, or AccountingError / NotApplicableError (nothing installed)."""
+    def begin(cls, model: Any, declared: Declared, earlier_steps: int | None, keras_steps_before: int) -> Run:
+        """Before the first step: the planned run, or AccountingError / NotApplicableError (nothing installed).
+        ``earlier_steps``: an earlier accounted fit's steps on the model; ``keras_steps_before``: Keras' count of
+        the model's training steps before this fit."""
         settings = read_dp_optimizer(model.optimizer)
         fit = read_fit(model)
         assumptions, glm = declared.assumptions, None
@@ -72,7 +76,17 @@ class Run:
             )
         config = planned_config(settings, fit, declared)
         start = Start(
-            model, settings, fit, config, assumptions, declared.dataset_size, earlier_steps, declared.metric_source
+            model,
+            settings,
+            fit,
+            config,
+            assumptions,
+            declared.dataset_size,
+            earlier_steps,
+            keras_steps_before,
+            declared.metric_source,
+            public_statistics=declared.public_statistics,
+            public_pretraining=declared.public_pretraining,
         )
         checks = checks_module.checks(glm)
         departures = [departure for check in checks for departure in check.start(start)]  # a refusal raises

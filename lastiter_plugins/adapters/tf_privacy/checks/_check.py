@@ -48,9 +48,15 @@ class Start:
       assumptions: the loss assumptions (declared, or derived on the linear-model route).
       dataset_size: the number of examples the user declared.
       earlier_steps: the steps an earlier accounted fit took on this model (None: none).
+      keras_steps_before: the training steps Keras counted on the model before this fit (any fit or
+        ``train_on_batch`` of this process, accounted or not).
       metric_source: ``"public"`` when the user declared that every rule reading a metric during training (a
         learning-rate rule, a stopping rule) reads data outside the private set or the released iterates only;
         None otherwise.
+      public_statistics: the user declared that the state ``adapt`` fitted in the model's preprocessing layers
+        was computed from public data only.
+      public_pretraining: the user declared that any training of the model before this fit (in this process, or
+        by the optimizer's earlier steps) used public data only.
     """
 
     model: Any
@@ -60,7 +66,10 @@ class Start:
     assumptions: LossAssumptions
     dataset_size: int
     earlier_steps: int | None
+    keras_steps_before: int
     metric_source: str | None
+    public_statistics: bool = False
+    public_pretraining: bool = False
 
 
 class Check:

@@ -1,6 +1,8 @@
 r"""The model: every row assumes one clipped gradient per example, computed by Keras' own training step from
-a per-example loss, with nothing but the DP update changing the weights. A batch-normalization layer (it couples
-the examples of a batch and keeps unnoised statistics of the data), a stateful layer, a custom ``train_step`` /
+a per-example loss, with nothing but the DP update changing the weights, and a released model that is a function
+of the noisy steps and of public data only. A batch-normalization layer in training mode (it couples the examples
+of a batch and keeps unnoised statistics of the data), a preprocessing layer adapted on data not declared public
+(``is_adapted``: its statistics are released without noise), a stateful layer, a custom ``train_step`` /
 ``compute_loss`` / ``make_train_function``, a loss reducing the batch, and ``loss_weights`` other than 1 break
 that for every row: refused before the first step. A Keras constraint on a trainable variable maps each iterate
 to another after the update: post-processing of the noisy steps, which the every-iterate rows cover and the
@@ -23,6 +25,16 @@ from ._check import Check, Start, weakening
 class ModelCheck(Check):
     def start(self, start: Start) -> Iterable[Departure]:
         check_model(start.model)
+        adapted = observe.adapted_layers(start.model)
+        if adapted and not start.public_statistics:
+            raise AccountingError(
+                "a preprocessing layer adapted to data must have been adapted on public data: its statistics (a "
+                "Normalization's mean and variance, a vocabulary, bin boundaries) are part of the released model, "
+                "computed without noise, and one example can move them, so no finite epsilon holds if they come "
+                "from the private training data. Adapt it on public data and declare public_statistics=True, or "
+                "pass constants that do not depend on the private data (Normalization(mean=..., variance=...)). "
+                f"Found adapted layers {adapted} with public_statistics=False."
+            )
         return ()
 
 
@@ -50,11 +62,13 @@ def check_model(model: Any) -> None:
     mixing = observe.batch_mixing_layers(model)
     if mixing:
         raise AccountingError(
-            "the model must have no batch-normalization layer (BatchNormalization, SyncBatchNormalization, "
-            "tf.compat.v1.layers.BatchNormalization): in training it normalises each example with statistics "
-            "of the whole batch, so one example's gradient depends on the others and clipping no longer bounds "
-            "one example's influence, and its moving statistics are computed from the private data without noise "
-            f"and released with the model. Use LayerNormalization or GroupNormalization (per example). Found {mixing}."
+            "the model must have no batch-normalization layer in training mode (BatchNormalization, "
+            "SyncBatchNormalization, tf.compat.v1.layers.BatchNormalization): in training it normalises each "
+            "example with statistics of the whole batch, so one example's gradient depends on the others and "
+            "clipping no longer bounds one example's influence, and its moving statistics are computed from the "
+            "private data without noise and released with the model (public_statistics does not cover it). Use "
+            "LayerNormalization or GroupNormalization (per example), or freeze the layer (layer.trainable = False "
+            f"on a tf.keras layer, or call it with training=False). Found {mixing} in training mode."
         )
     overridden = custom_training_code(model)
     if overridden:

@@ -21,11 +21,6 @@ class StepCheck(Check):
     def start(self, start: Start) -> Iterable[Departure]:
         optimizer = start.model.optimizer
         iterations = int(optimizer.iterations.numpy())
-        if iterations != 0:
-            raise AccountingError(
-                "the optimizer must be fresh (iterations = 0): its earlier steps would not be accounted. "
-                f"Found iterations={iterations}; compile the model with a new optimizer."
-            )
         if start.earlier_steps is not None:
             raise AccountingError(
                 f"the model must not have been trained before: a LastIterateCallback already accounted "
@@ -33,6 +28,21 @@ class StepCheck(Check):
                 "does not cover. Train in one fit call, or compose the runs' RDP (the dp-accounting adapter "
                 "does). Found a model trained by an earlier accounted fit."
             )
+        counted = start.keras_steps_before
+        if (iterations or counted) and not start.public_pretraining:
+            found = (
+                f"optimizer.iterations={iterations}"
+                if iterations
+                else f"{counted} training step(s) in Keras' count of the model (an earlier fit or train_on_batch)"
+            )
+            raise AccountingError(
+                "the model must not have been trained before this fit on private data: this run starts from the "
+                "weights that training made, which the epsilon does not cover (a new optimizer does not undo it). "
+                "If that training used public data only, declare public_pretraining=True; otherwise train a fresh "
+                "model in one fit call with this callback. "
+                f"Found {found} before the first accounted step, with public_pretraining=False."
+            )
+        self.first = iterations  # the optimizer's steps before the run (declared public)
         self.settings, self.fit, self.planned = start.optimizer, start.fit, start.config.steps
         self.batch_size = start.config.batch_size
         self.accounted = optimizer
@@ -42,7 +52,7 @@ class StepCheck(Check):
 
     def step(self, k: int, step: StepFacts) -> Verdict:
         s = self.settings
-        started = k - 1  # the optimizer starts fresh (start)
+        started = self.first + k - 1
         if step.step != k or step.dp_calls != 1 or step.iterations != started:
             return (
                 f"every optimizer step must be one DP-SGD step of the compiled train_step, observed by this "
@@ -134,11 +144,12 @@ class StepCheck(Check):
         return None
 
     def when_read(self, model: Any, steps: int, moved: tuple[float, bool] | None) -> str | None:
-        return usable_problem(self.accounted, getattr(model, "optimizer", None), steps)
+        return usable_problem(self.accounted, getattr(model, "optimizer", None), steps, self.first)
 
 
-def usable_problem(accounted: Any, optimizer: Any, steps: int) -> str | None:
-    """Whether ``model.optimizer`` (``optimizer``) is the accounted one and took exactly the counted steps."""
+def usable_problem(accounted: Any, optimizer: Any, steps: int, first: int = 0) -> str | None:
+    """Whether ``model.optimizer`` (``optimizer``) is the accounted one and took exactly the counted steps after
+    its ``first`` steps before the run (declared public)."""
     if optimizer is not accounted:
         return (
             "model.optimizer must be the optimizer whose steps this callback counted: the model was "
@@ -147,17 +158,19 @@ def usable_problem(accounted: Any, optimizer: Any, steps: int) -> str | None:
             f"{id(accounted):#x}; account the whole training in one fit call with this callback."
         )
     iterations = int(optimizer.iterations.numpy())
-    if iterations > steps:
+    expected = first + steps
+    counted = f"the {steps} steps this callback counted" + (f" after the {first} before the run" if first else "")
+    if iterations > expected:
         return (
-            f"model.optimizer.iterations must equal the {steps} steps this callback counted: the "
-            f"model took {iterations - steps} optimizer step(s) it did not see (a later fit or "
+            f"model.optimizer.iterations must equal {expected}, {counted}: the "
+            f"model took {iterations - expected} optimizer step(s) it did not see (a later fit or "
             "train_on_batch without this callback, or a custom training loop), so the epsilon would describe "
             f"fewer steps than the model took. Found iterations={iterations}; account the whole training in "
             "one fit call with this callback."
         )
-    if iterations < steps:
+    if iterations < expected:
         return (
-            f"model.optimizer.iterations must equal the {steps} steps this callback counted: the "
+            f"model.optimizer.iterations must equal {expected}, {counted}: the "
             f"step count was set back (a restored optimizer state?). Found iterations={iterations}."
         )
     return None
