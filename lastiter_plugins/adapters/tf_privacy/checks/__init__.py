@@ -11,7 +11,8 @@ subclass, its place in :func:`checks`, and its test in tests/adapters/tf_privacy
 | :class:`OptimizerCheck` | the DP optimizer's update (Adam, Adagrad, momentum, Keras clipping) | the SGD rows |
 | :class:`LearningRateCheck` | a schedule, a rate changed during fit | the SGD rows, the rows needing eta |
 | :class:`StepCheck` | each step is one planned DP-SGD step (batch, loss vector, clip, noise, weights) | every row |
-| :class:`ModelCheck` | batch coupling layers, stateful layers, custom training code, the loss' reduction | every row |
+| :class:`ModelCheck` | batch norm in training, adapted layers, stateful layers, custom training, the loss | every row |
+| :class:`BatchCouplingCheck` | a probe: one example's output moved by another example of the batch | every row |
 | :class:`ConstraintCheck` | Keras constraints on the trained weights | the SGD rows |
 | :class:`ProjectionCheck` | the declared projection, the iterate between steps and after fit | every row |
 | :class:`MetricRulesCheck` | rules reading a metric (early stopping, plateau, a stop) | the SGD rows |
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from .. import _glm
 from ._check import VOID, Check, Start, Verdict
+from .batch_coupling import BatchCouplingCheck
 from .learning_rate import LearningRateCheck
 from .linear_model import LinearModelCheck
 from .metric_rules import MetricRulesCheck
@@ -33,6 +35,7 @@ from .steps import StepCheck
 
 __all__ = [
     "VOID",
+    "BatchCouplingCheck",
     "Check",
     "ConstraintCheck",
     "LearningRateCheck",
@@ -56,6 +59,7 @@ def checks(glm: _glm.Structure | None) -> tuple[Check, ...]:
         OptimizerCheck(),
         StepCheck(),
         ModelCheck(),
+        BatchCouplingCheck(),
         ConstraintCheck(),
         ProjectionCheck(),
         MetricRulesCheck(),

@@ -150,3 +150,25 @@ def test_earlier_steps_of_the_dp_optimizer_are_refused_unless_declared_public():
     fit(model, cb)
     assert cb.steps == 2 * N // 16 and iterations(model) == 1 + cb.steps
     assert cb.epsilon == pytest.approx(core("cyclic", update="sgd").epsilon, rel=1e-12)
+
+
+# -- a layer centring each batch (checks/batch_coupling.py)
+
+
+def centred():
+    return tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, axis=0, keepdims=True), name="centre")
+
+
+def test_a_layer_centring_each_batch_is_refused_before_any_step_naming_it():
+    model = compiled(tf.keras.layers.Dense(8, activation="relu"), centred())
+    with pytest.raises(AccountingError, match=r"from that example alone.*Found the coupling at layer 'centre'"):
+        fit(model, callback(public_statistics=True, public_pretraining=True))
+    assert iterations(model) == 0
+
+
+def test_a_layer_centring_each_example_is_accepted():
+    per_example = tf.keras.layers.Lambda(lambda x: x - tf.reduce_mean(x, axis=1, keepdims=True), name="centre")
+    model = compiled(per_example)
+    cb = callback()
+    fit(model, cb)
+    assert cb.epsilon == pytest.approx(core("cyclic", update="sgd").epsilon, rel=1e-12)
