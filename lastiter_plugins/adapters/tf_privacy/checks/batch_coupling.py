@@ -80,7 +80,7 @@ def _probe_batches(model: Any) -> tuple[list[np.ndarray], list[np.ndarray]] | No
 def _couples(model: Any, batches: tuple[list[np.ndarray], list[np.ndarray]]) -> bool:
     try:
         outputs = [tf.nest.flatten(model(x, training=False)) for x in batches]
-    except (TypeError, ValueError, tf.errors.OpError):  # the probe cannot run this model
+    except (TypeError, ValueError, KeyError, AttributeError, tf.errors.OpError):  # the probe cannot run this model
         return False
     for a, b in zip(*outputs, strict=True):
         a, b = np.asarray(a, np.float64)[1:], np.asarray(b, np.float64)[1:]
