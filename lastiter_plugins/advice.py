@@ -1,7 +1,8 @@
-r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries every single change to the
-pipeline from a fixed list (noise, epochs, batch size, learning rate, weight decay, projection, the
-certified linear-model route, a declaration, the sampler) and returns those that lower ``best``,
-best first. On a shuffled or fixed-order loader the sampler's changes include random allocation (each
+r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries every single change to training
+from a fixed list (noise, epochs, batch size, learning rate, weight decay, projection, the certified
+linear-model route, features clipped so that clipping never acts, the sampler) and returns those that lower
+``best``, best first. A declaration is never offered alone: only with the change to training that makes it
+true. Each change is one the user's host can make, worded in its terms (``host=``, :data:`HOW`). On a shuffled or fixed-order loader the sampler's changes include random allocation (each
 example still used once per epoch), its note giving Poisson sampling's number beside it.
 
 Every suggestion is evaluated by the one evaluation path (``epsilon("best", ...)`` with the
@@ -22,9 +23,11 @@ from typing import Any
 
 from typing_extensions import Unpack, overload
 
-from lastiter_plugins.api import Parameters, epsilon, pipeline
+from lastiter_plugins.api import Parameters, build, epsilon, pipeline
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, default_relation
+from lastiter_plugins.defaults import HOSTS
 from lastiter_plugins.errors import NotApplicableError
+from lastiter_plugins.feasibility import impossible_declaration
 from lastiter_plugins.evaluation import EpsilonResult
 from lastiter_plugins.registry import Protects
 
@@ -94,8 +97,54 @@ def _scaled_length(params: Mapping[str, Any], factor: float) -> dict[str, Any] |
     return {key: new} if new != value else None
 
 
-def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], bool, str]]:
-    """(words, parameter changes, changes_training, note), in a fixed order."""
+#: How each host makes a change to training, in its own terms; a host missing from a change's entry cannot
+#: make it (its adapter refuses or cannot observe it), and the change is not offered there. ``none``: the
+#: core's terms, every change.
+HOW: Mapping[str, Mapping[str, str]] = {
+    "weight_decay": {
+        "none": "an l2 term added after clipping, e.g. torch SGD weight_decay",
+        "opacus": "torch.optim.SGD(weight_decay=w)",
+        "jax": "optax.add_decayed_weights(w) after the noisy clipped mean, before the SGD step",
+    },  # keras: TF Privacy's optimizers add no l2 term after clipping (the adapter refuses Keras' weight decay)
+    "projection": {
+        "none": "project the weights after every step",
+        "opacus": "lastiter_plugins.adapters.opacus.attach_projection(optimizer, diameter=D)",
+        "keras": "lastiter_plugins.adapters.tf_privacy.ProjectionCallback(diameter=D)",
+        "jax": "project the parameters onto the ball after every update",
+    },
+    "linear_model": {
+        "none": "a linear model on clipped features (logistic or softmax regression, a linear probe)",
+        "opacus": "a linear model on clipped features registered as one (model='glm', FeatureNormClip)",
+        "keras": "a linear model on clipped features (FeatureNormClip + Dense, model='glm')",
+    },
+    "feature_clip": {
+        "none": "",
+        "opacus": ", FeatureNormClip(C) before the linear layer",
+        "keras": ", FeatureNormClip(C) before Dense",
+        "jax": "",
+    },
+    "shuffle_once": {
+        "none": "draw one secret permutation before training and keep its order every epoch",
+        "opacus": "draw one secret permutation and keep it (lastiter_plugins.adapters.opacus.ShuffleOnceSampler)",
+        "keras": "permute the data once with a secret seed, then fit(shuffle=False)",
+        "jax": "permute the indices once with a secret key and keep that order every epoch",
+    },
+    "random_allocation": {
+        "none": "",
+        "jax": " (each epoch, draw every example's step from a secret key)",
+    },  # opacus, keras: their adapters do not observe random allocation yet
+    "poisson": {
+        "none": "sample each batch by Poisson sampling at rate b/n from a secret seed",
+        "opacus": "sample each batch by Poisson sampling at rate b/n (make_private(..., poisson_sampling=True))",
+        "jax": "sample each batch by Poisson sampling at rate b/n from a secret key",
+    },  # keras: fit passes over the data in epochs and cannot sample Poisson batches
+}
+
+
+def _candidates(params: Mapping[str, Any], host: str = "none") -> Iterator[tuple[str, dict[str, Any], bool, str]]:
+    """(words, parameter changes, changes_training, note), in a fixed order; each a change to training the
+    ``host`` can make, in its terms (:data:`HOW`). None is a declaration alone: a declaration is offered only
+    with the change to training that makes it true."""
     sampling = Sampling(params["sampling"])
     relation = Relation.parse(params["relation"])  # resolved by advise: every candidate keeps it
     lr, smooth = params.get("learning_rate"), params.get("smoothness")
@@ -104,6 +153,7 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
     outside = bool(params.get("l2_outside_clip"))
     glm = bool(params.get("clipped_loss_convex_smooth"))
     z, n, b = params.get("noise_multiplier"), params["dataset_size"], params["batch_size"]
+    how = {change: hosts[host] for change, hosts in HOW.items() if host in hosts}
 
     if z is not None:
         for factor in (1.5, 2.0):
@@ -127,68 +177,61 @@ def _candidates(params: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]
             if rate != lr:
                 verb = "lower" if rate < lr else "raise"
                 yield f"{verb} the learning rate to {rate:.4g}", {"learning_rate": rate}, True, ""
-    if smooth is not None and convex and (lam == 0.0 or outside):
+    if smooth is not None and convex and (lam == 0.0 or outside) and "weight_decay" in how:
         base = smooth - lam  # the loss's own smoothness; weight decay adds to both constants
         for w in sorted({1e-3, 1e-2, 0.05, 0.1, 2 * lam, 5 * lam} - {0.0}):
             if w > lam:
                 what = "add weight decay" if lam == 0.0 else "raise the weight decay"
                 yield (
-                    f"{what} (an l2 term outside the clip, torch SGD weight_decay) to {w:.3g}",
+                    f"{what} w = {w:.3g} ({how['weight_decay']})",
                     {"strong_convexity": w, "smoothness": base + w, "l2_outside_clip": True},
                     True,
                     "",
                 )
-    if params.get("diameter") is None:
+    if params.get("diameter") is None and "projection" in how:
         for d in (1.0, 10.0):
             yield (
-                f"project the weights onto a ball of diameter {d:g} after every step (if they stay inside it anyway)",
+                f"project the weights onto a ball of diameter D = {d:g} after every step ({how['projection']}; "
+                "pick D so the weights stay inside it anyway)",
                 {"diameter": d},
                 True,
                 "",
             )
-    if not glm and convex:
-        needs = (
-            "a linear model (logistic or softmax regression, a linear probe) with a feature clip, registered as one "
-            "(Opacus: model='glm'; Keras: FeatureNormClip + Dense): the clipped update is then a gradient step"
-        )
+    if not glm and convex and "linear_model" in how:
+        needs = f"{how['linear_model']}: the clipped update is then a gradient step"
         m = smooth if smooth is not None else GLM_SMOOTHNESS
         route = {"clipped_loss_convex_smooth": True, "smoothness": m}
         said = "" if smooth is not None else f"smoothness {m:g} is binary logistic regression on features of norm <= 1"
         yield f"train {needs}", route, True, said
-        if lam == 0.0:
+        if lam == 0.0 and "weight_decay" in how:
             yield (
-                f"train {needs}, with weight decay 0.01 (torch SGD weight_decay)",
+                f"train {needs}, with weight decay 0.01 ({how['weight_decay']})",
                 {**route, "smoothness": m + 0.01, "strong_convexity": 0.01, "l2_outside_clip": True},
                 True,
                 said,
             )
-    if not params.get("gradient_norms_within_clip") and not glm:
-        yield (
-            "declare gradient_norms_within_clip=True, if every per-example gradient norm is at most the clip "
-            "norm on the whole domain (a fact about your loss and domain that you must check)",
-            {"gradient_norms_within_clip": True},
-            False,
-            "",
-        )
-    if relation is Relation.REPLACE_ONE and sampling is not Sampling.SHUFFLE_ONCE:
-        yield (
-            "draw one secret permutation before training and keep its order every epoch (Opacus: "
-            "lastiter_plugins.adapters.opacus.ShuffleOnceSampler; Keras: permute the data once, then "
-            "fit(shuffle=False); keep the seed secret)",
-            {"sampling": Sampling.SHUFFLE_ONCE.value},
-            True,
-            "",
-        )
-    if sampling in _EPOCH_LOADERS:
+        if not params.get("gradient_norms_within_clip") and "feature_clip" in how:
+            yield (
+                f"train binary logistic regression on features clipped to norm C{how['feature_clip']} (softmax "
+                "regression: to C/sqrt(2)): "
+                "every per-example gradient norm is then <= C on the whole domain, so clipping never acts",
+                {"gradient_norms_within_clip": True},
+                True,
+                "",
+            )
+    if relation is Relation.REPLACE_ONE and sampling is not Sampling.SHUFFLE_ONCE and "shuffle_once" in how:
+        yield how["shuffle_once"], {"sampling": Sampling.SHUFFLE_ONCE.value}, True, ""
+    if sampling in _EPOCH_LOADERS and "random_allocation" in how:
+        allocate_words = ALLOCATE + how["random_allocation"]
         allocate: dict[str, Any] = {"sampling": Sampling.RANDOM_ALLOCATION.value}
         if default_relation(Sampling.RANDOM_ALLOCATION) is not relation:  # named: the number holds in this relation
             allocate["relation"] = relation.value
-        yield ALLOCATE, allocate, True, ""
+        yield allocate_words, allocate, True, ""
         if relation is Relation.REPLACE_ONE:
             changes = {"sampling": Sampling.RANDOM_ALLOCATION.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
-            yield ALLOCATE + ", accounted under add-or-remove", changes, True, RELATION_NOTE
-    if sampling is not Sampling.POISSON:
-        poisson = "sample each batch by Poisson sampling at rate b/n from a secret seed (Opacus: poisson_sampling=True)"
+            yield allocate_words + ", accounted under add-or-remove", changes, True, RELATION_NOTE
+    if sampling is not Sampling.POISSON and "poisson" in how:
+        poisson = how["poisson"]
         same: dict[str, Any] = {"sampling": Sampling.POISSON.value}
         if default_relation(Sampling.POISSON) is not relation:  # named: the number holds in this relation
             same["relation"] = relation.value
@@ -206,16 +249,30 @@ def _check_top(top: Any) -> int | None:
     return int(top)
 
 
-@overload
-def advise(delta: float, *, top: int | None = None, **params: Unpack[Parameters]) -> tuple[Suggestion, ...]: ...
+def _check_host(host: Any) -> str:
+    if host not in HOSTS:
+        raise ValueError(f"host must be one of {', '.join(HOSTS)}. Found {host!r}.")
+    return str(host)
+
+
 @overload
 def advise(
-    delta: float, *, top: int | None = None, config: TrainingConfig, assumptions: LossAssumptions | None = None
+    delta: float, *, top: int | None = None, host: str = "none", **params: Unpack[Parameters]
+) -> tuple[Suggestion, ...]: ...
+@overload
+def advise(
+    delta: float,
+    *,
+    top: int | None = None,
+    host: str = "none",
+    config: TrainingConfig,
+    assumptions: LossAssumptions | None = None,
 ) -> tuple[Suggestion, ...]: ...
 def advise(
     delta: float,
     *,
     top: int | None = None,
+    host: str = "none",
     config: TrainingConfig | None = None,
     assumptions: LossAssumptions | None = None,
     **params: Any,
@@ -225,6 +282,9 @@ def advise(
     Args:
       delta: the delta of the guarantee.
       top: return at most this many (an integer >= 1; default: all that help).
+      host: the library the user trains with (``none``, ``opacus``, ``keras``, ``jax``): suggestions are worded
+        in its terms, and changes it cannot make (Keras: Poisson sampling, weight decay after clipping) are
+        left out (:data:`HOW`).
       config, assumptions: the pipeline as the objects the adapters hold (or give ``params``; see
         :func:`lastiter_plugins.api.pipeline`).
       **params: the pipeline, as for :func:`lastiter_plugins.epsilon`.
@@ -240,17 +300,22 @@ def advise(
         ValueError for a ``top`` that is not an integer >= 1.
     """
     top = _check_top(top)
+    host = _check_host(host)
     if config is not None or assumptions is not None:
         config, assumptions = pipeline(config, assumptions, params)
         params = _as_params(config, assumptions)
     current = epsilon("best", delta, **params)
+    impossible = impossible_declaration(*build(**params))  # warned once, by epsilon: the user's own pipeline
     # the relation resolved once (the scheme's default when left out): a candidate that changes the sampling
     # keeps it, unless the change names another relation
     params = {**params, "relation": current.relation}
     best_per_kind: dict[tuple[str, str, str], Suggestion] = {}
-    for words, changes, changes_training, note in _candidates(params):
+    for words, changes, changes_training, note in _candidates(params, host):
         try:
-            result = epsilon("best", delta, **{**params, **changes})
+            changed = build(**{**params, **changes})
+            if impossible_declaration(*changed) is not None and not impossible:  # never advise a set no loss meets
+                continue
+            result = epsilon("best", delta, config=changed[0], assumptions=changed[1])
         except (NotApplicableError, ValueError):
             continue
         if not result.epsilon < current.epsilon * (1 - 1e-3):

@@ -20,6 +20,7 @@ from typing_extensions import Required, TypedDict, Unpack, overload
 from lastiter_plugins import evaluation, registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update, refuse_renamed
 from lastiter_plugins.evaluation import BoundEvaluation, EpsilonResult
+from lastiter_plugins.feasibility import warn_if_impossible
 from lastiter_plugins.registry import Kind, Protects
 from lastiter_plugins.validation import validate_delta, validate_orders
 
@@ -110,9 +111,22 @@ def pipeline(
     """The pipeline a public function was given: ``config`` (and ``assumptions``, default: nothing
     declared) as objects, or the keyword ``params`` (:func:`build`); never both.
 
+    Warns:
+      ImpossibleDeclarationWarning: no loss meets the declarations
+        (:func:`lastiter_plugins.feasibility.impossible_declaration`); the numbers are then about a model that
+        cannot exist.
+
     Raises:
       ValueError: both forms, neither, ``assumptions`` without ``config``, or an object of another type.
     """
+    config, assumptions = _objects(config, assumptions, params)
+    warn_if_impossible(config, assumptions, stacklevel=4)  # the caller of the public function
+    return config, assumptions
+
+
+def _objects(
+    config: TrainingConfig | None, assumptions: LossAssumptions | None, params: Mapping[str, Any]
+) -> tuple[TrainingConfig, LossAssumptions]:
     if config is None:
         if assumptions is not None:
             raise ValueError(
@@ -295,5 +309,8 @@ def applicable_bounds(
         assumptions="those of the bound that wins",
         covers=(config.sampling,),
         result=None if winner is None else dataclasses.replace(winner, bound=registry.BEST),
+        # best's proof is its winner's: the same provenance as ``epsilon("best")`` (no winner: nothing published)
+        published=winner is not None and winner.published,
+        provenance="" if winner is None else winner.provenance,
     )
     return out

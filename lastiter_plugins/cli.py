@@ -397,6 +397,27 @@ def _published_only_argument(parser: argparse.ArgumentParser, what: str = "a nam
     )
 
 
+def _host_argument(parser: argparse.ArgumentParser) -> None:
+    from lastiter_plugins.defaults import HOSTS
+
+    parser.add_argument(
+        "--host",
+        choices=HOSTS,
+        default="none",
+        help="the library you train with: advice is worded in its terms, and changes it cannot make are left out "
+        "(default none: every change, in the core's terms)",
+    )
+
+
+def _explain_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="text: after the answer, what is behind it (the derivations and checks, the rows that do not apply, "
+        "the references); --format json always has every field",
+    )
+
+
 def _unproven_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--unproven",
@@ -447,7 +468,9 @@ def _cmd_rdp(args) -> str:
 
 def _cmd_epsilon(args) -> str:
     from lastiter_plugins import advice, api, evaluation
+    from lastiter_plugins.feasibility import impossible_declaration
     from lastiter_plugins.jsonout import dump_json
+    from lastiter_plugins.summary import Answer, answer_lines
 
     _checked_bound(args.bound)
     _, params, delta = _pipeline(args)
@@ -455,14 +478,20 @@ def _cmd_epsilon(args) -> str:
     result = api.epsilon(args.bound, delta, args.orders, lower_bound=best, published_only=args.published_only, **params)
     if args.format == "json":
         return dump_json(result.to_dict())
-    head = f"{result}\n{result.tightness_line}" if best else str(result)
-    if best:
-        head += f"\nProof: {result.provenance}."
-        note = evaluation.published_note(result, *api.build(**params), args.orders)
-        head += f"\n{note}" if note else ""
-    if not best or not advice.is_standard_baseline(result):
-        return head
-    return f"{head}\n\n{advice.baseline_note(result, advice.advise(result.delta, top=3, **params))}"
+    config, assumptions = api.build(**params)
+    published = evaluation.published_best(result, config, assumptions, args.orders) if best else None
+    answer = Answer.of(
+        result,
+        published=published,
+        published_checked=best and not args.published_only,
+        impossible=impossible_declaration(config, assumptions),
+    )
+    lines = answer_lines(answer)
+    if args.explain:
+        lines += result.details()
+    if best and advice.is_standard_baseline(result):
+        lines += ["", advice.baseline_note(result, advice.advise(result.delta, top=3, host=args.host, **params))]
+    return "\n".join(lines)
 
 
 def _cmd_advise(args) -> str:
@@ -471,7 +500,7 @@ def _cmd_advise(args) -> str:
 
     _, params, delta = _pipeline(args)
     current = api.epsilon(BEST, delta, **params)
-    suggestions = advice.advise(delta, top=args.top, **params)
+    suggestions = advice.advise(delta, top=args.top, host=args.host, **params)
     if args.format == "json":
         rows = [
             {
@@ -486,7 +515,7 @@ def _cmd_advise(args) -> str:
             for s in suggestions
         ]
         return dump_json({"best": current.to_dict(), "suggestions": rows})
-    head = f"best: {current}"
+    head = str(current)
     if not suggestions:
         return f"{head}\nNo single change from the list (docs/choosing.md) lowers it."
     return "\n".join([head, "Single changes that lower it, best first:", *(f"  {s}" for s in suggestions)])
@@ -619,14 +648,14 @@ def _compare_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also print what the host libraries logged while their accountants ran (hidden by default)",
     )
+    _explain_argument(parser)
     _unproven_argument(parser)
 
 
 #: The last two lines of a first run (no --config, no pipeline flags): how to go on.
 NEXT_STEPS = (
-    "Your own pipeline: lastiter compare --config FILE.toml (copy one of examples/scenarios/), or flags: "
-    "lastiter compare --dataset-size N --batch-size B --noise-multiplier Z --sampling S --epochs E ...",
-    "Read next: docs/choosing.md (which accountant fits your pipeline, and what each assumes).",
+    "Your pipeline: lastiter compare --config FILE.toml (copy examples/scenarios/) or --dataset-size N ... (--help); "
+    "then docs/choosing.md",
 )
 
 
@@ -662,7 +691,9 @@ def _cmd_compare(args: argparse.Namespace) -> str:
     plot_path = None if args.plot is None else plot.check_can_plot(args.plot)  # before the (slow) sweep
     only = args.published_only
     comparison = compare.compare(delta, name=name, unproven=args.unproven, published_only=only, **params)
-    output = compare.format_comparison(comparison, args.format, verbose=args.verbose, every_row=args.all)
+    output = compare.format_comparison(
+        comparison, args.format, verbose=args.verbose, every_row=args.all, explain=args.explain
+    )
     if plot_path is not None:
         with compare.host_log() as log:  # the sweep's host-library log, printed with --verbose only
             written = compare.write_plot(params, delta, plot_path, title=name, unproven=args.unproven)
@@ -671,7 +702,7 @@ def _cmd_compare(args: argparse.Namespace) -> str:
         if args.verbose and log:
             print("\n".join(["Host library log of the plot's sweep:", *log]), file=sys.stderr)
     if args.format == "table" and not args.config and not params_from_args(args) and args.sample_rate is None:
-        output += "\n\n" + "\n".join(NEXT_STEPS)
+        output += "\n" + "\n".join(NEXT_STEPS)
     return output
 
 
@@ -697,6 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
     _delta_argument(p)
     _orders_argument(p)
     _published_only_argument(p)
+    _explain_argument(p)
+    _host_argument(p)
     _format_argument(p)
     p.set_defaults(run=_cmd_epsilon)
 
@@ -722,6 +755,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--top", type=_positive_int, default=None, metavar="K", help="show at most K >= 1 suggestions (default: all)"
     )
+    _host_argument(p)
     _format_argument(p)
     p.set_defaults(run=_cmd_advise)
 
@@ -759,9 +793,17 @@ def _negative_values_joined(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def _leads_output(caught: warnings.WarningMessage, output: str) -> bool:
+    """A warning the output already starts with (a declaration no loss meets, in text): not repeated on stderr."""
+    from lastiter_plugins.errors import ImpossibleDeclarationWarning
+
+    return issubclass(caught.category, ImpossibleDeclarationWarning) and output.startswith("WARNING: ")
+
+
 def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = _negative_values_joined(sys.argv[1:] if argv is None else argv)
+    output = ""
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -769,7 +811,7 @@ def _run(argv: Sequence[str] | None) -> int:
                 args = parser.parse_args(argv)
                 output = args.run(args)
             finally:  # each warning once, also before an error
-                for message in dict.fromkeys(str(w.message) for w in caught):
+                for message in dict.fromkeys(str(w.message) for w in caught if not _leads_output(w, output)):
                     print(f"lastiter: warning: {message}", file=sys.stderr)
     except UsageError as exc:
         print(f"lastiter: error: {exc}", file=sys.stderr)

@@ -15,3 +15,6 @@ DEFAULT_DELTA = 1e-5
 
 #: The output formats of ``lastiter compare`` (:func:`lastiter_plugins.compare.format_comparison`).
 FORMATS = ("table", "markdown", "json", "csv")
+
+#: The training libraries ``lastiter advise --host`` words its suggestions for (``none``: the core's terms).
+HOSTS = ("none", "opacus", "keras", "jax")

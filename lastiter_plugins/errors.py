@@ -37,3 +37,11 @@ class BoundBelowTruthError(ValueError):
     """A proven bound's epsilon is below the exact epsilon of an instance that meets every
     declaration (docs/derivations/lower-end.md#lower-end): a bug in that bound, never a user error.
     Raised instead of reporting a number known to be wrong."""
+
+
+class ImpossibleDeclarationWarning(UserWarning):
+    """The declared loss assumptions describe no loss at all (a strongly convex loss whose gradients all stay
+    within the clip on an unbounded domain, say): every number computed from them is about a model that cannot
+    exist. Raised as a warning by the API and the command line, before any number
+    (:func:`lastiter_plugins.feasibility.impossible_declaration` says which set and why); the adapters, which
+    run real losses, refuse such declarations."""

@@ -147,14 +147,31 @@ class EpsilonResult:
         }
 
     def __str__(self) -> str:
-        via = f" via {self.winner}" if self.winner != self.bound else ""
-        order = f"; order {self.order:g}" if self.order is not None else ""
-        proof = "" if self.proof.proven else f" [{self.proof}]"
-        return (
-            f"({self.epsilon:.4g}, {self.delta:g})-DP for {self.protects.value}{proof} "
-            f"[{self.bound}{via}; {self.relation.value} neighbours; sampling {self.sampling.value}; "
-            f"{self.steps} steps{order}; {self.reference}]"
-        )
+        """The answer first, in a few lines (:func:`lastiter_plugins.summary.answer_lines`); :meth:`explain`
+        adds the reference, the whole provenance, the order and the lower end's instance."""
+        from lastiter_plugins.summary import Answer, answer_lines
+
+        return "\n".join(answer_lines(Answer.of(self)))
+
+    def explain(self) -> str:
+        """Everything behind the answer: :meth:`__str__`, then the bound asked for, the run, the Renyi order of
+        the conversion, the winner's reference and whole provenance, and the lower end with its instance."""
+        return "\n".join([str(self), *self.details()])
+
+    def details(self) -> list[str]:
+        """The lines :meth:`explain` adds under the answer."""
+        order = f"; Renyi order of the conversion {self.order:g}" if self.order is not None else ""
+        proof = "" if self.proof.proven else f"; {self.proof}"
+        lines = [
+            f"Asked for: {self.bound}; the run: sampling {self.sampling.value}, {self.steps} steps; kind "
+            f"{self.kind.value}{order}{proof}.",
+            f"Reference ({self.winner}): {self.reference}.",
+        ]
+        if self.provenance:
+            lines.append(f"Proof: {self.provenance}.")
+        if self.tightness_line:
+            lines.append(self.tightness_line)
+        return lines
 
     @property
     def tightness_line(self) -> str:
@@ -637,11 +654,14 @@ def published_note(
     library's derivation: the number ``best`` gives over published theorems only
     (``published_only=True``), or that none applies. Empty when the result rests on a published
     theorem."""
+    return published_note_of(result, None if result.published else published_best(result, config, assumptions, orders))
+
+
+def published_note_of(result: EpsilonResult, published: EpsilonResult | None) -> str:
+    """:func:`published_note` from its :func:`published_best` (computed once by a caller that needs both)."""
     if result.published:
         return ""
-    try:
-        published = best_result(config, assumptions, result.delta, orders, published_only=True)
-    except NotApplicableError:
+    if published is None:
         return (
             f"{result.winner} is this library's derivation ({_derived_where(result.provenance)}); no published "
             "theorem applies to this pipeline (published_only=True refuses it)."
@@ -651,6 +671,19 @@ def published_note(
         f"theorems only (published_only=True): {published.epsilon:.4g} via {published.winner} "
         f"({published.provenance.removeprefix('published: ')})."
     )
+
+
+def published_best(
+    result: EpsilonResult, config: TrainingConfig, assumptions: LossAssumptions, orders: np.ndarray | None = None
+) -> EpsilonResult | None:
+    """``best`` over published theorems only (``published_only=True``) beside ``result``: ``result`` itself when
+    its proof is a published theorem, None when no published theorem applies to the pipeline."""
+    if result.published:
+        return result
+    try:
+        return best_result(config, assumptions, result.delta, orders, published_only=True)
+    except NotApplicableError:
+        return None
 
 
 def _derived_where(provenance: str) -> str:

@@ -365,7 +365,7 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
             f"sampling must be {name} for {acc.label}. Found {cfg.sampling.value}: "
             "its number assumes a sampling your pipeline does not do."
         )
-        first_unmet = f"sampling must be {name} (found {cfg.sampling.value}): its number is for another sampling"
+        first_unmet = f"it assumes {name} sampling; this pipeline uses {cfg.sampling.value}"
     if not acc.guarantee:
         why_not.append(acc.caveat)
         first_unmet = first_unmet or acc.caveat
@@ -400,6 +400,7 @@ def host_row(acc: HostAccountant, cfg: TrainingConfig, delta: float, orders: np.
         reference=acc.reference,
         counted=False,
         proof="proven" if acc.guarantee else acc.not_a_bound,
+        provenance=f"{registry.PUBLISHED}: {acc.reference}" if acc.guarantee else f"{registry.UNPROVEN}: {acc.caveat}",
         notes=notes,
         first_unmet=first_unmet,
     )

@@ -11,13 +11,14 @@ import csv
 import io
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from lastiter_plugins import api
+from lastiter_plugins import api, registry
 from lastiter_plugins.compare.hosts import EXTRAS
 from lastiter_plugins.compare.rows import FINAL_MODEL, FOOTER, STANDARD, BestLine, Comparison, Row
 from lastiter_plugins.defaults import FORMATS
 from lastiter_plugins.jsonout import dump_json
+from lastiter_plugins.summary import Answer, HostNumber, answer_lines, warning_lines
 
 
 def _num(x: float | None, digits: int = 4) -> str:
@@ -34,8 +35,9 @@ MEANINGLESS_EPSILON = 1e4
 TOO_LARGE = "> 1e4"
 #: What the proof column says, printed under a table that shows a row of ours.
 PROOF_LEGEND = (
-    "proof: published = a published theorem applied within its assumptions; ours = this library's derivation "
-    "for this pipeline, checked on exact instances and by fuzzing (docs/bounds.md)"
+    "proof: published = a published theorem applied within its assumptions; derived here = this library's "
+    "derivation for this pipeline (docs/derivations/), checked on exact instances and by fuzzing; unproven = no "
+    "proof (shown, never counted)"
 )
 #: Free text (scenario, notes, references) is wrapped to this width; table rows are shorter.
 WIDTH = 120
@@ -128,9 +130,13 @@ def _shown(c: Comparison, every_row: bool) -> tuple[list[Row], list[Row]]:
 
 
 def _hidden_line(hidden: Sequence[Row], sampling: str) -> str:
+    large = sum(r.valid for r in hidden)  # valid rows are hidden only for an epsilon above 1e4
     same = sum(r.first_unmet.startswith("sampling must be") for r in hidden)
     why = f" ({same} need another sampling than {sampling})" if same else ""
-    return f"{len(hidden)} more bounds do not apply to this pipeline{why}; --all lists them with why not."
+    text = f"{len(hidden) - large} more bounds do not apply{why}"
+    if large:
+        text += f", {large} give epsilon > 1e4 (no protection)"
+    return text + "; --all lists them."
 
 
 def _references(rows: Sequence[Row]) -> list[tuple[int, Row, int | None]]:
@@ -144,9 +150,13 @@ def _references(rows: Sequence[Row]) -> list[tuple[int, Row, int | None]]:
 
 
 _COLUMNS = ("accountant", "valid here", "relation", "epsilon", "order", "protects", "proof", "sampling covered")
+#: The first screen's columns (indices into :data:`_COLUMNS`): no Renyi order, no list of schemes.
+_FIRST_SCREEN = (0, 1, 2, 3, 5, 6)
 
 
-def _cells(row: Row, note: str = "") -> tuple[str, ...]:
+def _cells(row: Row, note: str = "", marks: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    proof = _proof_cell(row)
+    mark = (marks or {}).get(_left_published(row), "")
     return (
         row.id + note,
         _valid_cell(row),
@@ -154,59 +164,135 @@ def _cells(row: Row, note: str = "") -> tuple[str, ...]:
         _eps(row.epsilon),
         _num(row.order, 4) if row.order is not None else "-",
         row.protects,
-        _proof_cell(row),
+        f"{proof} ({mark})" if mark else proof,
         ", ".join(row.covers),
     )
 
 
 def _proof_cell(row: Row) -> str:
-    """UNPROVEN, or for a proven registry row whether its proof is a published theorem or ours (here)."""
-    if row.proof != "proven":
-        return "UNPROVEN"
-    if row.provenance.startswith("published"):
-        return "published"
-    if row.provenance.startswith("derived"):
-        return "ours"
-    return "proven"
+    """The provenance vocabulary (:func:`lastiter_plugins.registry.provenance_word`): published, derived here
+    or unproven, on every row (host rows included)."""
+    proven = row.proof == "proven"
+    if not row.provenance:
+        return registry.PUBLISHED if proven else registry.UNPROVEN
+    return registry.provenance_word(row.provenance, proven)
 
 
-def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = False) -> str:
-    """Plain text: the table (the rows that apply, the host accountants, one line counting the
-    bounds that do not apply), the best lines, one line per shown row that does not apply (its first
-    failed condition), what the valid rows assume, notes, and the references, each once.
+def _left_published(row: Row) -> str:
+    """Why a published theorem's row is derived here for this pipeline (empty: it is not)."""
+    if _proof_cell(row) != registry.DERIVED_HERE or not row.provenance.startswith(registry.DERIVED_HERE + " ("):
+        return ""
+    return row.provenance[len(registry.DERIVED_HERE) + 2 :].split(",")[0].split(")")[0]
 
-    ``verbose`` adds the host libraries' log records captured while the rows were computed;
-    ``every_row`` lists the bounds that do not apply too.
-    """
-    rows, hidden = _shown(c, every_row)
-    body = [_cells(r, f" [{i}]") for i, r in enumerate(rows, start=1)]
-    widths = [max(len(h), *(len(cells[i]) for cells in body)) for i, h in enumerate(_COLUMNS)]
-    right = {3, 4}
+
+def _marks(rows: Sequence[Row]) -> dict[str, str]:
+    """A letter per reason a published theorem's row is derived here, in the rows' order."""
+    reasons = dict.fromkeys(why for r in rows if (why := _left_published(r)))
+    return {why: chr(ord("a") + i) for i, why in enumerate(reasons)}
+
+
+def _mark_lines(rows: Sequence[Row], marks: Mapping[str, str]) -> list[str]:
+    out = []
+    for why, mark in marks.items():
+        out += _wrap(f"({mark}) a published theorem, derived here: this pipeline has {why}.", "", "    ")
+    return out
+
+
+def answer_of(c: Comparison) -> Answer:
+    """The answer of the comparison (:mod:`lastiter_plugins.summary`): the pipeline's relation's best line and
+    the host libraries' own numbers (a declaration no loss meets leads the whole output instead)."""
+    b = next((line for line in c.best if line.declared), None)
+    if b is None:  # a comparison built without its best lines: no answer to give
+        b = BestLine(str(c.params.get("relation", "")), True, None, None, None, None, "no best line computed")
+    hosts = tuple(
+        HostNumber(r.id, r.epsilon, r.relation, r.valid, _why_not(r)) for r in c.rows if r.kind == STANDARD
+    )
+    derived = b.epsilon is not None and _proof_word(b.provenance) != registry.PUBLISHED
+    return Answer(
+        epsilon=b.epsilon,
+        delta=c.delta,
+        relation=b.relation,
+        protects=b.protects or FINAL_MODEL,
+        winner=b.winner,
+        sampling=str(c.params.get("sampling", "")),
+        provenance=b.provenance,
+        published_epsilon=b.published_epsilon,
+        published_winner=b.published_winner,
+        published_checked=derived and not c.published_only,
+        every_iterate_epsilon=b.every_iterate_epsilon,
+        every_iterate_winner=b.every_iterate_winner,
+        lower_bound=b.lower_bound,
+        hosts=hosts,
+        no_answer="" if b.epsilon is not None else b.how,
+    )
+
+
+def _proof_word(provenance: str) -> str:
+    return registry.provenance_word(provenance) if provenance else registry.PUBLISHED
+
+
+def _table_lines(rows: Sequence[Row], columns: Sequence[int], marks: Mapping[str, str]) -> list[list[str]]:
+    return [[_cells(r, f" [{i}]", marks)[k] for k in columns] for i, r in enumerate(rows, start=1)]
+
+
+def _aligned(head: Sequence[str], body: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(cells[i]) for cells in body)) for i, h in enumerate(head)]
 
     def line(cells: Sequence[str]) -> str:
         pairs = enumerate(zip(cells, widths, strict=True))
-        parts = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in pairs]
-        return "  ".join(parts).rstrip()
+        return "  ".join(cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in pairs).rstrip()
 
-    out = [f"lastiter compare: {c.name}", *_wrap(_scenario_line(c), "", "  "), f"epsilon at delta = {c.delta:g}", ""]
-    out.append(line(_COLUMNS))
-    out.append(line(["-" * w for w in widths]))
+    return [line(head), line(["-" * w for w in widths]), *(line(cells) for cells in body)]
+
+
+#: The first screen's last line: what ``--explain`` adds.
+EXPLAIN_LINE = (
+    "--explain: orders, schemes, host rows, why rows do not apply, assumptions, references. Words: docs/glossary.md"
+)
+
+
+def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = False, explain: bool = False) -> str:
+    """Plain text, the answer first (:func:`lastiter_plugins.summary.answer_lines`): the scenario, the answer,
+    the rows that apply (accountant, valid, relation, epsilon, what it protects, its provenance) and one line
+    counting the bounds that do not apply; about 25 lines.
+
+    ``explain`` replaces that table by every column and the host accountants' rows, then adds the best line
+    of each relation, one line per shown row that does not apply (its first failed condition), what the valid
+    rows assume, notes, and the references, each once. ``verbose`` adds the host libraries' log records
+    captured while the rows were computed; ``every_row`` lists the bounds that do not apply too.
+    """
+    rows, hidden = _shown(c, every_row)
+    if not explain:  # the hosts' numbers are in the answer; a number above 1e4 protects nothing
+        rows = [r for r in rows if r.kind != STANDARD]
+        if not every_row:
+            hidden += [r for r in rows if r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON]
+            rows = [r for r in rows if r not in hidden]
+    marks = _marks(rows)
+    out = warning_lines(c.impossible)
+    out += [f"lastiter compare: {c.name}; epsilon at delta = {c.delta:g}", *_wrap(_scenario_line(c), "", "  ")]
+    out += ["", *answer_lines(answer_of(c)), ""]
+    columns = range(len(_COLUMNS)) if explain else _FIRST_SCREEN
+    head = [_COLUMNS[k] for k in columns]
+    right = {i for i, k in enumerate(columns) if k in (3, 4)}
+    table = _aligned(head, _table_lines(rows, columns, marks), right)
+    out += table[:2]
     previous_kind = None
-    for row, cells in zip(rows, body, strict=True):
+    for row, text in zip(rows, table[2:], strict=True):
         group = row.kind == STANDARD
         if group and previous_kind is not True:
             if hidden:
-                out.append(_hidden_line(hidden, c.params.get("sampling", "")))
-            out.append("")
-            out.append("What host libraries report for this pipeline (shown, never counted):")
+                out += _wrap(_hidden_line(hidden, c.params.get("sampling", "")), "", "  ")
+            out += ["", "What host libraries report for this pipeline (shown, never counted):"]
         previous_kind = group
-        out.append(line(cells))
+        out.append(text)
     if hidden and previous_kind is not True:  # no host row: the count ends the table
-        out.append(_hidden_line(hidden, c.params.get("sampling", "")))
+        out += _wrap(_hidden_line(hidden, c.params.get("sampling", "")), "", "  ")
+    out += _mark_lines(rows, marks)
     if any(r.epsilon is not None and r.epsilon > MEANINGLESS_EPSILON for r in rows):
         out.append(f"({TOO_LARGE}: an epsilon above 1e4 protects nothing; --format json gives the number.)")
-    if any(_proof_cell(r) == "ours" for r in rows):
-        out += _wrap(f"({PROOF_LEGEND})", "", " ")
+    if not explain:
+        return "\n".join([*out, EXPLAIN_LINE, *_host_log_lines(c, verbose)])
+    out += _wrap(f"({PROOF_LEGEND})", "", " ")
     out += ["", _best_heading(c) + ":"]
     for b in c.best:
         out += _wrap(_best_text(b), "  ", "    ")
@@ -228,13 +314,22 @@ def format_table(c: Comparison, *, verbose: bool = False, every_row: bool = Fals
     out += ["", "References:"]
     for i, r, same in _references(rows):
         out += _wrap(f"[{i}] {r.id}: " + (f"as [{same}]" if same is not None else r.reference))
-    out += ["", *_wrap(_hosts_line(c), "", "  "), *_wrap(FOOTER, "", "")]
-    if c.host_log and verbose:
-        out += ["", f"Host library log ({len(c.host_log)} records, captured while the accountants ran):"]
-        out += [f"  {record}" for record in c.host_log]
-    elif c.host_log:
-        out.append(f"({len(c.host_log)} host library log records hidden; --verbose shows them.)")
+    derived = [(i, r) for i, r in numbered if r.provenance and _proof_cell(r) != registry.PUBLISHED]
+    if derived:  # a published row's proof is its reference, cited above
+        out += ["", "Proof of the rows not published (derived here: the derivation and its checks; unproven: why):"]
+        for i, r in derived:
+            out += _wrap(f"{r.id} [{i}]: {r.provenance}")
+    out += ["", *_wrap(_hosts_line(c), "", "  "), *_wrap(FOOTER, "", ""), *_host_log_lines(c, verbose)]
     return "\n".join(out)
+
+
+def _host_log_lines(c: Comparison, verbose: bool) -> list[str]:
+    if c.host_log and verbose:
+        head = f"Host library log ({len(c.host_log)} records, captured while the accountants ran):"
+        return ["", head, *(f"  {record}" for record in c.host_log)]
+    if c.host_log:
+        return [f"({len(c.host_log)} host library log records hidden; --verbose shows them.)"]
+    return []
 
 
 def _md_escape(text: str) -> str:
@@ -246,14 +341,18 @@ def format_markdown(c: Comparison, *, every_row: bool = False) -> str:
     failed condition), the best-valid lines and the references, each once."""
     rows, hidden = _shown(c, every_row)
     head = (*_COLUMNS, "why not / assumptions")
-    out = [
+    out = [f"**{_md_escape(line)}**" for line in warning_lines(c.impossible, width=10**6)]
+    out += [
         f"**{_md_escape(c.name)}**: {_md_escape(_scenario_line(c))}; epsilon at delta = {c.delta:g}.",
+        "",
+        *(_md_escape(line.strip()) + "  " for line in answer_lines(answer_of(c), width=10**6)),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * 2 + ["---"] * 4) + "|",
     ]
     for i, row in enumerate(rows, start=1):
-        cells = [_md_escape(x) for x in _cells(row)]
+        reasons = {why: why for why in _marks(rows)}  # Markdown: the reason in the cell itself
+        cells = [_md_escape(x) for x in _cells(row, marks=reasons)]
         cells[0] = f"`{row.id}` [{i}]"
         if not row.valid:
             cells[1] = f"**{cells[1]}**"
@@ -350,12 +449,15 @@ def format_csv(c: Comparison) -> str:
     return buffer.getvalue().rstrip("\n")
 
 
-def format_comparison(c: Comparison, fmt: str = "table", *, verbose: bool = False, every_row: bool = False) -> str:
+def format_comparison(
+    c: Comparison, fmt: str = "table", *, verbose: bool = False, every_row: bool = False, explain: bool = False
+) -> str:
     """Render as ``table``, ``markdown``, ``json`` (never NaN/Infinity) or ``csv``; ``verbose``
     adds the captured host-library log to the table; ``every_row`` lists the bounds that do not
-    apply in the table and Markdown too (JSON and CSV always list every row)."""
+    apply in the table and Markdown too (JSON and CSV always list every row); ``explain`` adds to the table
+    what is behind its answer (:func:`format_table`)."""
     if fmt == "table":
-        return format_table(c, verbose=verbose, every_row=every_row)
+        return format_table(c, verbose=verbose, every_row=every_row, explain=explain)
     if fmt == "markdown":
         return format_markdown(c, every_row=every_row)
     if fmt == "json":

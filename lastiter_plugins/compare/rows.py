@@ -101,6 +101,8 @@ class BestLine:
     lower_bound_note: str = ""
     provenance: str = ""  # the winner's: "published: ..." or "derived here: ..."
     published_note: str = ""  # what best gives over published theorems only (empty: the winner is published)
+    published_epsilon: float | None = None  # that number (None: the winner is published, or none applies)
+    published_winner: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -122,6 +124,7 @@ class Comparison:
     hosts: Mapping[str, str | None]
     host_log: tuple[str, ...] = ()  # host libraries' log records while the rows were computed (not in JSON)
     published_only: bool = False  # the best lines are over published theorems only
+    impossible: str = ""  # why no loss meets the declarations (lastiter_plugins.feasibility); empty: some may
 
     def row(self, row_id: str) -> Row:
         for r in self.rows:
@@ -140,6 +143,7 @@ class Comparison:
             "rows": [r.to_dict() for r in self.rows],
             "best": [b.to_dict() for b in self.best],
             "published_only": self.published_only,
+            "impossible_declaration": self.impossible or None,
             "hosts": dict(self.hosts),
             "note": FOOTER,
         }

@@ -30,6 +30,7 @@ from lastiter_plugins.compare import hosts
 from lastiter_plugins.compare.rows import BestLine, Comparison, Row, catching, host_log
 from lastiter_plugins.config import LossAssumptions, Relation, TrainingConfig
 from lastiter_plugins.evaluation import BoundEvaluation
+from lastiter_plugins.feasibility import warn_if_impossible
 from lastiter_plugins.registry import Protects
 from lastiter_plugins.scenarios import DEFAULT_DELTA
 from lastiter_plugins.validation import validate_delta, validate_orders
@@ -175,7 +176,9 @@ def best_lines(
             if assumptions is None or not lower_bound
             else evaluation.with_lower_bound(winner, at_relation, assumptions)
         )
-        published = "" if assumptions is None else evaluation.published_note(winner, at_relation, assumptions)
+        alt = None if assumptions is None else evaluation.published_best(winner, at_relation, assumptions)
+        published = "" if assumptions is None else evaluation.published_note_of(winner, alt)
+        alt = None if alt is None or alt.winner == winner.winner else alt
         out.append(
             BestLine(
                 lower_bound=None if lower is None else lower.lower_bound,
@@ -191,6 +194,8 @@ def best_lines(
                 every_iterate_winner=None if every is None else every.winner,
                 provenance=winner.provenance,
                 published_note=published,
+                published_epsilon=None if alt is None else alt.epsilon,
+                published_winner=None if alt is None else alt.winner,
             )
         )
     return tuple(out)
@@ -217,6 +222,7 @@ def compare(
     ``params`` name it.
     """
     config, assumptions = api.build(**params)
+    impossible = warn_if_impossible(config, assumptions)  # warned first, and the answer's first line
     params = {**params, "relation": config.relation.value}
     delta = validate_delta(delta)
     grid = None if orders is None else validate_orders(orders)  # None: the library's lossless default conversion
@@ -238,6 +244,7 @@ def compare(
             published_only=published_only,
         ),
         published_only=published_only,
+        impossible=impossible or "",
         hosts=hosts.host_versions(),
         host_log=tuple(log),
     )

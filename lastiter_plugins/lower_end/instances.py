@@ -27,8 +27,8 @@ uses, whose exact epsilon mixture.py computes from below at any n and T.
 Cyclic runs also try G5 and G6 (:mod:`~lastiter_plugins.lower_end.last_use`: the last use on a cleared
 coordinate); the largest lower end of all instances that meet the declarations is reported.
 
-No instance (the result says why, ``epsilon`` is None): per-example strong convexity on an
-unbounded domain together with bounded gradients (no loss meets those declarations), add-or-remove
+No instance (the result says why, ``epsilon`` is None): declarations no loss meets
+(:func:`lastiter_plugins.feasibility.impossible_declaration`), add-or-remove
 with a sampling other than Poisson, random allocation, a per-example l2 term with Poisson sampling, a contracting walk
 that may reach its segment's ends, and computations beyond about a second.
 """
@@ -44,6 +44,7 @@ from scipy import stats
 
 from lastiter_plugins.bounds._common import batch_sizes
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig
+from lastiter_plugins.feasibility import impossible_declaration
 from lastiter_plugins.lower_end import exact, last_use, mixture
 from lastiter_plugins.lower_end.declarations import ESCAPE_BUDGET, TOO_LARGE, InstanceProperties, violations
 
@@ -153,12 +154,9 @@ def _no_instance(config: TrainingConfig, a: LossAssumptions) -> str | None:
             "no exact instance implemented for random allocation with allocations_per_epoch > 1, a per-example l2 "
             "term (the contraction depends on the random batch size) or a projection"
         )
-    if per_example and a.diameter is None and a.update_is_gradient_step:
-        return (
-            "no loss meets these declarations: a per-example loss that is strongly convex on an "
-            "unbounded domain has unbounded gradients, so its (clipped) gradients cannot all be the "
-            "gradients of such losses with norms <= C (declare the l2 term outside the clip, or a diameter)"
-        )
+    impossible = impossible_declaration(config, a)  # the one definition of declarations no loss meets
+    if impossible is not None:
+        return impossible
     if (a.strong_convexity > 0 or a.diameter is not None) and config.learning_rate is None:
         return "the instance needs the learning rate (strong convexity or a projection acts through it)"
     if per_example and config.sampling is Sampling.POISSON:

@@ -27,7 +27,10 @@ from lastiter_plugins.registry.spec import (
     AT_MOST_B_SCHEMES,
     EPOCH_SCHEMES,
     FIXED_BATCH_SCHEMES,
+    DERIVED_HERE,
     PROVEN,
+    PUBLISHED,
+    UNPROVEN,
     Applicability,
     BoundSpec,
     BySampling,
@@ -42,6 +45,8 @@ from lastiter_plugins.registry.spec import (
     Provenance,
     RdpFunction,
     Unmet,
+    provenance_short,
+    provenance_word,
 )
 from lastiter_plugins.registry.table import (
     ALTSCHULER_TALWAR,
@@ -67,7 +72,10 @@ __all__ = [
     "FIXED_BATCH_SCHEMES",
     "KONG_RIBERO",
     "LIANG",
+    "DERIVED_HERE",
     "PROVEN",
+    "PUBLISHED",
+    "UNPROVEN",
     "YE_SHOKRI",
     "Applicability",
     "BoundSpec",
@@ -87,5 +95,7 @@ __all__ = [
     "estimate_curve",
     "get_spec",
     "rdp_curve",
+    "provenance_short",
+    "provenance_word",
     "require",
 ]

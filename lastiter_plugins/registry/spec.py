@@ -11,6 +11,7 @@ preconditions returns.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -23,7 +24,10 @@ __all__ = [
     "AT_MOST_B_SCHEMES",
     "EPOCH_SCHEMES",
     "FIXED_BATCH_SCHEMES",
+    "DERIVED_HERE",
     "PROVEN",
+    "PUBLISHED",
+    "UNPROVEN",
     "Applicability",
     "BoundSpec",
     "BySampling",
@@ -39,6 +43,8 @@ __all__ = [
     "RdpFunction",
     "Unmet",
     "Violation",
+    "provenance_short",
+    "provenance_word",
 ]
 
 #: What a condition returns: None when it holds, else (what is required, what was found), optionally with a
@@ -142,6 +148,41 @@ class Provenance:
             return f"published: {self.published}"
         prefix = f"derived here ({why}): " if self.published else "derived here: "
         return prefix + self.derived
+
+
+#: The provenance vocabulary, the same on every route (compare's proof column, ``lastiter bounds``,
+#: ``lastiter epsilon``, the API's ``provenance`` field, the host rows): a published theorem applied within
+#: its assumptions, this library's derivation (docs/derivations/, with the checks it passed), or no proof.
+PUBLISHED, DERIVED_HERE, UNPROVEN = "published", "derived here", "unproven"
+
+
+def provenance_word(provenance: str, proven: bool = True) -> str:
+    """``published``, ``derived here`` or ``unproven``: the word a provenance line (:meth:`Provenance.describe`,
+    or a host row's) starts with; ``unproven`` whenever the proof status says so."""
+    if not proven or provenance.startswith(UNPROVEN):
+        return UNPROVEN
+    if provenance.startswith(PUBLISHED):
+        return PUBLISHED
+    if provenance.startswith(DERIVED_HERE):
+        return DERIVED_HERE
+    raise ValueError(f"a provenance starts with published, derived here or unproven. Found {provenance!r}.")
+
+
+def provenance_short(provenance: str, proven: bool = True) -> str:
+    """The provenance in one short phrase for a first screen: ``published (<theorem>)``, ``derived here
+    (<why it left the theorem>; <its docs page>)`` or ``derived here (<its docs page>; checked)``,
+    ``unproven (<why>)``. The full line stays in the ``provenance`` fields and behind ``explain``."""
+    word = provenance_word(provenance, proven)
+    if word == PUBLISHED:
+        return f"{PUBLISHED} ({provenance.split(': ', 1)[-1]})"
+    if word == UNPROVEN:
+        return f"{UNPROVEN} ({provenance.split(': ', 1)[-1]})" if ": " in provenance else UNPROVEN
+    docs = re.search(r"docs/[\w/.-]+(#[\w.-]+)?", provenance)
+    page = docs.group(0) if docs else "docs/derivations/"
+    why = re.match(r"derived here \(([^,)]*)", provenance)
+    checks = "checked" if "checks:" in provenance else ""
+    inside = "; ".join(filter(None, (why.group(1) if why else "", page, "" if why else checks)))
+    return f"{DERIVED_HERE} ({inside})"
 
 
 @dataclasses.dataclass(frozen=True)

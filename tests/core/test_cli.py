@@ -18,7 +18,9 @@ from lastiter_plugins import compare, scenarios
 from lastiter_plugins.cli import build_parser, main
 from tests.support import ROOT, cli_flags, strongly_convex
 
-KWARGS = strongly_convex(sampling="shuffle_once")
+# a projection: a strongly convex loss with every gradient within the clip exists only on a bounded domain
+# (lam D / 2 = 0.5 <= C = 1; lastiter_plugins.feasibility)
+KWARGS = strongly_convex(sampling="shuffle_once", diameter=10.0)
 PARAMS = cli_flags(KWARGS)
 
 
@@ -59,8 +61,8 @@ def test_bounds_table_and_json(capsys):
     assert code == 0
     assert "ye-shokri-shuffle" in out
     liang = next(line for line in out.splitlines() if line.startswith("liang-bounded ["))
-    assert liang.endswith("sampling must be poisson (found shuffle_once); diameter (D) must be declared (found no "
-                          "projection)")  # every failed condition, short, without the theorem  # fmt: skip
+    assert liang.endswith("sampling must be poisson (found shuffle_once)")  # short, without the theorem
+    assert liang.split()[-1] == "shuffle_once)" and "provenance" not in liang
     for reference in {spec.reference for spec in lp.BOUNDS.values()}:  # each cited once, at the end
         assert " ".join(out.split()).count(" ".join(reference.split())) == 1, reference
     code, out, _ = run(capsys, "bounds", *PARAMS, "--delta", "1e-5", "--format", "json")
@@ -68,7 +70,7 @@ def test_bounds_table_and_json(capsys):
     assert set(rows) == set(lp.BOUND_IDS)
     assert rows["liang-bounded"]["applies"] is False and rows["liang-bounded"]["epsilon"] is None
     reason = rows["liang-bounded"]["reason"]  # in full (why a condition is needed), without the theorem
-    assert reason.startswith("sampling must be poisson (found shuffle_once); diameter (D) must be declared (every")
+    assert reason.startswith("sampling must be") and "(found shuffle_once)" in reason or "Found shuffle_once" in reason
     assert "Liang" not in reason
     assert rows["liang-bounded"]["reference"] == lp.BOUNDS["liang-bounded"].reference
     assert rows["ye-shokri-shuffle"]["epsilon"] == pytest.approx(
@@ -614,10 +616,15 @@ def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_giv
                   epochs=100, sampling="shuffle_once", smoothness=0.26, strong_convexity=0.01, diameter=10.0,
                   gradient_norms_within_clip=True)  # fmt: skip
     published = lp.epsilon("best", 1e-5, published_only=True, **params)
-    assert "Proof: derived here: docs/derivations/shifted-interpolation.md#si-shuffle-once" in out
-    assert f"over published theorems only (published_only=True): {published.epsilon:.4g} via {published.winner}" in out
+    lines = out.splitlines()
+    assert lines[0].startswith("epsilon = 1.359 at delta = 1e-05: protects the final model only") and len(lines) <= 10
+    assert "derived here (docs/derivations/shifted-interpolation.md#si-shuffle-once; checked)" in out
+    assert f"Published theorems only: {published.epsilon:.4g} ({published.winner})" in out
+    code, out, _ = run(capsys, "epsilon", "--explain", *BUILTIN_FLAGS)
+    assert "Proof: derived here: docs/derivations/shifted-interpolation.md#si-shuffle-once" in out  # behind --explain
     code, out, _ = run(capsys, "epsilon", "--published-only", *BUILTIN_FLAGS)
-    assert code == 0 and f"({published.epsilon:.4g}, 1e-05)" in out and "Proof: published: Kong & Ribero" in out
+    assert code == 0 and f"epsilon = {published.epsilon:.4g} at delta = 1e-05" in out
+    assert "published (Kong & Ribero" in out
     assert "derived here" not in out
     code, out, err = run(capsys, "epsilon", "--published-only", "--bound", "shifted-interpolation-shuffle",
                          *BUILTIN_FLAGS)  # fmt: skip
@@ -733,5 +740,5 @@ def test_compare_takes_published_only(capsys):
     assert all(
         r["provenance"].startswith("published") for r in published["rows"] if r["counted"]
     )  # only published rows are counted
-    code, text, _ = run(capsys, "compare", "--published-only")
+    code, text, _ = run(capsys, "compare", "--published-only", "--explain")
     assert "per neighbouring relation (over published theorems only: --published-only):" in text
