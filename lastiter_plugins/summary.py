@@ -88,6 +88,7 @@ class Answer:
       sampling: the sampling scheme the number covers.
       provenance: the winner's ``published: ...``, ``derived here ...: ...`` or ``unproven: ...`` line.
       proven: the winner's proof status (False: unproven, whatever the provenance says).
+      proof: the proof status in words (``unproven: <why>`` when not proven).
       published_epsilon, published_winner: what published theorems alone give, when the winner is derived
         here (``published_winner`` None with ``published_checked``: no published theorem applies).
       published_checked: whether the published-only number was looked for.
@@ -106,6 +107,7 @@ class Answer:
     sampling: str = ""
     provenance: str = ""
     proven: bool = True
+    proof: str = "proven"
     published_epsilon: float | None = None
     published_winner: str | None = None
     published_checked: bool = False
@@ -141,6 +143,7 @@ class Answer:
             sampling=result.sampling.value,
             provenance=result.provenance,
             proven=result.proof.proven,
+            proof=str(result.proof),
             published_epsilon=None if alt is None else alt.epsilon,
             published_winner=None if alt is None else alt.winner,
             published_checked=published_checked and not result.published,
@@ -195,7 +198,10 @@ def answer_lines(answer: Answer, *, width: int = WIDTH) -> list[str]:
             width=width,
         )
         if answer.winner is not None:
-            proof = provenance_short(answer.provenance, answer.proven) if answer.provenance else "proven"
+            if not answer.proven:
+                proof = answer.proof  # unproven: its reason, never only a citation
+            else:
+                proof = provenance_short(answer.provenance) if answer.provenance else "proven"
             out += _wrap(f"From {answer.winner}: {proof}.", "  ", width=width)
         beside = []
         if answer.published_epsilon is not None:

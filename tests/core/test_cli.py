@@ -456,12 +456,15 @@ PUBLIC_NAMES = (
     "build",
     # what it gives
     "epsilon", "rdp", "applicable_bounds", "calibrate_noise", "advise", "baseline_note", "is_standard_baseline",
-    "EpsilonResult", "BoundEvaluation", "Suggestion", "CalibrationResult",
+    "EpsilonResult", "BoundEvaluation", "Suggestion", "CalibrationResult", "impossible_declaration",
+    # the answer first (the outputs' first lines; the adapters' reports render theirs with it)
+    "Answer", "HostNumber", "answer_lines",
     # the table of bounds
     "BEST", "BOUNDS", "BOUND_IDS", "BoundSpec", "Kind", "Proof", "Protects",
     # errors and warnings
     "NotApplicableError", "CalibrationError", "PipelineChangedError", "UnsupportedHostError", "OrderGridWarning",
     "UnprovenBoundWarning",
+    "ImpossibleDeclarationWarning",
 )  # fmt: skip
 
 
