@@ -549,6 +549,7 @@ def _cmd_bounds(args) -> str:
                 "applies": e.applies,
                 "relation": e.relation.value if e.relation else None,
                 "proof": str(e.proof),
+                "provenance": e.provenance,
                 "protects": e.protects.value,
                 "kind": e.kind.value,
                 "reason": _conditions(e, short=args.format != "json") or None,
@@ -565,12 +566,16 @@ def _cmd_bounds(args) -> str:
         else:
             rows.append(
                 {"bound": BEST, "applies": True, "relation": best.relation.value, "proof": "proven"}
+                | {"provenance": best.provenance, "published": best.published}
                 | {"protects": best.protects.value, "epsilon": best.epsilon, "order": best.order}
                 | {"winner": best.winner, "reference": best.reference, "reason": None}
             )
     if args.format == "json":
         return dump_json({"delta": delta if with_numbers else None, "bounds": rows})
-    return _bounds_text(rows, registry.DOCS)
+    from lastiter_plugins.feasibility import impossible_declaration
+    from lastiter_plugins.summary import warning_lines
+
+    return "\n".join([*warning_lines(impossible_declaration(config, assumptions)), _bounds_text(rows, registry.DOCS)])
 
 
 def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
@@ -583,8 +588,16 @@ def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
     def name(row: dict[str, Any]) -> str:
         return row["bound"] if row["bound"] == BEST else f"{row['bound']} [{numbers[row['reference']]}]"
 
+    from lastiter_plugins.registry import provenance_word
+
+    def proof(row: dict[str, Any]) -> str:
+        """The provenance vocabulary: published, derived here or unproven (compare's proof column)."""
+        if not row.get("provenance"):
+            return "-"
+        return provenance_word(row["provenance"], row.get("proof", "proven") == "proven")
+
     width = max(len(name(row)) for row in rows)
-    lines = [f"{'bound':{width}} {'applies':7} {'relation':17} {'epsilon':>12}  note"]
+    lines = [f"{'bound':{width}} {'applies':7} {'relation':17} {'proof':12} {'epsilon':>12}  note"]
     for row in rows:
         eps = "" if row.get("epsilon") is None else _fmt(row["epsilon"])
         if not row["applies"]:
@@ -597,7 +610,8 @@ def _bounds_text(rows: list[dict[str, Any]], docs: str) -> str:
             if row.get("proof", "proven") != "proven":
                 note = f"{row['proof']}" + (f"; {note}" if note else "")
         relation = row.get("relation") or "-"
-        lines.append(f"{name(row):{width}} {'yes' if row['applies'] else 'no':7} {relation:17} {eps:>12}  {note}")
+        applies = "yes" if row["applies"] else "no"
+        lines.append(f"{name(row):{width}} {applies:7} {relation:17} {proof(row):12} {eps:>12}  {note}")
     lines += ["", "References:"]
     for reference, number in numbers.items():
         lines += textwrap.wrap(

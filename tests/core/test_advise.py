@@ -259,3 +259,21 @@ def test_a_shuffled_loader_is_offered_random_allocation_beside_poisson():
     assert all(
         "random_allocation" not in str(s.parameters) for s in lp.advise(1e-5, **{**anchor, "sampling": "poisson"})
     )
+
+
+def test_advice_is_worded_for_the_host_and_leaves_out_what_it_cannot_do():
+    """Issue 41: a Keras user was advised Opacus' poisson_sampling=True and torch's weight_decay."""
+    params = dict(dataset_size=10_000, batch_size=100, noise_multiplier=2.0, learning_rate=1.0, epochs=20,
+                  sampling="reshuffle", smoothness=0.25)  # fmt: skip
+    keras = lp.advise(1e-5, host="keras", **params)
+    opacus = lp.advise(1e-5, host="opacus", **params)
+    anywhere = lp.advise(1e-5, **params)
+    assert keras and opacus
+    for s in keras:  # TF Privacy's fit cannot sample Poisson batches nor add weight decay after clipping
+        assert s.parameters.get("sampling") != "poisson" and not s.parameters.get("l2_outside_clip"), s
+        assert "torch" not in s.change and "poisson_sampling" not in s.change and "Opacus" not in s.change, s
+    assert any("FeatureNormClip" in s.change and "Dense" in s.change for s in keras)
+    assert any("poisson_sampling=True" in s.change for s in opacus if s.parameters.get("sampling") == "poisson")
+    assert any(s.parameters.get("sampling") == "poisson" for s in anywhere)
+    with pytest.raises(ValueError, match="host must be one of none, opacus, keras, jax. Found 'pytorch'"):
+        lp.advise(1e-5, host="pytorch", **params)

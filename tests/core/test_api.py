@@ -453,3 +453,29 @@ def test_the_overlapping_names_of_0_2_warn_and_name_their_replacement(name, repl
         "advise_config": lambda: lp.advise(1e-5, top=2, **params),
     }[name]()
     assert call(old, config, assumptions) == new
+
+
+def test_best_has_one_provenance_on_every_route():
+    """Issue 41: Poisson, replace-one, the issue's example (both 4.228): applicable_bounds' best said published
+    (a default of its own) while epsilon('best') said derived here (its winner's)."""
+    params = dict(dataset_size=60000, batch_size=256, noise_multiplier=1.1, sampling="poisson",
+                  relation="replace_one", steps=14100)  # fmt: skip
+    listed = lp.applicable_bounds(delta=1e-5, **params)[lp.BEST]
+    result = lp.epsilon("best", 1e-5, **params)
+    assert listed.result.epsilon == pytest.approx(result.epsilon) == pytest.approx(4.228, abs=1e-3)
+    assert listed.published is result.published is listed.result.published is False
+    assert listed.provenance == result.provenance and result.provenance.startswith("derived here")
+    published = lp.applicable_bounds(delta=1e-5, **strongly_convex(sampling="cyclic"))[lp.BEST]
+    assert published.published is published.result.published  # and where the winner is published
+
+
+def test_str_is_the_answer_first_and_explain_the_rest():
+    result = lp.epsilon("best", 1e-5, lower_bound=True, **strongly_convex(sampling="shuffle_once", diameter=10.0))
+    lines = str(result).splitlines()
+    assert lines[0].startswith(f"epsilon = {result.epsilon:.4g} at delta = 1e-05: protects the final model only")
+    assert "replace_one" in lines[0] + lines[1] and "shuffle_once" in " ".join(lines[:2])
+    assert len(lines) <= 10 and f"From {result.winner}: " in str(result)
+    for jargon in ("mu-GDP", "joint convexity", "G4", "order"):
+        assert jargon not in str(result)
+    explained = result.explain()
+    assert explained.startswith(str(result)) and result.reference in explained and result.provenance in explained

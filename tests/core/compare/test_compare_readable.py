@@ -295,3 +295,37 @@ def test_a_custom_comparison_does_not_repeat_the_first_run_hint():
     proc = lastiter("compare", "--config", POISSON)
     assert proc.returncode == 0, proc.stderr
     assert NEXT_STEPS[0] not in proc.stdout
+
+
+# ---------------------------------------------------------------- the answer first (issue 41)
+
+
+def test_the_first_screen_is_the_answer(builtin):
+    screen = compare.format_table(builtin).splitlines()
+    assert len(screen) <= 27, "\n".join(screen)
+    answer = next(i for i, line in enumerate(screen) if line.startswith("epsilon = "))
+    assert answer <= 6 and screen[answer].startswith("epsilon = 1.359 at delta = 1e-05: protects the final model only")
+    head = "\n".join(screen[answer : answer + 8])
+    assert "From shifted-interpolation-shuffle: derived here (docs/derivations/" in head
+    assert "Published theorems only: 4.728 (kong-ribero-cyclic)" in head
+    assert "opacus-rdp 1.035" in head and "NOT VALID here" in head  # the host's number, and that it is not valid
+    for jargon in (r"\border\b", "mu-GDP", r"\bG4\b", "joint convexity", r"\bours\b", "UNPROVEN"):
+        assert not re.search(jargon, "\n".join(screen)), jargon
+    proof_words = {line.split("  ")[-1].split(" (")[0].strip() for line in screen if " [" in line.split("  ")[0]}
+    assert proof_words <= {"published", "derived here", "unproven"}, proof_words
+    assert "derived here (a)" in "\n".join(screen)  # the reason a published theorem is derived here, with the row
+    assert any(line.startswith("(a) a published theorem, derived here: this pipeline has a projection") for line in screen)
+    explained = compare.format_table(builtin, explain=True)
+    assert explained.startswith("\n".join(screen[: answer + 3])) and "\nReferences:\n" in explained
+    assert "ye-shokri-shuffle [2]: derived here (a projection the theorem does not have" in explained
+
+
+def test_every_row_has_a_provenance_in_one_vocabulary(builtin, poisson):
+    for comparison in (builtin, poisson):
+        for row in comparison.rows:
+            assert row.provenance.split(" ")[0].rstrip(":") in {"published", "derived", "unproven"}, row
+            assert registry.provenance_word(row.provenance, row.proof == "proven") in {
+                "published", "derived here", "unproven"
+            }  # fmt: skip
+    gdp = builtin.row("opacus-gdp")
+    assert gdp.provenance.startswith("unproven: ") and "approximation" in gdp.provenance
