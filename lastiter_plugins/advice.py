@@ -2,8 +2,9 @@ r"""What would lower the epsilon: :func:`advise` (``lp.advise``) tries every sin
 from a fixed list (noise, epochs, batch size, learning rate, weight decay, projection, the certified
 linear-model route, features clipped so that clipping never acts, the sampler) and returns those that lower
 ``best``, best first. A declaration is never offered alone: only with the change to training that makes it
-true. Each change is one the user's host can make, worded in its terms (``host=``, :data:`HOW`). On a shuffled or fixed-order loader the sampler's changes include random allocation (each
-example still used once per epoch), its note giving Poisson sampling's number beside it.
+true. Each change is one the user's host can make, worded in its terms (``host=``, :data:`HOW`). On a
+shuffled or fixed-order loader the sampler's changes include random allocation (each example still used
+once per epoch), its note giving Poisson sampling's number beside it.
 
 Every suggestion is evaluated by the one evaluation path (``epsilon("best", ...)`` with the
 changed parameters); nothing here is a bound of its own. A suggestion that changes training (the
@@ -27,8 +28,8 @@ from lastiter_plugins.api import Parameters, build, epsilon, pipeline
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, default_relation
 from lastiter_plugins.defaults import HOSTS
 from lastiter_plugins.errors import NotApplicableError
-from lastiter_plugins.feasibility import impossible_declaration
 from lastiter_plugins.evaluation import EpsilonResult
+from lastiter_plugins.feasibility import impossible_declaration
 from lastiter_plugins.registry import Protects
 
 #: Said once under every suggestion for another relation.

@@ -204,9 +204,7 @@ def answer_of(c: Comparison) -> Answer:
     b = next((line for line in c.best if line.declared), None)
     if b is None:  # a comparison built without its best lines: no answer to give
         b = BestLine(str(c.params.get("relation", "")), True, None, None, None, None, "no best line computed")
-    hosts = tuple(
-        HostNumber(r.id, r.epsilon, r.relation, r.valid, _why_not(r)) for r in c.rows if r.kind == STANDARD
-    )
+    hosts = tuple(HostNumber(r.id, r.epsilon, r.relation, r.valid, _why_not(r)) for r in c.rows if r.kind == STANDARD)
     derived = b.epsilon is not None and _proof_word(b.provenance) != registry.PUBLISHED
     return Answer(
         epsilon=b.epsilon,

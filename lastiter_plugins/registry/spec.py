@@ -22,9 +22,9 @@ from lastiter_plugins.config import LossAssumptions, Relation, Sampling, Trainin
 __all__ = [
     "ALL_SCHEMES",
     "AT_MOST_B_SCHEMES",
+    "DERIVED_HERE",
     "EPOCH_SCHEMES",
     "FIXED_BATCH_SCHEMES",
-    "DERIVED_HERE",
     "PROVEN",
     "PUBLISHED",
     "UNPROVEN",

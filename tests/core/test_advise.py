@@ -275,5 +275,5 @@ def test_advice_is_worded_for_the_host_and_leaves_out_what_it_cannot_do():
     assert any("FeatureNormClip" in s.change and "Dense" in s.change for s in keras)
     assert any("poisson_sampling=True" in s.change for s in opacus if s.parameters.get("sampling") == "poisson")
     assert any(s.parameters.get("sampling") == "poisson" for s in anywhere)
-    with pytest.raises(ValueError, match="host must be one of none, opacus, keras, jax. Found 'pytorch'"):
+    with pytest.raises(ValueError, match=r"host must be one of none, opacus, keras, jax\. Found 'pytorch'"):
         lp.advise(1e-5, host="pytorch", **params)

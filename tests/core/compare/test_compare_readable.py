@@ -314,7 +314,9 @@ def test_the_first_screen_is_the_answer(builtin):
     proof_words = {line.split("  ")[-1].split(" (")[0].strip() for line in screen if " [" in line.split("  ")[0]}
     assert proof_words <= {"published", "derived here", "unproven"}, proof_words
     assert "derived here (a)" in "\n".join(screen)  # the reason a published theorem is derived here, with the row
-    assert any(line.startswith("(a) a published theorem, derived here: this pipeline has a projection") for line in screen)
+    assert any(
+        line.startswith("(a) a published theorem, derived here: this pipeline has a projection") for line in screen
+    )
     explained = compare.format_table(builtin, explain=True)
     assert explained.startswith("\n".join(screen[: answer + 3])) and "\nReferences:\n" in explained
     assert "ye-shokri-shuffle [2]: derived here (a projection the theorem does not have" in explained
