@@ -48,6 +48,7 @@ from lastiter_plugins.conversion import (
 from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
 from lastiter_plugins.profiles import GaussianMixtureProfile
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
+from lastiter_plugins.summary import Answer, answer_lines
 from lastiter_plugins.validation import validate_delta, validate_orders
 
 BEST = registry.BEST
@@ -149,9 +150,8 @@ class EpsilonResult:
     def __str__(self) -> str:
         """The answer first, in a few lines (:func:`lastiter_plugins.summary.answer_lines`); :meth:`explain`
         adds the reference, the whole provenance, the order and the lower end's instance."""
-        from lastiter_plugins.summary import Answer, answer_lines
-
-        return "\n".join(answer_lines(Answer.of(self)))
+        answer = dataclasses.replace(Answer.of(self), lower_bound=None)  # the lower end: tightness_line, explain()
+        return "\n".join(answer_lines(answer))
 
     def explain(self) -> str:
         """Everything behind the answer: :meth:`__str__`, then the bound asked for, the run, the Renyi order of

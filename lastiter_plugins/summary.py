@@ -44,7 +44,7 @@ _PROTECTS_WORDS = {
 
 
 def relation_words(relation: str) -> str:
-    """A neighbouring relation in plain words (docs/glossary.md#neighbouring-relation)."""
+    """A neighbouring relation in plain words (docs/glossary.md)."""
     return _RELATION_WORDS.get(relation, f"{relation} neighbours")
 
 
@@ -192,8 +192,11 @@ def answer_lines(answer: Answer, *, width: int = WIDTH) -> list[str]:
     else:
         protects = _PROTECTS_WORDS.get(answer.protects, answer.protects)
         sampling = f", {answer.sampling} sampling" if answer.sampling else ""
+        number = _eps(answer.epsilon)
+        if number == "> 1e4":  # the number asked for, said to protect nothing
+            number = f"{answer.epsilon:.4g} (above 1e4: protects nothing)"
         out += _wrap(
-            f"epsilon = {_eps(answer.epsilon)} at delta = {answer.delta:g}: protects {protects}; "
+            f"epsilon = {number} at delta = {answer.delta:g}: protects {protects}; "
             f"{relation_words(answer.relation)}{sampling}.",
             width=width,
         )

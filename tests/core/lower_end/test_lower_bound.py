@@ -174,7 +174,9 @@ def test_compare_shows_the_interval():
     comparison = compare.compare(DELTA, **params)
     declared = comparison.best[0]
     assert declared.lower_bound is not None and declared.lower_bound <= declared.epsilon
-    text = " ".join(compare.format_comparison(comparison).split())  # wrapped at 120 columns
+    first = " ".join(compare.format_comparison(comparison).split())  # wrapped at 120 columns
+    assert f"lower end (a model meeting your declarations): {declared.lower_bound:.4g}" in first
+    text = " ".join(compare.format_comparison(comparison, explain=True).split())
     assert "the worst case over models meeting your declarations lies in" in text
 
 
