@@ -34,12 +34,8 @@ WIDTH = 120
 MEANINGLESS_EPSILON = 1e4
 
 _RELATION_WORDS = {
-    "replace_one": "replace_one neighbours (one record replaced)",
-    "add_or_remove_one": "add_or_remove_one neighbours (one record added or removed)",
-}
-_PROTECTS_WORDS = {
-    Protects.FINAL_MODEL.value: "the final model only (keep checkpoints private)",
-    Protects.EVERY_ITERATE.value: "every iterate",
+    "replace_one": "replace_one (one record replaced)",
+    "add_or_remove_one": "add_or_remove_one (one record added or removed)",
 }
 
 
@@ -161,19 +157,21 @@ def _wrap(text: str, first: str = "", rest: str = "    ", width: int = WIDTH) ->
     )
 
 
-def _hosts_text(hosts: Sequence[HostNumber]) -> list[str]:
-    """One phrase per group of host numbers sharing a verdict: ``a 1.0, b 0.9: NOT VALID here (why)``."""
+def _hosts_text(hosts: Sequence[HostNumber]) -> str:
+    """The host numbers in one sentence, grouped by verdict: ``NOT VALID here: a 1.0, b 0.9 (why); ...``."""
     groups: dict[str, list[HostNumber]] = {}
     for h in hosts:
-        groups.setdefault("valid" if h.valid else h.why_not, []).append(h)
-    out = []
-    for verdict, members in groups.items():
-        numbers = ", ".join(f"{h.name} {_eps(h.epsilon)}" for h in members)
-        if verdict == "valid":
-            out.append(f"{numbers} (valid here; every iterate; shown, never counted)")
-        else:
-            out.append(f"{numbers}: NOT VALID here ({verdict})")
-    return out
+        groups.setdefault("" if h.valid else h.why_not.split(": ")[0], []).append(h)
+    invalid = [
+        ", ".join(f"{h.name} {_eps(h.epsilon)}" for h in members) + f" ({why})"
+        for why, members in groups.items()
+        if why
+    ]
+    valid = ", ".join(f"{h.name} {_eps(h.epsilon)}" for h in groups.get("", []))
+    parts = ([f"NOT VALID here: {'; '.join(invalid)}"] if invalid else []) + (
+        [f"valid here, shown only: {valid}"] if valid else []
+    )
+    return "; ".join(parts)
 
 
 def warning_lines(impossible: str | None, *, width: int = WIDTH) -> list[str]:
@@ -190,13 +188,12 @@ def answer_lines(answer: Answer, *, width: int = WIDTH) -> list[str]:
         why = answer.no_answer or "no valid accountant for this pipeline"
         out += _wrap(f"No epsilon at delta = {answer.delta:g} ({relation_words(answer.relation)}): {why}.", width=width)
     else:
-        protects = _PROTECTS_WORDS.get(answer.protects, answer.protects)
-        sampling = f", {answer.sampling} sampling" if answer.sampling else ""
+        sampling = f"; {answer.sampling} sampling" if answer.sampling else ""
         number = _eps(answer.epsilon)
         if number == "> 1e4":  # the number asked for, said to protect nothing
             number = f"{answer.epsilon:.4g} (above 1e4: protects nothing)"
         out += _wrap(
-            f"epsilon = {number} at delta = {answer.delta:g}: protects {protects}; "
+            f"epsilon = {number} at delta = {answer.delta:g} for {answer.protects}; "
             f"{relation_words(answer.relation)}{sampling}.",
             width=width,
         )
@@ -214,9 +211,9 @@ def answer_lines(answer: Answer, *, width: int = WIDTH) -> list[str]:
         if answer.every_iterate_epsilon is not None and answer.protects == Protects.FINAL_MODEL.value:
             beside.append(f"every iterate: {_eps(answer.every_iterate_epsilon)} ({answer.every_iterate_winner})")
         if answer.lower_bound is not None:
-            beside.append(f"lower end (a model meeting your declarations): {_eps(answer.lower_bound)}")
+            beside.append(f"lower end: {_eps(answer.lower_bound)}")
         if beside:
             out += _wrap("; ".join(beside) + ".", "  ", width=width)
-    for text in _hosts_text(answer.hosts):
-        out += _wrap(f"Host libraries: {text}.", "  ", width=width)
+    if answer.hosts:
+        out += _wrap(f"Host libraries: {_hosts_text(answer.hosts)}.", "  ", width=width)
     return out

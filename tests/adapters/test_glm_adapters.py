@@ -732,7 +732,7 @@ def test_opacus_weight_decay_is_folded_into_the_constants(request):
 def test_opacus_examples_run_without_weight_decay(name, capsys):
     result = _load_example(name).main(["--epochs", "3", "--weight-decay", "0"])
     out = capsys.readouterr().out
-    assert f"certified: epsilon = {result['epsilon']:.4g} at delta = 1e-05: protects the final model only" in out
+    assert f"certified: epsilon = {result['epsilon']:.4g} at delta = 1e-05 for the final model only" in out
     assert result["accuracy"] >= (0.9 if "logistic" in name else 0.8)
 
 

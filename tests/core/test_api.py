@@ -472,7 +472,7 @@ def test_best_has_one_provenance_on_every_route():
 def test_str_is_the_answer_first_and_explain_the_rest():
     result = lp.epsilon("best", 1e-5, lower_bound=True, **strongly_convex(sampling="shuffle_once", diameter=10.0))
     lines = str(result).splitlines()
-    assert lines[0].startswith(f"epsilon = {result.epsilon:.4g} at delta = 1e-05: protects the final model only")
+    assert lines[0].startswith(f"epsilon = {result.epsilon:.4g} at delta = 1e-05 for the final model only")
     assert "replace_one" in lines[0] + lines[1] and "shuffle_once" in " ".join(lines[:2])
     assert len(lines) <= 10 and f"From {result.winner}: " in str(result)
     for jargon in ("mu-GDP", "joint convexity", "G4", "order"):

@@ -620,7 +620,7 @@ def test_epsilon_says_where_the_proof_comes_from_and_what_published_theorems_giv
                   gradient_norms_within_clip=True)  # fmt: skip
     published = lp.epsilon("best", 1e-5, published_only=True, **params)
     lines = out.splitlines()
-    assert lines[0].startswith("epsilon = 1.359 at delta = 1e-05: protects the final model only") and len(lines) <= 10
+    assert lines[0].startswith("epsilon = 1.359 at delta = 1e-05 for the final model only") and len(lines) <= 10
     assert "derived here (docs/derivations/shifted-interpolation.md#si-shuffle-once; checked)" in out
     assert f"Published theorems only: {published.epsilon:.4g} ({published.winner})" in out
     code, out, _ = run(capsys, "epsilon", "--explain", *BUILTIN_FLAGS)

@@ -725,7 +725,7 @@ def test_example_runs_and_prints_the_statement(capsys):
     # the constants were derived from the model (model="glm"), not declared
     assert accountant.assumptions.smoothness == pytest.approx(0.5) and accountant.assumptions.gradient_norms_within_clip
     expected = lp.epsilon("best", 1e-5, config=accountant.config, assumptions=accountant.assumptions)
-    assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05: protects the final model only" in out
+    assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05 for the final model only" in out
     assert f"From {expected.winner}: " in out  # str(result): the answer first
     assert f"best {expected.epsilon:.3f} (via {expected.winner};" in out  # the statement names the same winner
     assert "protects the release of the FINAL model only" in out

@@ -175,7 +175,7 @@ def test_compare_shows_the_interval():
     declared = comparison.best[0]
     assert declared.lower_bound is not None and declared.lower_bound <= declared.epsilon
     first = " ".join(compare.format_comparison(comparison).split())  # wrapped at 120 columns
-    assert f"lower end (a model meeting your declarations): {declared.lower_bound:.4g}" in first
+    assert f"lower end: {declared.lower_bound:.4g}" in first
     text = " ".join(compare.format_comparison(comparison, explain=True).split())
     assert "the worst case over models meeting your declarations lies in" in text
 
