@@ -34,8 +34,8 @@ WIDTH = 120
 MEANINGLESS_EPSILON = 1e4
 
 _RELATION_WORDS = {
-    "replace_one": "replace_one (one record replaced)",
-    "add_or_remove_one": "add_or_remove_one (one record added or removed)",
+    "replace_one": "replace_one neighbours (one record replaced)",
+    "add_or_remove_one": "add_or_remove_one neighbours (one record added or removed)",
 }
 
 
