@@ -44,6 +44,7 @@ class Parameters(TypedDict, total=False):
     relation: Relation | str
     update: Update | str
     allocations_per_epoch: int
+    order_secret: bool
     steps: int
     epochs: int
     smoothness: float | None
@@ -65,6 +66,7 @@ _TRAINING_KEYS = (
     "relation",
     "update",
     "allocations_per_epoch",
+    "order_secret",
 )
 _ASSUMPTION_KEYS = (
     "smoothness",

@@ -169,6 +169,14 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "(default 1)",
         },
     ),
+    "order_secret": (
+        _TRAINING,
+        {
+            "action": argparse.BooleanOptionalAction,
+            "help": "the batches are drawn from a secret seed (default yes); --no-order-secret: the order or the "
+            "batches are public, and only the bounds proven for every fixed batch sequence hold",
+        },
+    ),
     "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),
     "epochs": (
         _TRAINING,

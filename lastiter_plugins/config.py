@@ -264,6 +264,12 @@ class TrainingConfig:
         joins k of the epoch's ``t = ceil(n k / b)`` steps, chosen uniformly at random afresh
         every epoch (k = 1: balls in bins); b is then the divisor, at least the expected batch
         size ``n k / t``. Must be 1 for every other scheme (docs/sampling.md).
+      order_secret: True (default): the randomness that draws the batches (the permutation of shuffle_once
+        and reshuffle, the memberships of random_batch, Poisson and random allocation) is unknown to the
+        adversary, as every amplification argument assumes. False: it is public (a data loader's generator
+        in torch's fixed fresh state, a seed known to others, a generator re-seeded with known values): the
+        batches are a known fixed sequence, and only the rows proven for every fixed batch sequence hold
+        (docs/derivations/public-order.md#public-order). Cyclic batches are public anyway.
     """
 
     dataset_size: int
@@ -276,6 +282,7 @@ class TrainingConfig:
     relation: Relation = _BY_SAMPLING  # left out: the scheme's default, set in __post_init__
     update: Update = Update.SGD
     allocations_per_epoch: int = 1
+    order_secret: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -292,6 +299,7 @@ class TrainingConfig:
         set_(self, "relation", resolve_relation(self.relation, self.sampling))
         set_(self, "update", Update.parse(self.update))
         set_(self, "allocations_per_epoch", _check_allocations(self.allocations_per_epoch, self.sampling))
+        set_(self, "order_secret", _check_flag("order_secret", self.order_secret))
         if self.steps_per_epoch > MAX_COUNT:
             raise ValueError(
                 f"allocations_per_epoch must be <= 2**53 * batch_size / dataset_size (an epoch of ceil(n k / b) "

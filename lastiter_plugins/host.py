@@ -75,6 +75,7 @@ _WEAKER: Mapping[str, Any] = {
     "strong_convexity": 0.0,
     "diameter": None,
     "smoothness": None,
+    "order_secret": False,
 }
 _CONFIG_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainingConfig))
 
@@ -116,7 +117,8 @@ class Departure:
       fact: what was observed, in words ("the optimizer is torch.optim.Adam").
       changes: the pipeline fields it weakens, each to its weak value: ``update="any"``,
         ``learning_rate=None``, ``gradient_norms_within_clip=False``, ``clipped_loss_convex_smooth=False``,
-        ``strong_convexity=0.0``, ``diameter=None``, ``smoothness=None``.
+        ``strong_convexity=0.0``, ``diameter=None``, ``smoothness=None``, ``order_secret=False`` (the batches
+        are public: only the rows proven for every fixed batch sequence stay).
     """
 
     step: int

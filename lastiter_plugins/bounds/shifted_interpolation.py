@@ -574,4 +574,8 @@ def shifted_interpolation_reshuffle(cfg: TrainingConfig, a: LossAssumptions) -> 
     weights, mus = reshuffle_profile(
         dataset_size=cfg.dataset_size, batch_size=cfg.batch_size, steps=cfg.steps, **_inputs(cfg, a)
     )
+    if not cfg.order_secret:
+        # a public order is one fixed schedule: its mu is at most the largest component's (every pass but the
+        # last relaxed to its last step, the last at its worst position): docs/derivations/public-order.md#po-reshuffle
+        return GaussianMixtureProfile.gaussian(float(np.max(mus)))
     return GaussianMixtureProfile.mixture(weights, mus)

@@ -80,6 +80,27 @@ def needs_inactive_clipping(cfg: TrainingConfig, a: LossAssumptions) -> Violatio
     return None
 
 
+def needs_secret_order(*schemes: Sampling) -> Condition:
+    """The precondition of a row whose proof, under ``schemes``, draws on the batches being secret (a
+    position mixed over a secret permutation, an amplification by secret memberships): unmet when the
+    pipeline's order is public (``order_secret=False``) and its scheme is one of ``schemes``. The rows proven
+    for every fixed batch sequence do not have it (docs/derivations/public-order.md#po-rows)."""
+    names = ", ".join(s.value for s in schemes)
+
+    def check(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
+        if not cfg.order_secret and cfg.sampling in schemes:
+            return (
+                f"the batches must be drawn from a secret seed (order_secret=True) for this row under {names}",
+                "order_secret=False (the order is public)",
+                "its proof mixes over the secret position or memberships of the differing example; with a public "
+                "order the batches are a known fixed sequence",
+            )
+        return None
+
+    check.__name__ = check.__qualname__ = f"needs_secret_order({names})"
+    return check
+
+
 def steps_per_epoch_at_least_two(cfg: TrainingConfig, a: LossAssumptions) -> Violation:
     if cfg.steps_per_epoch < 2:
         return "ceil(dataset_size / batch_size) must be >= 2", f"{cfg.steps_per_epoch}"

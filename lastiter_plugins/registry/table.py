@@ -43,6 +43,7 @@ from lastiter_plugins.registry.spec import (
 )
 
 RB, P, RA = Sampling.RANDOM_BATCH, Sampling.POISSON, Sampling.RANDOM_ALLOCATION
+SO = Sampling.SHUFFLE_ONCE
 
 
 def _covers(schemes: Sequence[Sampling], relation: Relation = Relation.REPLACE_ONE) -> dict[Sampling, Relation]:
@@ -202,6 +203,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         assumptions="per-example losses convex and M-smooth; eta <= 2/M (poisson: 2b/(nM)); projection onto a "
         f"convex set of diameter D; {_WITHIN_CLIP}",
         conditions=(
+            c.needs_secret_order(RB, P),
             c.needs_sgd_update,
             c.needs_learning_rate,
             c.needs_smoothness,
@@ -231,7 +233,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.RANDOM_BATCH, Sampling.POISSON)),
         assumptions="per-example losses convex and M-smooth; eta <= 2/M (poisson: 2b/(nM)); projection onto a "
         f"convex set of diameter D after every step; {_WITHIN_CLIP}; batches drawn independently of the data",
-        conditions=(c.needs_sgd_update, *c.CONVEX_UNCLIPPED, c.needs_diameter),
+        conditions=(c.needs_secret_order(RB, P), c.needs_sgd_update, *c.CONVEX_UNCLIPPED, c.needs_diameter),
         compute=BySampling({RB: bounded_domain.bounded_domain_random_batch, P: bounded_domain.bounded_domain_poisson}),
     ),
     BoundSpec(
@@ -248,7 +250,13 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions="per-example losses M-smooth; projection onto a convex set of diameter D; step expansion "
         "1 + eta*M*n/b (worst-case Poisson batch)",
-        conditions=(c.needs_sgd_update, c.needs_learning_rate, c.needs_smoothness, c.needs_diameter),
+        conditions=(
+            c.needs_secret_order(P),
+            c.needs_sgd_update,
+            c.needs_learning_rate,
+            c.needs_smoothness,
+            c.needs_diameter,
+        ),
         compute=liang.liang_bounded,
         lower_estimate=liang.liang_bounded_lower,
     ),
@@ -265,6 +273,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions="per-example losses M-smooth",
         conditions=(
+            c.needs_secret_order(P),
             c.needs_sgd_update,
             c.needs_smoothness,
         ),
@@ -306,7 +315,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         reference=f"{YE_SHOKRI}, Theorem 4.2",
         covers=_covers((Sampling.SHUFFLE_ONCE,)),
         assumptions="as ye-shokri-cyclic; the permutation is drawn once, at random, and kept secret",
-        conditions=(c.needs_sgd_update, *c.CONTRACTING, c.ye_shokri_step),
+        conditions=(c.needs_secret_order(SO), c.needs_sgd_update, *c.CONTRACTING, c.ye_shokri_step),
         compute=ye_shokri.ye_shokri_shuffle,
     ),
     BoundSpec(
@@ -322,7 +331,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         reference=f"{YE_SHOKRI}, Theorem 4.3",
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions=f"per-example losses lam-strongly convex and M-smooth; eta < 2/(lam+M); {_WITHIN_CLIP}",
-        conditions=(c.needs_sgd_update, *c.CONTRACTING, c.ye_shokri_step),
+        conditions=(c.needs_secret_order(RB), c.needs_sgd_update, *c.CONTRACTING, c.ye_shokri_step),
         compute=ye_shokri.ye_shokri_random,
         estimate_curve=ye_shokri.ye_shokri_random_lower,
     ),
@@ -429,7 +438,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "docs/derivations/shifted-interpolation.md#si-shuffle-once",
         covers=_covers((Sampling.SHUFFLE_ONCE,)),
         assumptions=_SI_ASSUMES + "; the permutation is drawn once, uniformly at random, and kept secret",
-        conditions=(c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(SO), c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
         compute=profile_rdp(shifted_interpolation.shifted_interpolation_shuffle),
         profile=shifted_interpolation.shifted_interpolation_shuffle,
         kind=Kind.GDP,
@@ -446,7 +455,8 @@ _TABLE: tuple[BoundSpec, ...] = (
         "epochs at their worst position, the last epoch's position averaged by joint convexity of the "
         "hockey-stick divergence; derivation in docs/derivations/schedule-mixtures.md#sm-reshuffle",
         covers=_covers((Sampling.RESHUFFLE,)),
-        assumptions=_SI_ASSUMES + "; a new permutation every epoch, drawn uniformly at random and kept secret",
+        assumptions=_SI_ASSUMES + "; a new permutation every epoch, drawn uniformly at random and kept secret "
+        "(a public one: every epoch at its worst position, docs/derivations/public-order.md#po-reshuffle)",
         conditions=(c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
         compute=profile_rdp(shifted_interpolation.shifted_interpolation_reshuffle),
         profile=shifted_interpolation.shifted_interpolation_reshuffle,
@@ -470,7 +480,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions=_SI_ASSUMES + "; every step draws b of the n examples without replacement, independently, "
         "from a secret seed",
-        conditions=(c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(RB), c.needs_sgd_update, *c.CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=concave_majorant.shifted_interpolation_random_batch,
         kind=Kind.GDP,
@@ -488,7 +498,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "docs/derivations/concave-majorant.md",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_POISSON_SI_ASSUMES,
-        conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(P), c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=concave_majorant.shifted_interpolation_poisson,
         kind=Kind.GDP,
@@ -506,7 +516,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "docs/derivations/concave-majorant.md",
         covers=_covers((Sampling.POISSON,)),
         assumptions=_POISSON_SI_ASSUMES,
-        conditions=(c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(P), c.needs_sgd_update, *c.POISSON_CONVEX_UNCLIPPED),
         compute=None,  # its truncated tails: no Renyi curve (docs/derivations/random-batch.md#rb-exact-law)
         profile=concave_majorant.shifted_interpolation_poisson_replace_one,
         kind=Kind.GDP,
@@ -522,7 +532,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "derivation in docs/derivations/random-allocation-last-iterate.md#ra-add-or-remove",
         covers=_covers((Sampling.RANDOM_ALLOCATION,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_ALLOCATION_SI_ASSUMES,
-        conditions=(c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(RA), c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
         compute=None,  # delta = 1 off the batch-size event: no Renyi curve
         profile=allocation_mixture.shifted_interpolation_random_allocation,
         kind=Kind.GDP,
@@ -538,7 +548,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "delta; derivation in docs/derivations/random-allocation-last-iterate.md#ra-replace-one",
         covers=_covers((Sampling.RANDOM_ALLOCATION,)),
         assumptions=_ALLOCATION_SI_ASSUMES,
-        conditions=(c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
+        conditions=(c.needs_secret_order(RA), c.needs_sgd_update, *c.ALLOCATION_CONVEX_UNCLIPPED),
         compute=None,  # delta = 1 off the batch-size event: no Renyi curve
         profile=allocation_mixture.shifted_interpolation_random_allocation_replace_one,
         kind=Kind.GDP,
@@ -560,7 +570,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         },
         assumptions="none beyond clipping (random_allocation: k Gaussian mechanisms per epoch, "
         "docs/derivations/random-allocation.md#ra-rows)",
-        conditions=(),
+        conditions=(c.needs_secret_order(RB, P),),
         compute=BySampling(
             {
                 P: composition.composition_poisson,
@@ -601,7 +611,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         "figures per dp-accounting version; docs/derivations/baselines.md#baselines",
         covers=_covers((Sampling.POISSON,), Relation.ADD_OR_REMOVE_ONE),
         assumptions="clipping only; every example joins every step independently with probability q = b/n",
-        conditions=(c.pld_steps,),
+        conditions=(
+            c.needs_secret_order(P),
+            c.pld_steps,
+        ),
         compute=None,
         profile=baselines.poisson_pld_profile,
         protects=Protects.EVERY_ITERATE,
@@ -625,7 +638,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         "dp-accounting version",
         covers=_covers((Sampling.POISSON,)),
         assumptions="clipping only; every example joins every step independently with probability q = b/n",
-        conditions=(c.pld_steps,),
+        conditions=(
+            c.needs_secret_order(P),
+            c.pld_steps,
+        ),
         compute=None,
         profile=baselines.poisson_pld_profile,
         protects=Protects.EVERY_ITERATE,
@@ -653,7 +669,10 @@ _TABLE: tuple[BoundSpec, ...] = (
         covers=_covers((Sampling.RANDOM_BATCH,)),
         assumptions="clipping only; every step a uniformly random batch of exactly b of the n examples, drawn "
         "without replacement, independently across steps",
-        conditions=(c.pld_steps,),
+        conditions=(
+            c.needs_secret_order(RB),
+            c.pld_steps,
+        ),
         compute=None,
         profile=baselines.random_batch_pld_profile,
         protects=Protects.EVERY_ITERATE,
@@ -669,7 +688,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "derivation in docs/derivations/random-allocation.md",
         covers=_covers((RA,), Relation.ADD_OR_REMOVE_ONE),
         assumptions=_RA_ASSUMES,
-        conditions=c.RANDOM_ALLOCATION_PLD,
+        conditions=(c.needs_secret_order(RA), *c.RANDOM_ALLOCATION_PLD),
         compute=None,
         profile=baselines.random_allocation_pld_profile,
         protects=Protects.EVERY_ITERATE,
@@ -685,7 +704,7 @@ _TABLE: tuple[BoundSpec, ...] = (
         "privacy), applied to the whole run; derivation in docs/derivations/random-allocation.md#ra-replace-one",
         covers=_covers((RA,)),
         assumptions=_RA_ASSUMES,
-        conditions=c.RANDOM_ALLOCATION_PLD,
+        conditions=(c.needs_secret_order(RA), *c.RANDOM_ALLOCATION_PLD),
         compute=None,
         profile=baselines.random_allocation_replace_one_profile,
         protects=Protects.EVERY_ITERATE,

@@ -191,7 +191,8 @@ class LastIterateAccountant(IAccountant):
         account = self.account(delta)
         if account is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
-        out = build_report(self.registration, account, _delta(delta), self.observed, tuple(self.departures))
+        seeds = () if self.run is None else self.run.generators.notes()
+        out = build_report(self.registration, account, _delta(delta), self.observed, tuple(self.departures), seeds)
         if show:
             print(out)
         return out

@@ -16,6 +16,7 @@ import torch
 from lastiter_plugins import host
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._checkpoint import check_permutation
+from lastiter_plugins.adapters.opacus._checks.generators import refuse_public_noise
 from lastiter_plugins.adapters.opacus._checks.update import not_plain_sgd
 from lastiter_plugins.adapters.opacus._declaration import Registration
 from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError as _Error
@@ -62,6 +63,7 @@ def at_make_private(accountant: Any, caller: dict[str, Any], sample_rate: float)
     if accountant.glm is not None:  # first derive the constants from the model
         accountant.glm.at_make_private(caller)
     reg, optim = accountant.registration, caller["optimizer"]
+    refuse_public_noise(optim)
     facts = check_data_loader(caller["data_loader"], reg.sampling, reg.dataset_size)
     if not math.isclose(facts.opacus_sample_rate, sample_rate, rel_tol=1e-9):
         raise _Error(f"sample_rate must be {facts.opacus_sample_rate:g} for this data loader. Found {sample_rate:g}.")

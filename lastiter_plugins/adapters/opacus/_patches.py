@@ -8,8 +8,8 @@ patched function                                    what it reports, to whom
 =================================================  =====================================================
 ``torch.utils.data.BatchSampler.__iter__``,         the batches a recorded batch sampler yields, per pass
 Opacus' ``UniformWithReplacementSampler.__iter__``  (:func:`record_batches`: the run's batch queue);
-``DistributedUniformWithReplacementSampler``, and   other samplers pass through untouched
-this package's ``RandomAllocationSampler``
+``DistributedUniformWithReplacementSampler``, and   other samplers pass through untouched; that a pass
+this package's ``RandomAllocationSampler``          starts, before it draws (:func:`record_pass_starts`)
 ``torch.utils.data.dataloader.                      that the loop received a batch of a recorded pass
 _BaseDataLoaderIter.__next__``                      (:data:`DELIVERED`): workers draw ahead of the loop
 ``torch.optim.lr_scheduler.ReduceLROnPlateau.step``  that a rule read a metric for an optimizer
@@ -68,6 +68,8 @@ DELIVERED = -2
 
 #: recorded batch sampler -> the callbacks told of its passes and batches
 _BATCH_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: recorded batch sampler -> the callbacks told ``(pass_id)`` when a pass starts, before it draws anything
+_PASS_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: the iterator of a recorded sampler's pass -> (the sampler, [its pass number, the batches delivered])
 _PASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: optimizer -> how many times a ReduceLROnPlateau holding it read a metric
@@ -110,6 +112,8 @@ def _reporting_iter(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def passes(sampler: Any, numbered: list[int]) -> Any:
         pass_id = next(PASS_IDS)
         numbered += [pass_id, 0]
+        for started in list(_PASS_LISTENERS.get(sampler, ())):  # before the pass draws anything
+            started(pass_id)
         for position, batch in enumerate(original(sampler)):
             for listener in list(_BATCH_LISTENERS.get(sampler, ())):
                 listener(pass_id, position, batch)
@@ -119,7 +123,7 @@ def _reporting_iter(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     @functools.wraps(original)
     def __iter__(self: Any) -> Any:
-        if self not in _BATCH_LISTENERS:
+        if self not in _BATCH_LISTENERS and self not in _PASS_LISTENERS:
             return original(self)
         numbered: list[int] = []  # the pass number and the batches delivered, once the pass has started
         iterator = passes(self, numbered)
@@ -316,6 +320,23 @@ def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]
             listeners.remove(call)
         else:
             target(pass_id, position, batch)
+
+    listeners.append(call)
+
+
+def record_pass_starts(batch_sampler: Any, listener: Callable[[int], None]) -> None:
+    """Call ``listener(pass_id)`` when a pass of ``batch_sampler`` starts, before it draws its first batch (the
+    generator it draws from is then in the state the pass starts from). ``listener``, a bound method, is held
+    weakly through its object. Needs the patches held."""
+    listeners = _PASS_LISTENERS.setdefault(batch_sampler, [])
+    ref = weakref.WeakMethod(listener)
+
+    def call(pass_id: int) -> None:
+        target = ref()
+        if target is None:
+            listeners.remove(call)
+        else:
+            target(pass_id)
 
     listeners.append(call)
 

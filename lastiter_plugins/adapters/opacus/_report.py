@@ -64,6 +64,8 @@ class Report:
     #: what Opacus' own accountants print for the run (default first), marked NOT VALID where their
     #: assumptions fail, with the ratio of the valid number to each
     host: tuple[str, ...] = ()
+    #: seeds the script chose (the global generator's, the loader's): they must be kept secret
+    seeds: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +85,7 @@ class Report:
             "needs_learning_rate": list(self.needs_learning_rate),
             "mechanism": self.mechanism,
             "host": list(self.host),
+            "seeds": list(self.seeds),
             "threat_model": self.threat_model,
         }
 
@@ -119,6 +122,8 @@ class Report:
             lines.append(f"departure: {line}")
         for line in self.rows_left:
             lines.append(f"left best: {line}")
+        for line in self.seeds:
+            lines.append(f"seed: {line}")
         if self.needs_learning_rate:
             lines.append(f"give learning_rate= for {', '.join(self.needs_learning_rate)}")
         for line in self.host:
@@ -158,6 +163,7 @@ def build_report(
     delta: float,
     observed: Observed | None,
     departures: tuple[host.Departure, ...] = (),
+    seeds: tuple[str, ...] = (),
 ) -> Report:
     """Render the core's evaluation of every bound for the pipeline that ran (one evaluation path: the
     core's), with the departures that removed rows and the host's own number."""
@@ -229,4 +235,5 @@ def build_report(
         needs_learning_rate=needs,
         mechanism="" if observed is None else observed.mechanism,
         host=hosts,
+        seeds=seeds,
     )

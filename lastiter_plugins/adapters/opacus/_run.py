@@ -68,6 +68,7 @@ class Run:
         self.ghost = ghost
         self.examples = checks.OneGradientPerExample(module, loader.batch_sampler, ghost)
         self.batches = checks.DrawnBatches(loader, facts, derivation)
+        self.generators = checks.SamplingGenerator(loader, facts)  # (before the first pass starts)
         self.loader = checks.BoundLoader(loader, facts)
         allocation = facts.sampling is lp.Sampling.RANDOM_ALLOCATION
         self.allocation = checks.DrawnAllocation(facts) if allocation else None
@@ -110,6 +111,7 @@ class Run:
                 "accountant reads to watch the criterion it returns from the first backward on. Found a run bound "
                 "by bind_data_loader. Call make_private."
             )
+        checks.refuse_public_noise(optim)  # (bind_data_loader: the optimizer is seen here)
         module = self.module() if self.module is not None else None
         reg = self.registration
         self.optimizer = checks.BoundOptimizer(optim, module)
@@ -136,6 +138,7 @@ class Run:
             self.examples,
             self.batches,
             self.allocation,
+            self.generators,
             within,
         ]
         self.order = [c for c in order if c is not None]

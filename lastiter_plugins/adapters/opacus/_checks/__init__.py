@@ -7,6 +7,7 @@ from lastiter_plugins.adapters.opacus._checks.base import EVERY_ROW, Check, Step
 from lastiter_plugins.adapters.opacus._checks.batches import DrawnBatches
 from lastiter_plugins.adapters.opacus._checks.buffers import DATA_INDEPENDENT_BUFFERS, FrozenBuffers, tracked_buffers
 from lastiter_plugins.adapters.opacus._checks.examples import OneGradientPerExample
+from lastiter_plugins.adapters.opacus._checks.generators import SamplingGenerator, refuse_public_noise
 from lastiter_plugins.adapters.opacus._checks.ghost import GhostBackward
 from lastiter_plugins.adapters.opacus._checks.linear_route import LinearRoute
 from lastiter_plugins.adapters.opacus._checks.loader import BoundLoader
@@ -38,7 +39,9 @@ __all__ = [
     "OneGradientPerExample",
     "PerLayerClipping",
     "PlainSgd",
+    "SamplingGenerator",
     "Step",
     "check_permutation",
+    "refuse_public_noise",
     "tracked_buffers",
 ]
