@@ -144,7 +144,7 @@ def _reporting_next(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
             if numbered:
                 numbered[1] += 1
             for listener in list(_BATCH_LISTENERS.get(sampler, ())) if sampler is not None and numbered else ():
-                listener(numbered[0], DELIVERED, numbered[1])
+                listener(numbered[0], DELIVERED, (numbered[1], data))
         return data
 
     return __next__
@@ -308,8 +308,9 @@ PATCHES = HostPatches()
 def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]) -> None:
     """Call ``listener(pass_id, position, batch)`` for every batch ``batch_sampler`` yields from now on
     (every iteration: the training loop's, an evaluation pass', a ``BatchMemoryManager``'s; position
-    :data:`PASS_ENDED` and batch None when a pass ends; position :data:`DELIVERED` and the number of batches
-    delivered so far when a ``DataLoader`` iterator over the sampler hands the loop the pass' next batch).
+    :data:`PASS_ENDED` and batch None when a pass ends; position :data:`DELIVERED` and (the number of batches
+    delivered so far, the batch's data) when a ``DataLoader`` iterator over the sampler hands the loop the pass'
+    next batch).
     ``listener`` is held weakly (a bound method: weakly through its object). Needs the patches held."""
     listeners = _BATCH_LISTENERS.setdefault(batch_sampler, [])
     ref = weakref.WeakMethod(listener) if hasattr(listener, "__self__") else (lambda: listener)

@@ -656,7 +656,7 @@ def test_two_optimizer_steps_on_one_batch_are_refused(request):
     engine, model, optimizer, loader = _cyclic(request)
     xb, yb = next(iter(loader))
     _step(model, optimizer, xb, yb)
-    _refused(engine, lambda: _step(model, optimizer, xb, yb), "no batch drawn from it")  # the same examples again
+    _refused(engine, lambda: _step(model, optimizer, xb, yb), "trains each batch more than once")  # the same again
 
 
 def test_a_step_with_a_closure_is_accepted(request):

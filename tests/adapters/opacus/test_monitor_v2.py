@@ -218,3 +218,75 @@ def test_a_deep_copy_made_before_further_training_is_refused(request):
     _engine_first, copied = _trained_then_copied(request, trained_further=True)
     with pytest.raises(lo.LastIterateConfigurationError, match=r"deep copy made after 10 DP steps.*counted 20"):
         _private(_register(request, "cyclic", "-2"), DataLoader(_dataset(), batch_size=B), model=copied)
+
+
+# ================================================================ item 2: the sound loops, matched by the rows
+
+
+def _prefetching(model, optimizer, loader, epochs=2):
+    """The one-batch-ahead prefetcher of GPU pipelines: batch k + 1 fetched before step k."""
+    for _ in range(epochs):
+        batches = iter(loader)
+        upcoming = next(batches, None)
+        while upcoming is not None:
+            current, upcoming = upcoming, next(batches, None)
+            _step(model, optimizer, *current)
+
+
+def _materialised(model, optimizer, loader, epochs=2, order=None):
+    """``batches = list(loader)``, then the pass trained (in ``order``, default the order drawn)."""
+    for _ in range(epochs):
+        batches = list(loader)
+        for k in order if order is not None else range(len(batches)):
+            _step(model, optimizer, *batches[k])
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "reshuffle", "poisson"])
+def test_a_one_batch_ahead_prefetcher_gets_its_number(request, sampling):
+    name = _register(request, sampling)
+    loader = DataLoader(_dataset(), batch_size=B, shuffle=sampling == "reshuffle")
+    engine, model, optimizer, loader = _private(name, loader, poisson=sampling == "poisson")
+    _prefetching(model, optimizer, loader)
+    assert engine.accountant.departures == []
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core(sampling, 2 * EPOCH), rel=1e-9)
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "reshuffle"])
+def test_a_materialised_pass_trained_in_order_gets_its_number(request, sampling):
+    name = _register(request, sampling)
+    engine, model, optimizer, loader = _private(
+        name, DataLoader(_dataset(), batch_size=B, shuffle=sampling == "reshuffle")
+    )
+    _materialised(model, optimizer, loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core(sampling, 2 * EPOCH), rel=1e-9)
+
+
+def test_a_materialised_pass_trained_in_another_order_is_refused_for_its_order(request):
+    name = _register(request, "reshuffle")
+    _, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B, shuffle=True))
+    with pytest.raises(lp.PipelineChangedError, match=r"trained in the order drawn.*batch 3 of its pass while batch 1"):
+        _materialised(model, optimizer, loader, epochs=1, order=[2, 0, 1, *range(3, EPOCH)])
+
+
+# ================================================================ item 3: the cause named
+
+
+def test_each_batch_used_twice_is_refused_as_such(request):
+    name = _register(request, "cyclic")
+    _, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B))
+    with pytest.raises(lp.PipelineChangedError, match=r"step 2 trained on the rows of the batch an earlier step used"):
+        for xb, yb in loader:
+            _step(model, optimizer, xb, yb)
+            _step(model, optimizer, xb, yb)
+
+
+def test_a_public_table_through_the_module_in_training_mode_is_refused_as_such(request):
+    name = _register(request, "cyclic")
+    _, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B))
+    table = torch.randn(5, D)
+    with pytest.raises(lp.PipelineChangedError, match=r"training mode on 5 rows that are no batch of the loader"):
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(model(xb).squeeze(-1), yb).backward()
+            model(table)  # (a public reference set, in training mode, before the step)
+            optimizer.step()

@@ -39,6 +39,8 @@ class Step:
         step's (immutable values only): checks of those values may skip this step.
       gradients: the per-example clipped gradients the step sums (set by the examples check).
       batch: the batch the step used, as its sampler drew it (set by the batches check).
+      rows: the fingerprints of the rows the step's training forwards received (set by the examples check),
+        which the batch check matches with the delivered batches.
     """
 
     number: int
@@ -48,6 +50,7 @@ class Step:
     unchanged: bool
     gradients: int | None = None
     batch: DrawnBatch | None = None
+    rows: tuple = ()
 
     @property
     def registration(self) -> Registration:

@@ -12,12 +12,21 @@ from typing import Any
 
 import torch
 
+import lastiter_plugins as lp
 from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
 from lastiter_plugins.adapters.opacus import _patches as patches
 from lastiter_plugins.adapters.opacus._checks.base import Check, Step
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
 from lastiter_plugins.adapters.opacus._loaders import PERMUTATIONS, LoaderFacts
+from lastiter_plugins.adapters.opacus._rows import Fingerprint, fingerprint
 from lastiter_plugins.host import Departure
+
+#: batches a loop may fetch ahead of its step (a one- or two-batch prefetcher) across the end of a pass
+_PREFETCHED = 2
+
+
+Sampling = lp.Sampling
+_EPOCH_SCHEMES = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
 
 
 class BatchQueue:
@@ -39,12 +48,16 @@ class BatchQueue:
         self.ahead = workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
         self._pending: dict[int, deque[DrawnBatch]] = {}
         self._delivered: dict[int, int] = {}  # pass -> batches handed to the loop (reported by torch's iterator)
+        self._rows: dict[tuple[int, int], Fingerprint | None] = {}  # (pass, position) -> the rows delivered
+        self._matched: tuple[Fingerprint, ...] = ()  # the rows of the batches the last steps used
         self._used: set[int] = set()  # passes a step used
         self._ended: set[int] = set()
         self._unused: DrawnBatch | None = None  # a delivered batch of a dropped pass that no step used
         self._last: int | None = None  # the pass that drew last
         self._latest: int | None = None  # the pass that handed the loop a batch last
         self._facts = facts
+        #: the step's batch was found by its rows after an older delivered batch no step used (None: not so)
+        self.passed_over: DrawnBatch | None = None
         self._serial = PERMUTATIONS.serial  # shuffle-once: another permutation started since is named
         if facts.permutation_digest is not None:  # the permutation is the run's, whichever loader draws it
             self._permutation = loader.batch_sampler.sampler.permutation
@@ -70,7 +83,9 @@ class BatchQueue:
 
     def _drawn(self, pass_id: int, position: int, batch: Any) -> None:
         if position == patches.DELIVERED:
-            self._delivered[pass_id] = batch
+            count, data = batch
+            self._delivered[pass_id] = count
+            self._rows[(pass_id, count - 1)] = fingerprint(data)
             self._latest = pass_id
             return
         if batch is None:  # (record_batches: the pass has ended)
@@ -84,6 +99,8 @@ class BatchQueue:
                 unused = self._unused_of(ended)
                 if unused is not None and len(unused) < len(self._pending[ended]):
                     continue  # (workers drew it to its end ahead of the loop, which still receives its batches)
+                if unused and ended in self._used and len(unused) <= _PREFETCHED:
+                    continue  # (a loop that fetches ahead: its last batches are trained after the next pass starts)
                 if unused and ended in self._used and self._unused is None:
                     self._unused = unused[0]
                 self._forget(ended)
@@ -105,6 +122,29 @@ class BatchQueue:
         self._pending.pop(pass_id, None)
         self._delivered.pop(pass_id, None)
         self._used.discard(pass_id)
+        for key in [k for k in self._rows if k[0] == pass_id]:
+            del self._rows[key]
+
+    def _find(self, rows: tuple[Fingerprint | None, ...]) -> tuple[int, int] | None:
+        """The delivered batch no step used whose rows one of the step's forwards received: (pass, index among
+        that pass' delivered unused batches); None when the rows match none of them, or more than one (rows
+        equal at every value sampled)."""
+        found = []
+        for pass_id in sorted(self._pending):
+            delivered = self._unused_of(pass_id)
+            for k, drawn in enumerate(delivered or ()):
+                if self._rows.get((pass_id, drawn.position)) in rows:
+                    found.append((pass_id, k))
+        return found[0] if len(found) == 1 else None
+
+    def delivered(self, rows: Fingerprint | None) -> bool:
+        """Whether these rows are those of a batch delivered to the loop and not yet used by a step."""
+        return rows is not None and any(rows == r for r in self._rows.values())
+
+    def reused(self, rows: tuple[Fingerprint | None, ...]) -> bool:
+        """Whether one of the last steps used a batch with these rows and no delivered batch has them (the loop
+        trains one batch twice)."""
+        return any(r is not None and r in self._matched for r in rows) and self._find(rows) is None
 
     def other_permutation(self) -> str | None:
         """Shuffle-once: why no batch of the bound permutation was drawn when another permutation of the same
@@ -123,11 +163,17 @@ class BatchQueue:
             "declare sampling='reshuffle' with DataLoader(shuffle=True)"
         )
 
-    def take(self) -> tuple[DrawnBatch | None, int, DrawnBatch | None]:
+    def take(self, rows: tuple[Fingerprint | None, ...] = ()) -> tuple[DrawnBatch | None, int, DrawnBatch | None]:
         """The batch of the step being taken (None: nothing delivered since the last step), how many
         batches of its pass stay drawn ahead of it, and a batch delivered to the loop before it and used by
-        no step (None: none), of its pass or of an earlier pass that a step used or that broke off."""
-        pass_id = self._latest if self._latest is not None else self._last
+        no step (None: none), of its pass or of an earlier pass that a step used or that broke off.
+
+        ``rows``: the fingerprints of the rows the step's forwards received. The delivered batch holding them
+        is the step's (a loop that fetches ahead, or trains a materialised pass in order: the batches after
+        it stay for the next steps); without a match, the newest delivered batch of the pass that delivered
+        last."""
+        found = self._find(rows)
+        pass_id = found[0] if found is not None else self._latest if self._latest is not None else self._last
         queue = self._pending.get(pass_id) if pass_id is not None else None
         if not queue or pass_id is None:
             return None, 0, None
@@ -139,13 +185,21 @@ class BatchQueue:
         elif not delivered:
             return None, len(queue), None
         else:
-            batch = delivered[-1]
-            unused = delivered[0] if len(delivered) > 1 else None
-            for _ in delivered:
+            k = found[1] if found is not None else len(delivered) - 1
+            batch = delivered[k]
+            unused = delivered[0] if k > 0 else None
+            # (a batch trained with delivered batches unused both before and after it: the pass is reordered)
+            self.passed_over = unused if found is not None and k < len(delivered) - 1 else None
+            for _ in range(k + 1):
                 queue.popleft()  # (delivered batches are the oldest of the pass)
         self._used.add(pass_id)
+        key = self._rows.pop((pass_id, batch.position), None)
+        if key is not None:
+            self._matched = (*self._matched[-_PREFETCHED:], key)
         for other in [p for p in self._pending if p != pass_id]:
             left = self._unused_of(other)
+            if other > pass_id and found is not None:
+                continue  # (fetched ahead: a later pass' batches wait for the next steps)
             if left and unused is None and not (other in self._ended and other not in self._used):
                 unused = left[0]  # a pass that a step used, or that broke off, left a delivered batch unused
             if other < pass_id:
@@ -171,16 +225,34 @@ class DrawnBatches(Check):
 
     def at_step(self, step: Step) -> Departure | None:
         assert step.gradients is not None  # counted by the examples check, earlier in the same step
-        problem = self.check(step.gradients)
+        problem = self.check(step.gradients, step.rows)
         if problem is not None:
             raise _Changed(f"{problem} (step {step.number}).")
         step.batch = self.last
         return None
 
-    def check(self, gradients: int) -> str | None:
-        """The batch the step drew, against the declaration: None, or the reason to refuse."""
-        batch, ahead, unused = self.queue.take()
+    def check(self, gradients: int, rows: tuple[Fingerprint | None, ...] = ()) -> str | None:
+        """The batch the step drew (``rows``: the fingerprints of what its forwards received), against the
+        declaration: None, or the reason to refuse."""
+        again = self.queue.reused(rows)
+        batch, ahead, unused = self.queue.take(rows)
         self.last = batch
+        over = self.queue.passed_over
+        if batch is not None and over is not None and self.derivation.sampling in _EPOCH_SCHEMES:
+            return (
+                f"sampling={self.derivation.sampling.value} assumes each pass' batches are trained in the order "
+                f"drawn, each once. Found step {self.derivation.steps + 1} trained on batch {batch.position + 1} of "
+                f"its pass while batch {over.position + 1}, delivered to the loop before it, was used by no step: "
+                "the loop reorders the batches it received (a materialised pass trained in another order) or "
+                "skips one. Train the batches in the order the loader yields them"
+            )
+        if batch is None and again:
+            return (
+                "every noisy step must use its own batch of the loader, each batch once per pass. Found step "
+                f"{self.derivation.steps + 1} trained on the rows of the batch an earlier step used, with no new "
+                "batch delivered since: the loop trains each batch more than once (a second optimizer step on the "
+                "same batch). Take one optimizer step per batch"
+            )
         if batch is None:
             other = self.queue.other_permutation()
             if other is not None:

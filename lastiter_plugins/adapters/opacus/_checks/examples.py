@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +17,7 @@ from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus import _patches as patches
 from lastiter_plugins.adapters.opacus._checks.base import Check, Step
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
+from lastiter_plugins.adapters.opacus._rows import Fingerprint, fingerprint
 from lastiter_plugins.host import Departure
 
 if TYPE_CHECKING:
@@ -68,10 +69,12 @@ class ExampleCounter:
     sets ``unknown`` to the argument types, for the step's refusal.
     """
 
-    __slots__ = ("_dim", "_handle", "_module", "count", "unknown")
+    __slots__ = ("_dim", "_handle", "_module", "count", "forwards", "unknown")
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.count = 0
+        #: the training forwards since the last step (the first 8): the rows each received, and how many
+        self.forwards: list[tuple[Fingerprint | None, int]] = []
         self.unknown: str | None = None
         self._dim = 0 if getattr(module, "batch_first", True) else 1
         self._module = weakref.ref(module)
@@ -85,10 +88,13 @@ class ExampleCounter:
         if size is None:
             self.unknown = _argument_types(args, kwargs)
         else:
+            if len(self.forwards) < 8:
+                self.forwards.append((fingerprint(first if type(first) is torch.Tensor else (args, kwargs)), size))
             self.count += size
 
     def reset(self) -> None:
         self.count = 0
+        self.forwards = []
         self.unknown = None
 
     def watches(self, module: Any) -> bool:
@@ -100,7 +106,7 @@ class ExampleCounter:
 
     def __getstate__(self) -> dict[str, Any]:
         # pickling or copying the model (torch.save(model)) carries a detached counter
-        return {"count": 0, "unknown": None, "_dim": self._dim, "_module": None, "_handle": None}
+        return {"count": 0, "forwards": [], "unknown": None, "_dim": self._dim, "_module": None, "_handle": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -123,7 +129,9 @@ class OneGradientPerExample(Check):
             self.counter.remove()
 
     def at_step(self, step: Step) -> Departure | None:
-        step.gradients = self.verify_examples(step.optim, self.counter)
+        if self.counter is not None:
+            step.rows = tuple(rows for rows, _ in self.counter.forwards)
+        step.gradients = self.verify_examples(step.optim, self.counter, step.run.batches.queue.delivered)
         if self.counter is not None:
             self.counter.reset()
         return None
@@ -142,7 +150,9 @@ class OneGradientPerExample(Check):
             return len(samples), sum(int(g.shape[0]) for g in samples)
         return 1, int(samples.shape[0])
 
-    def verify_examples(self, optim: Any, counter: ExampleCounter | None) -> int:
+    def verify_examples(
+        self, optim: Any, counter: ExampleCounter | None, delivered: Callable[[Fingerprint | None], bool] | None = None
+    ) -> int:
         """One backward pass, and as many examples entering the private module in training forward passes
         as clipped gradients. Returns the per-example clipped gradients the step sums (with skipped steps:
         theirs too), which the run monitor compares with the batch the step drew."""
@@ -167,6 +177,9 @@ class OneGradientPerExample(Check):
         else:
             total = count
             if counter is not None and counter.count != count:
+                extra = _not_delivered(counter, delivered) if counter.count > count else None
+                if extra is not None:
+                    raise _Changed(extra)
                 raise _Changed(
                     f"{_ONE_EACH}. Found {counter.count} examples entering the private module in training forward "
                     f"passes since the last step, and per-example gradients of {count} in this step: "
@@ -207,3 +220,24 @@ class OneGradientPerExample(Check):
                 "optimizer=...) to split a batch, or call backward() once per loader batch."
             )
         return counter.count
+
+
+def _not_delivered(counter: ExampleCounter, delivered: Callable[[Fingerprint | None], bool] | None) -> str | None:
+    """The refusal naming the forwards whose rows are no delivered batch, when the step's batch is among the
+    forwards (a public table passed through the module in training mode), else None."""
+    if delivered is None or len(counter.forwards) < 2:
+        return None
+    known = [delivered(rows) for rows, _ in counter.forwards]
+    if not any(known) or all(known):
+        return None
+    shapes = {rows[0] for (rows, _), ok in zip(counter.forwards, known, strict=True) if ok and rows is not None}
+    if any(rows is None or rows[0] in shapes for (rows, _), ok in zip(counter.forwards, known, strict=True) if not ok):
+        return None  # (rows shaped like the batch: a view of it, e.g. an augmentation, as the general message says)
+    extra = sum(size for (_, size), ok in zip(counter.forwards, known, strict=True) if not ok)
+    return (
+        f"{_ONE_EACH}. Found the private module called in training mode on {extra} rows that are no batch of the "
+        "loader, besides the step's batch, since the last step: Opacus records every row a training forward "
+        "receives, so a public table or reference set passed through the module is counted (and, if its loss is "
+        "back-propagated, clipped and summed) as examples of the batch. Pass such rows under torch.no_grad() or "
+        "with module.eval(), or through a copy of the model that make_private did not wrap."
+    )
