@@ -8,8 +8,9 @@ patched function                                    what it reports, to whom
 =================================================  =====================================================
 ``torch.utils.data.BatchSampler.__iter__``,         the batches a recorded batch sampler yields, per pass
 Opacus' ``UniformWithReplacementSampler.__iter__``  (:func:`record_batches`: the run's batch queue);
-``DistributedUniformWithReplacementSampler``, and   other samplers pass through untouched; that a pass
-this package's ``RandomAllocationSampler``          starts, before it draws (:func:`record_pass_starts`)
+``DistributedUniformWithReplacementSampler``, and   other samplers pass through untouched unless a run
+this package's ``RandomAllocationSampler``          adopts them (:func:`adopt_samplers`); that a pass
+                                                    starts, before it draws (:func:`record_pass_starts`)
 ``torch.utils.data.dataloader.                      that the loop received a batch of a recorded pass
 _BaseDataLoaderIter.__next__``                      (:data:`DELIVERED`): workers draw ahead of the loop
 ``torch.optim.lr_scheduler.ReduceLROnPlateau.step``  that a rule read a metric for an optimizer
@@ -68,6 +69,8 @@ DELIVERED = -2
 
 #: recorded batch sampler -> the callbacks told of its passes and batches
 _BATCH_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the callbacks asked, for a batch sampler not recorded when it starts a pass, whether to record it
+_ADOPTERS: list[Callable[[Any], bool]] = []
 #: recorded batch sampler -> the callbacks told ``(pass_id)`` when a pass starts, before it draws anything
 _PASS_LISTENERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: the iterator of a recorded sampler's pass -> (the sampler, [its pass number, the batches delivered])
@@ -123,7 +126,7 @@ def _reporting_iter(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
     @functools.wraps(original)
     def __iter__(self: Any) -> Any:
-        if self not in _BATCH_LISTENERS and self not in _PASS_LISTENERS:
+        if self not in _BATCH_LISTENERS and self not in _PASS_LISTENERS and not _adopted(self):
             return original(self)
         numbered: list[int] = []  # the pass number and the batches delivered, once the pass has started
         iterator = passes(self, numbered)
@@ -323,6 +326,26 @@ def record_batches(batch_sampler: Any, listener: Callable[[int, int, Any], None]
             target(pass_id, position, batch)
 
     listeners.append(call)
+
+
+def adopt_samplers(adopter: Callable[[Any], bool]) -> None:
+    """Ask ``adopter(batch_sampler)`` (a bound method, held weakly through its object) about every batch sampler
+    that starts a pass unrecorded: it records the sampler (:func:`record_batches`) and returns True, or returns
+    False. Needs the patches held."""
+    ref = weakref.WeakMethod(adopter)  # type: ignore[arg-type]
+
+    def call(batch_sampler: Any) -> bool:
+        target = ref()
+        if target is None:
+            _ADOPTERS.remove(call)
+            return False
+        return bool(target(batch_sampler))
+
+    _ADOPTERS.append(call)
+
+
+def _adopted(batch_sampler: Any) -> bool:
+    return any(adopt(batch_sampler) for adopt in list(_ADOPTERS))
 
 
 def record_pass_starts(batch_sampler: Any, listener: Callable[[int], None]) -> None:

@@ -69,6 +69,7 @@ class Run:
         self.examples = checks.OneGradientPerExample(module, loader.batch_sampler, ghost)
         self.batches = checks.DrawnBatches(loader, facts, derivation)
         self.generators = checks.SamplingGenerator(loader, facts)  # (before the first pass starts)
+        self.batches.queue.on_adopt.append(self.generators.adopted)
         self.loader = checks.BoundLoader(loader, facts)
         allocation = facts.sampling is lp.Sampling.RANDOM_ALLOCATION
         self.allocation = checks.DrawnAllocation(facts) if allocation else None

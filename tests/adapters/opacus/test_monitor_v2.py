@@ -290,3 +290,36 @@ def test_a_public_table_through_the_module_in_training_mode_is_refused_as_such(r
             nn.functional.binary_cross_entropy_with_logits(model(xb).squeeze(-1), yb).backward()
             model(table)  # (a public reference set, in training mode, before the step)
             optimizer.step()
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "reshuffle"])
+def test_a_new_loader_every_epoch_over_the_same_dataset_gets_its_number(request, sampling):
+    """A DataModule's train_dataloader(): DataLoader(dataset, shuffle=...) built every epoch."""
+    name = _register(request, sampling)
+    data = _dataset()
+    engine, model, optimizer, loader = _private(name, DataLoader(data, batch_size=B, shuffle=sampling == "reshuffle"))
+    for epoch in range(3):
+        epoch_loader = loader if epoch == 0 else DataLoader(data, batch_size=B, shuffle=sampling == "reshuffle")
+        _train(model, optimizer, epoch_loader)
+    assert engine.accountant.departures == []
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core(sampling, 3 * EPOCH), rel=1e-9)
+
+
+def test_a_new_loader_every_epoch_with_a_fresh_generator_is_public(request):
+    name = _register(request, "reshuffle")
+    data = _dataset()
+    engine, model, optimizer, loader = _private(name, DataLoader(data, batch_size=B, shuffle=True))
+    _train(model, optimizer, loader)
+    with pytest.raises(lp.PipelineChangedError, match=r"equal to an earlier epoch's"):
+        for _ in range(2):  # (two fresh generators: the same permutation twice)
+            _train(model, optimizer, DataLoader(data, batch_size=B, shuffle=True, generator=torch.Generator()))
+    [(fact, (step, _))] = left(engine.accountant).items()
+    assert "built after make_private" in fact and str(FRESH_SEED) in fact and step == EPOCH + 1
+
+
+def test_a_new_loader_over_other_data_is_still_another_loader(request):
+    name = _register(request, "reshuffle")
+    _, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B, shuffle=True))
+    _train(model, optimizer, loader)
+    with pytest.raises(lp.PipelineChangedError, match=r"no batch drawn from it"):
+        _train(model, optimizer, DataLoader(dataset(N, D), batch_size=B, shuffle=True))

@@ -7,10 +7,12 @@ to the noisy steps by a queue per pass; the derivation
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections import deque
 from typing import Any
 
 import torch
+from torch.utils.data import BatchSampler, RandomSampler
 
 import lastiter_plugins as lp
 from lastiter_plugins.adapters._derivation import Derivation, DrawnBatch
@@ -71,6 +73,34 @@ class BatchQueue:
             PERMUTATIONS.listen(facts.permutation_digest, self)
         else:
             patches.record_batches(loader.batch_sampler, self._drawn)
+            if facts.sampling in (Sampling.CYCLIC, Sampling.RESHUFFLE):
+                self._bound = weakref.ref(loader.batch_sampler)
+                self._dataset = weakref.ref(loader.dataset)
+                patches.adopt_samplers(self.adopt)
+        #: told of each adopted batch sampler (the sampling generator check watches its passes too)
+        self.on_adopt: list[Any] = []
+
+    def adopt(self, batch_sampler: Any) -> bool:
+        """Record a batch sampler built after binding that draws as the bound one does over the same dataset
+        (a new ``DataLoader`` built every epoch, a DataModule's ``train_dataloader()``): a ``BatchSampler`` of
+        the bound batch size and ``drop_last`` over a sampler of the bound one's class (``SequentialSampler``,
+        or ``RandomSampler`` without replacement over all of it) whose ``data_source`` is the bound dataset."""
+        bound, dataset = self._bound(), self._dataset()
+        if bound is None or dataset is None or type(batch_sampler) is not BatchSampler:
+            return False
+        sampler = batch_sampler.sampler
+        same = (
+            type(sampler) is type(bound.sampler)
+            and getattr(sampler, "data_source", None) is dataset
+            and batch_sampler.batch_size == bound.batch_size
+            and batch_sampler.drop_last == bound.drop_last
+        )
+        if not same or (type(sampler) is RandomSampler and (sampler.replacement or sampler._num_samples is not None)):
+            return False
+        patches.record_batches(batch_sampler, self._drawn)
+        for told in self.on_adopt:
+            told(batch_sampler)
+        return True
 
     def batch_drawn(self, pass_id: int, start: int) -> None:
         """A shuffle-once batch of the bound loader's plan started being drawn (a loader with another batch

@@ -123,6 +123,17 @@ class SamplingGenerator(Check):
         if found is not None:
             patches.record_pass_starts(loader.batch_sampler, self._pass_started)
 
+    def adopted(self, batch_sampler: Any) -> None:
+        """A batch sampler the run adopted (a loader built later over the bound dataset): its generator is the
+        one its passes draw from from now on."""
+        if type(batch_sampler.sampler) is not RandomSampler:
+            return  # (a fixed order draws nothing)
+        generator = batch_sampler.sampler.generator
+        self._generator = weakref.ref(generator if generator is not None else torch.default_generator)
+        if generator is not None:
+            self._where = "the generator of a data loader built after make_private"
+        patches.record_pass_starts(batch_sampler, self._pass_started)
+
     def _pass_started(self, pass_id: int) -> None:
         generator = None if self._generator is None else self._generator()
         if generator is None or self._public is not None:
