@@ -332,7 +332,7 @@ def adopt_samplers(adopter: Callable[[Any], bool]) -> None:
     """Ask ``adopter(batch_sampler)`` (a bound method, held weakly through its object) about every batch sampler
     that starts a pass unrecorded: it records the sampler (:func:`record_batches`) and returns True, or returns
     False. Needs the patches held."""
-    ref = weakref.WeakMethod(adopter)  # type: ignore[arg-type]
+    ref = weakref.WeakMethod(adopter)
 
     def call(batch_sampler: Any) -> bool:
         target = ref()
