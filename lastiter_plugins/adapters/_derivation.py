@@ -79,6 +79,7 @@ class Derivation:
         self._passes: list[_Pass] = []  # complete or interrupted passes before the current one
         self._current: _Pass | None = None
         self._candidates: list[_Pass] = []  # earlier passes equal to the current one so far
+        self._resumed: _Pass | None = None  # a fixed-order pass a checkpoint saved part of, to be continued
 
     # -- the step
     def check_step(self, batch: DrawnBatch | None, gradients: int, unused: DrawnBatch | None = None) -> str | None:
@@ -133,6 +134,28 @@ class Derivation:
         """Start a pass or continue the current one (the batch is not recorded yet)."""
         current = self._current
         epochs = self.sampling in _EPOCH_SCHEMES
+        resumed, self._resumed = self._resumed, None
+        if current is None and resumed is not None:
+            done = len(resumed.hashes)
+            if batch.position != done:
+                self._resumed = resumed  # (the step is refused; a later one may still continue the pass)
+                return (
+                    f"a run with sampling={self.sampling.value} must resume at an epoch boundary or continue the "
+                    f"interrupted pass: it assumes whole passes over the data, every batch in order. Found the first "
+                    f"step after the checkpoint using batch {batch.position + 1} of a pass, where the checkpoint was "
+                    f"saved after {done} of its {self.batches_per_pass} batches: continue that pass by skipping "
+                    f"exactly those (itertools.islice(loader, {done}, None)) before a new one"
+                )
+            # the first step after a checkpoint saved mid-pass continues that pass at the next position
+            order = (self._passes[0].batches if self._passes else resumed.batches) or []
+            size = sum(len(b) for b in order[:done])
+            seen = None
+            if not self._passes:  # (the first pass: checked to be a permutation, as it is not compared)
+                seen = np.zeros(self.n, dtype=bool)
+                for b in order[:done]:
+                    seen[np.asarray(b, dtype=np.int64)] = True
+            self._current = dataclasses.replace(resumed, pass_id=batch.pass_id, size=size, seen=seen)
+            return None
         if current is None or batch.pass_id != current.pass_id:
             if current is not None and epochs:
                 done = len(current.hashes)
@@ -253,6 +276,19 @@ class Derivation:
                 )
             self._passes[0].batches = [tuple(int(i) for i in b) for b in state["first"]]
         self._current, self._candidates = None, []
+        # a fixed order saved mid-pass: the resumed run may continue that pass where it stopped (the batches
+        # before are the saved ones: the loop skips them, e.g. itertools.islice(loader, done, None))
+        self._resumed = None
+        if self._passes and self.sampling in _FIXED_ORDER and len(self._passes[-1].hashes) < self.batches_per_pass:
+            self._resumed = self._passes.pop()
+            if not self._passes:  # (the first pass itself: its saved batches are the order to continue)
+                self._resumed.batches = [tuple(int(i) for i in b) for b in state["first"]]
+
+    @property
+    def continues_a_pass(self) -> bool:
+        """A fixed-order run resumed from a checkpoint saved mid-pass, before its first step: the derivation
+        decides whether the step continues that pass."""
+        return self._resumed is not None
 
     # -- what the record shows
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 
 import pytest
 
@@ -323,3 +324,40 @@ def test_a_new_loader_over_other_data_is_still_another_loader(request):
     _train(model, optimizer, loader)
     with pytest.raises(lp.PipelineChangedError, match=r"no batch drawn from it"):
         _train(model, optimizer, DataLoader(dataset(N, D), batch_size=B, shuffle=True))
+
+
+def _saved_mid_epoch(request, tmp_path, steps=EPOCH + EPOCH // 2):
+    name = _register(request, "cyclic")
+    engine, model, optimizer, loader = _private(name, DataLoader(_dataset(), batch_size=B))
+    if steps >= EPOCH:
+        _train(model, optimizer, loader)
+    for xb, yb in itertools.islice(loader, steps % EPOCH):
+        _step(model, optimizer, xb, yb)
+    path = tmp_path / "mid.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=optimizer)
+    engine2, model2, optimizer2, loader2 = _private(name, DataLoader(_dataset(), batch_size=B))
+    engine2.load_checkpoint(path=path, module=model2, optimizer=optimizer2)
+    return engine2, model2, optimizer2, loader2
+
+
+def test_a_cyclic_run_resumed_mid_epoch_with_islice_gets_the_exact_runs_number(request, tmp_path):
+    engine, model, optimizer, loader = _saved_mid_epoch(request, tmp_path)
+    for xb, yb in itertools.islice(loader, EPOCH // 2, None):  # the rest of the epoch the checkpoint interrupted
+        _step(model, optimizer, xb, yb)
+    _train(model, optimizer, loader)
+    assert engine.accountant.steps == 3 * EPOCH
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core("cyclic", 3 * EPOCH), rel=1e-9)
+
+
+def test_a_cyclic_run_resumed_mid_epoch_at_a_new_pass_is_refused_naming_the_skip(request, tmp_path):
+    _, model, optimizer, loader = _saved_mid_epoch(request, tmp_path)
+    with pytest.raises(lp.PipelineChangedError, match=r"saved after 5 of its 10 batches.*islice\(loader, 5, None\)"):
+        _train(model, optimizer, loader)
+
+
+def test_a_cyclic_run_resumed_in_its_first_epoch_with_islice_gets_the_exact_runs_number(request, tmp_path):
+    engine, model, optimizer, loader = _saved_mid_epoch(request, tmp_path, steps=EPOCH // 2)
+    for xb, yb in itertools.islice(loader, EPOCH // 2, None):
+        _step(model, optimizer, xb, yb)
+    _train(model, optimizer, loader)
+    assert engine.get_epsilon(DELTA) == pytest.approx(_core("cyclic", 2 * EPOCH), rel=1e-9)

@@ -46,7 +46,12 @@ class ConstantMechanism(Check):
                 "covered; start a new accountant for a new configuration."
             )
         steps = step.number - 1
-        if ledger.resumed and lp.Sampling(observed.sampling) in _EPOCH_SCHEMES and steps % observed.loader_batches:
+        if (
+            ledger.resumed
+            and lp.Sampling(observed.sampling) in _EPOCH_SCHEMES
+            and steps % observed.loader_batches
+            and not step.run.derivation.continues_a_pass  # (a fixed order saved mid-pass: the batch check decides)
+        ):
             raise _Error(
                 f"a run with sampling={observed.sampling} must resume at an epoch boundary (a restarted data "
                 f"loader would reuse the examples of the interrupted epoch). Found {steps} steps, "
