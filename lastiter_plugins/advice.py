@@ -155,7 +155,17 @@ def _candidates(params: Mapping[str, Any], host: str = "none") -> Iterator[tuple
     glm = bool(params.get("clipped_loss_convex_smooth"))
     z, n, b = params.get("noise_multiplier"), params["dataset_size"], params["batch_size"]
     how = {change: hosts[host] for change, hosts in HOW.items() if host in hosts}
+    # a public order (order_secret=False): a sampler changed to one with a secret seed makes it secret
+    secret: dict[str, Any] = {} if params.get("order_secret", True) else {"order_secret": True}
 
+    if secret:
+        yield (
+            "draw the batches from a secret seed (leave the generator unseeded, or seed it once with a secret "
+            "64-bit number, e.g. secrets.randbits(64)): the order is then secret",
+            dict(secret),
+            True,
+            "",
+        )
     if z is not None:
         for factor in (1.5, 2.0):
             yield f"raise the noise multiplier to {z * factor:.4g}", {"noise_multiplier": z * factor}, True, ""
@@ -221,24 +231,28 @@ def _candidates(params: Mapping[str, Any], host: str = "none") -> Iterator[tuple
                 "",
             )
     if relation is Relation.REPLACE_ONE and sampling is not Sampling.SHUFFLE_ONCE and "shuffle_once" in how:
-        yield how["shuffle_once"], {"sampling": Sampling.SHUFFLE_ONCE.value}, True, ""
+        yield how["shuffle_once"], {"sampling": Sampling.SHUFFLE_ONCE.value, **secret}, True, ""
     if sampling in _EPOCH_LOADERS and "random_allocation" in how:
         allocate_words = ALLOCATE + how["random_allocation"]
-        allocate: dict[str, Any] = {"sampling": Sampling.RANDOM_ALLOCATION.value}
+        allocate: dict[str, Any] = {"sampling": Sampling.RANDOM_ALLOCATION.value, **secret}
         if default_relation(Sampling.RANDOM_ALLOCATION) is not relation:  # named: the number holds in this relation
             allocate["relation"] = relation.value
         yield allocate_words, allocate, True, ""
         if relation is Relation.REPLACE_ONE:
-            changes = {"sampling": Sampling.RANDOM_ALLOCATION.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
+            changes = {
+                "sampling": Sampling.RANDOM_ALLOCATION.value,
+                "relation": Relation.ADD_OR_REMOVE_ONE.value,
+                **secret,
+            }
             yield allocate_words + ", accounted under add-or-remove", changes, True, RELATION_NOTE
     if sampling is not Sampling.POISSON and "poisson" in how:
         poisson = how["poisson"]
-        same: dict[str, Any] = {"sampling": Sampling.POISSON.value}
+        same: dict[str, Any] = {"sampling": Sampling.POISSON.value, **secret}
         if default_relation(Sampling.POISSON) is not relation:  # named: the number holds in this relation
             same["relation"] = relation.value
         yield poisson, same, True, ""
         if relation is Relation.REPLACE_ONE:
-            changes = {"sampling": Sampling.POISSON.value, "relation": Relation.ADD_OR_REMOVE_ONE.value}
+            changes = {"sampling": Sampling.POISSON.value, "relation": Relation.ADD_OR_REMOVE_ONE.value, **secret}
             yield poisson + ", accounted under add-or-remove as Opacus does", changes, True, RELATION_NOTE
 
 

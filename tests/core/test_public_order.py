@@ -113,3 +113,12 @@ def test_a_public_order_is_a_departure_that_removes_those_rows():
     assert acc.result.winner == "shifted-interpolation-cyclic"
     with pytest.raises(ValueError, match="order_secret only to False"):
         host.Departure(1, "x", {"order_secret": True})
+
+
+def test_advice_on_a_public_order_offers_a_secret_seed_and_keeps_it_for_a_new_sampler():
+    params = dict(G2, sampling="reshuffle", order_secret=False)
+    suggestions = {s.change: s for s in lp.advise(DELTA, **params)}
+    [seeded] = [s for s in suggestions.values() if dict(s.parameters) == {"order_secret": True}]
+    assert seeded.epsilon == pytest.approx(lp.epsilon("best", DELTA, **G2, sampling="reshuffle").epsilon, rel=1e-12)
+    poisson = [s for s in suggestions.values() if s.parameters.get("sampling") == "poisson"]
+    assert poisson and all(s.parameters.get("order_secret") is True for s in poisson)
