@@ -85,6 +85,8 @@ class EpsilonResult:
         library's derivation, see ``provenance``).
       provenance: one line, ``published: <authors, venue, theorem>`` or ``derived here: <docs section;
         the independent checks it passed>``.
+      order_secret: the pipeline's ``order_secret`` (False: the batches were public; printed as
+        "(public order)" beside the sampling).
     """
 
     bound: str
@@ -103,6 +105,7 @@ class EpsilonResult:
     lower_bound_note: str = ""
     published: bool = True
     provenance: str = ""
+    order_secret: bool = True  # False: the pipeline's batches were drawn from a public seed
 
     def __float__(self) -> float:
         """The epsilon, so ``float(result)`` works where a number is expected."""
@@ -136,6 +139,7 @@ class EpsilonResult:
             "order": self.order,
             "relation": self.relation.value,
             "sampling": self.sampling.value,
+            "order_secret": self.order_secret,
             "steps": self.steps,
             "protects": self.protects.value,
             "proof": str(self.proof),
@@ -163,7 +167,8 @@ class EpsilonResult:
         order = f"; Renyi order of the conversion {self.order:g}" if self.order is not None else ""
         proof = "" if self.proof.proven else f"; {self.proof}"
         lines = [
-            f"Asked for: {self.bound}; the run: sampling {self.sampling.value}, {self.steps} steps; kind "
+            f"Asked for: {self.bound}; the run: sampling {self.sampling.value}"
+            f"{'' if self.order_secret else ' (public order)'}, {self.steps} steps; kind "
             f"{self.kind.value}{order}{proof}.",
             f"Reference ({self.winner}): {self.reference}.",
         ]
@@ -308,6 +313,7 @@ def _result(
         order=order,
         relation=cfg.relation,
         sampling=cfg.sampling,
+        order_secret=cfg.order_secret,
         winner=spec.id,
         reference=spec.reference,
         steps=cfg.steps,

@@ -136,7 +136,7 @@ class Answer:
             relation=result.relation.value,
             protects=result.protects.value,
             winner=result.winner,
-            sampling=result.sampling.value,
+            sampling=result.sampling.value + ("" if result.order_secret else " (public order)"),
             provenance=result.provenance,
             proven=result.proof.proven,
             proof=str(result.proof),

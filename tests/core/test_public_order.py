@@ -122,3 +122,11 @@ def test_advice_on_a_public_order_offers_a_secret_seed_and_keeps_it_for_a_new_sa
     assert seeded.epsilon == pytest.approx(lp.epsilon("best", DELTA, **G2, sampling="reshuffle").epsilon, rel=1e-12)
     poisson = [s for s in suggestions.values() if s.parameters.get("sampling") == "poisson"]
     assert poisson and all(s.parameters.get("order_secret") is True for s in poisson)
+
+
+def test_the_number_of_a_public_order_says_so():
+    public = lp.epsilon("best", DELTA, **G2, sampling="shuffle_once", order_secret=False)
+    assert "shuffle_once (public order)" in str(public) and "shuffle_once (public order)" in public.explain()
+    assert public.to_dict()["order_secret"] is False
+    secret = lp.epsilon("best", DELTA, **G2, sampling="shuffle_once")
+    assert "(public order)" not in str(secret) and secret.to_dict()["order_secret"] is True

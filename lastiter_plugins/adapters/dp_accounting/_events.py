@@ -157,6 +157,8 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         learning-rate schedule fixed in advance: only the every-iterate bounds apply).
       allocations_per_epoch: k, with ``sampling="random_allocation"``: each example joins k of an epoch's
         ``ceil(n k / b)`` steps (1 for every other scheme).
+      order_secret: False says the batches were drawn from a public seed (a known order): only the rows
+        proven for every fixed batch sequence apply (docs/derivations/public-order.md).
 
     The parameters are those of ``lastiter_plugins.rdp`` / ``epsilon`` (``relation`` aside: the
     accountant's), with the same meaning and defaults.
@@ -178,6 +180,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
     l2_outside_clip: bool = False
     update: UpdateRule = attr.ib(default=UpdateRule(Update.SGD.value), converter=_to_update)
     allocations_per_epoch: int = 1
+    order_secret: bool = True
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "LastIterateDpSgdEvent":
         refuse_renamed(kwargs)
@@ -206,6 +209,7 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
             "clipped_loss_convex_smooth": self.clipped_loss_convex_smooth,
             "l2_outside_clip": self.l2_outside_clip,
             "allocations_per_epoch": self.allocations_per_epoch,
+            "order_secret": self.order_secret,
             "sampling": self.sampling.value,
             "update": self.update.value,
         }

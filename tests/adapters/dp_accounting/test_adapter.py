@@ -202,6 +202,7 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         "l2_outside_clip",
         "update",
         "allocations_per_epoch",
+        "order_secret",
     ]
     defaults = LastIterateDpSgdEvent("cyclic", 100, 10, 1.0, 10, None)
     assert (defaults.clipped_loss_convex_smooth, defaults.l2_outside_clip, defaults.update.value) == (
@@ -209,7 +210,7 @@ def test_event_is_a_frozen_attrs_dp_event_with_the_documented_fields():
         False,
         "sgd",
     )
-    assert defaults.allocations_per_epoch == 1
+    assert defaults.allocations_per_epoch == 1 and defaults.order_secret is True
     # every declaration of the core's keyword API is a field (relation is the accountant's)
     fields = {f.name for f in attr.fields(LastIterateDpSgdEvent)}
     assert set(lp.PARAMETERS) - fields == {"relation", "epochs"}
