@@ -270,3 +270,11 @@ def test_batch_memory_manager_splits_the_allocations_batches(request):
             _train(model, optimizer, split, 1)
     assert engine.accountant.steps == 20
     assert engine.get_epsilon(DELTA) == pytest.approx(_core(20, 1, 20, 20), rel=1e-12)
+
+
+def test_a_never_seeded_torch_generator_makes_the_allocations_public(request):
+    """Issue 38: a torch.Generator() never seeded is in torch's fixed fresh state: the allocations are public, and
+    no random-allocation row holds under add-or-remove (the run is refused naming the generator)."""
+    sampler = lo.RandomAllocationSampler(N, 20, generator=torch.Generator())
+    with pytest.raises(lp.PipelineChangedError, match=r"RandomAllocationSampler's generator is in torch's fixed"):
+        _run(request, sampler, 1)

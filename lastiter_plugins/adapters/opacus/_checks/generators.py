@@ -24,7 +24,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
+import lastiter_plugins as lp
 from lastiter_plugins.adapters.opacus import _patches as patches
+from lastiter_plugins.adapters.opacus._allocation_sampler import RandomAllocationSampler
 from lastiter_plugins.adapters.opacus._checks.base import Check, Step
 from lastiter_plugins.adapters.opacus._errors import LastIterateConfigurationError
 from lastiter_plugins.adapters.opacus._loaders import POISSON_SAMPLERS, LoaderFacts
@@ -54,8 +56,10 @@ def sampling_generator(loader: Any) -> tuple[torch.Generator, str] | None:
         generator, where = batch_sampler.generator, "the Poisson sampler's generator (the data loader's generator)"
     elif type(batch_sampler) is BatchSampler and type(batch_sampler.sampler) is RandomSampler:
         generator, where = batch_sampler.sampler.generator, "the data loader's generator (DataLoader(generator=...))"
+    elif type(batch_sampler) is RandomAllocationSampler and isinstance(batch_sampler.generator, torch.Generator):
+        generator, where = batch_sampler.generator, "the RandomAllocationSampler's generator"
     else:
-        return None
+        return None  # (a RandomAllocationSampler's numpy generator: its seed is not read)
     if generator is None:
         return torch.default_generator, "torch's global generator (the data loader has none)"
     return generator, where
@@ -115,7 +119,7 @@ class SamplingGenerator(Check):
         found = sampling_generator(loader)
         self._generator = None if found is None else weakref.ref(found[0])
         self._where = "" if found is None else found[1]
-        self._noun = "batches" if facts.sample_rate is not None else "order"
+        self._noun = "order" if facts.sampling is lp.Sampling.RESHUFFLE else "batches"
         self._seed: int | None = None
         self._states: set[str] = set()
         self._public: str | None = None
