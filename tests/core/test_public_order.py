@@ -126,7 +126,8 @@ def test_advice_on_a_public_order_offers_a_secret_seed_and_keeps_it_for_a_new_sa
 
 def test_the_number_of_a_public_order_says_so():
     public = lp.epsilon("best", DELTA, **G2, sampling="shuffle_once", order_secret=False)
-    assert "shuffle_once (public order)" in str(public) and "shuffle_once (public order)" in public.explain()
+    shown, explained = (" ".join(text.split()) for text in (str(public), public.explain()))  # (lines wrap)
+    assert "shuffle_once (public order)" in shown and "shuffle_once (public order)" in explained
     assert public.to_dict()["order_secret"] is False
     secret = lp.epsilon("best", DELTA, **G2, sampling="shuffle_once")
     assert "(public order)" not in str(secret) and secret.to_dict()["order_secret"] is True
