@@ -202,7 +202,7 @@ def answer_lines(answer: Answer, *, width: int = WIDTH) -> list[str]:
                 proof = answer.proof  # unproven: its reason, never only a citation
             else:
                 proof = provenance_short(answer.provenance) if answer.provenance else "proven"
-            out += _wrap(f"From {answer.winner}: {proof}.", "  ", width=width)
+            out += _wrap(f"From {answer.winner}: {proof.rstrip('.')}.", "  ", width=width)
         beside = []
         if answer.published_epsilon is not None:
             beside.append(f"Published theorems only: {_eps(answer.published_epsilon)} ({answer.published_winner})")

@@ -1020,7 +1020,7 @@ def test_an_unproven_bound_is_marked_and_warned_about_on_every_route():
         assert acc.supports(RB_STRONGLY_CONVEX)
         acc.compose(RB_STRONGLY_CONVEX)
     core = lp.epsilon(UNPROVEN, DELTA, relation="replace_one", **RB_STRONGLY_CONVEX.to_params())
-    assert not core.proof.proven and "[unproven: " in str(core)  # the API marks it
+    assert not core.proof.proven and f"From {UNPROVEN}: unproven: " in str(core)  # the API marks it (the answer's line)
     for bare in (acc.get_epsilon, acc.get_epsilon_and_optimal_order):
         with pytest.warns(lp.UnprovenBoundWarning, match=_UNPROVEN_WARNING) as caught:
             found = bare(DELTA)
