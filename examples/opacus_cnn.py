@@ -85,18 +85,7 @@ def main(epochs: int = 3, noise: float = 1.0, poisson: bool = False, batch_size:
     report = engine.accountant.report(DELTA)
     result = engine.accountant.epsilon_result(DELTA)
     print(f"{len(train)} digits, CNN, Adam, {sampling}, b = {batch_size}, {report.steps} steps, z = {noise}, C = 1")
-    print(
-        f"epsilon = {result.epsilon:.4g} at delta = {DELTA:g} ({result.relation.value}, "
-        f"{result.protects.value}) via {result.winner}"
-    )
-    for line in report.departures:
-        print(f"departure: {line}")
-    for line in report.rows_left:
-        print(f"left best: {line}")
-    for line in report.host:
-        print(line)
-    if report.advice:
-        print(report.advice)
+    print(report)  # the first screen: the answer; report.explain(): every row, why, the advice, the threat model
     print(f"test accuracy {accuracy:.2f} ({len(test)} held-out digits)")
     return {"epsilon": result.epsilon, "winner": result.winner, "report": report, "accuracy": accuracy}
 

@@ -105,13 +105,15 @@ HOW: Mapping[str, Mapping[str, str]] = {
     "weight_decay": {
         "none": "an l2 term added after clipping, e.g. torch SGD weight_decay",
         "opacus": "torch.optim.SGD(weight_decay=w)",
-        "jax": "optax.add_decayed_weights(w) after the noisy clipped mean, before the SGD step",
+        "jax": "a TrainingRun loop updating with optax.chain(optax.add_decayed_weights(w), optax.sgd(lr)) applied to "
+        "the noisy clipped mean, declared l2_outside_clip=True; the Keras route's SGD(weight_decay=w) is not plain SGD",
     },  # keras: TF Privacy's optimizers add no l2 term after clipping (the adapter refuses Keras' weight decay)
     "projection": {
         "none": "project the weights after every step",
         "opacus": "lastiter_plugins.adapters.opacus.attach_projection(optimizer, diameter=D)",
         "keras": "lastiter_plugins.adapters.tf_privacy.ProjectionCallback(diameter=D)",
-        "jax": "project the parameters onto the ball after every update",
+        "jax": "a TrainingRun loop projecting the parameters onto the ball after every update, declared diameter=D; "
+        "the Keras route has no projection",
     },
     "linear_model": {
         "none": "a linear model on clipped features (logistic or softmax regression, a linear probe)",
@@ -132,8 +134,9 @@ HOW: Mapping[str, Mapping[str, str]] = {
     },
     "random_allocation": {
         "none": "",
+        "opacus": " (DataLoader(ds, batch_sampler=RandomAllocationSampler(n, b)), lastiter_plugins.adapters.opacus)",
         "jax": " (each epoch, draw every example's step from a secret key)",
-    },  # opacus, keras: their adapters do not observe random allocation yet
+    },  # keras: its adapter does not observe random allocation
     "poisson": {
         "none": "sample each batch by Poisson sampling at rate b/n from a secret seed",
         "opacus": "sample each batch by Poisson sampling at rate b/n (make_private(..., poisson_sampling=True))",

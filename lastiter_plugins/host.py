@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lastiter_plugins import conversion, evaluation, profiles, registry
+from lastiter_plugins import conversion, evaluation, profiles, registry, summary
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult, warn_if_unproven
@@ -48,6 +48,7 @@ __all__ = [
     "HostNumber",
     "RowLeft",
     "account",
+    "answer",
     "apply_departures",
     "delta_of",
     "gaussian_delta",
@@ -360,6 +361,25 @@ def host_numbers(config: TrainingConfig, delta: float, host: str) -> tuple[HostN
             )
         )
     return tuple(out)
+
+
+def answer(
+    result: EpsilonResult,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    host: str,
+    orders: Iterable[float] | None = None,
+) -> summary.Answer:
+    """The answer an adapter's report or statement starts with (:func:`lastiter_plugins.summary.answer_lines`):
+    ``result``, what published theorems alone give beside a winner derived here, and ``host``'s own numbers
+    for the run (:func:`host_numbers`), NOT VALID where their assumptions fail."""
+    grid = None if orders is None else validate_orders(np.array(tuple(orders), dtype=float))
+    published = evaluation.published_best(result, config, assumptions, grid)
+    hosts = tuple(
+        summary.HostNumber(h.id, h.epsilon, h.relation.value, h.valid, h.why_not)
+        for h in host_numbers(config, result.delta, host)
+    )
+    return summary.Answer.of(result, published=published, published_checked=True, hosts=hosts)
 
 
 # ---------------------------------------------------------------- composing a run with the host's mechanisms

@@ -268,6 +268,9 @@ class LastIterateDpSgdEvent(dp_event.DpEvent):
         if no_noise:  # no precondition depends on z; validate everything else with a placeholder
             params["noise_multiplier"] = 1.0
         config, assumptions = build(relation=relation, **params)
+        impossible = lp.impossible_declaration(config, assumptions)  # a real run has real losses
+        if impossible is not None:
+            raise lp.NotApplicableError(f"{impossible}. Found them declared in LastIterateDpSgdEvent.")
         return config, assumptions, no_noise
 
 

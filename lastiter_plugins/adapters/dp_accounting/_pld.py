@@ -48,6 +48,7 @@ from dp_accounting.pld import pld_privacy_accountant as _dp_pld
 import lastiter_plugins as lp
 from lastiter_plugins import host
 from lastiter_plugins.adapters.dp_accounting import _gdp
+from lastiter_plugins.adapters.dp_accounting._answer import ledger_answer, statement
 from lastiter_plugins.adapters.dp_accounting._events import (
     _HOST_RELATION,
     LastIterateDpSgdEvent,
@@ -123,6 +124,8 @@ class _Plan:
     standard_events: int = 0
     non_private: bool = False
     winners: frozenset[str] = frozenset()
+    #: the winners' provenance lines for the runs certified (:meth:`lastiter_plugins.registry.Provenance.describe`)
+    provenances: frozenset[str] = frozenset()
 
     def __iadd__(self, other: _Plan) -> _Plan:
         self.steps += other.steps
@@ -130,6 +133,7 @@ class _Plan:
         self.standard_events += other.standard_events
         self.non_private = self.non_private or other.non_private
         self.winners = self.winners | other.winners
+        self.provenances = self.provenances | other.provenances
         return self
 
 
@@ -190,6 +194,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._standard_events = 0
         self._non_private = False
         self._winners: frozenset[str] = frozenset()
+        self._provenances: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------ planning
 
@@ -213,6 +218,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             last_iterate_runs=count,
             non_private=no_noise and count > 0,
             winners=frozenset({winner}) if count else frozenset(),
+            provenances=frozenset({_provenance(winner, config, assumptions)}) if count else frozenset(),
         )
 
     def _plan_standard(self, event: Any, count: int) -> _Plan:
@@ -245,6 +251,7 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         self._standard_events += plan.standard_events
         self._non_private = self._non_private or plan.non_private
         self._winners = self._winners | plan.winners
+        self._provenances = self._provenances | plan.provenances
 
     # ------------------------------------------------------------ PrivacyAccountant API
 
@@ -336,8 +343,9 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             host.warn_if_unproven(winner)
 
     def statement(self, target_delta: float) -> str:
-        """A one-line, honest description of the current guarantee (a winner whose proof is unproven is
-        marked ``[unproven: <reason>]``)."""
+        """The answer first (:func:`lastiter_plugins.answer_lines`: the number, what it protects, its relation,
+        the winning row and its provenance when one row certifies every run), then a one-line, honest
+        description of everything composed (a winner whose proof is unproven is marked ``[unproven: <reason>]``)."""
         eps = self.get_epsilon(target_delta)
         parts = []
         if self._last_iterate_runs:
@@ -360,10 +368,22 @@ class LastIteratePldAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
         if self._non_private:
             parts.append("a non-private operation")
         covered = " and ".join(parts) if parts else "nothing released yet"
-        return (
+        detail = (
             f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours "
             f"[dp-accounting PLD, discretisation {self._interval:g}] for {covered}."
         )
+        final_only = bool(self._winners) and any(
+            lp.BOUNDS[w].protects is lp.Protects.FINAL_MODEL for w in self._winners
+        )
+        one = len(self._winners) == 1 and len(self._provenances) == 1
+        winner, provenance = (next(iter(self._winners)), next(iter(self._provenances))) if one else (None, "")
+        return statement(ledger_answer(eps, target_delta, self._relation, final_only, winner, provenance), detail)
+
+
+def _provenance(winner: str, config: Any, assumptions: Any) -> str:
+    """The winner's provenance line for the run (published, or derived here and why)."""
+    origin = lp.BOUNDS[winner].provenance
+    return "" if origin is None else origin.describe(config, assumptions)
 
 
 LastIteratePldAccountant._planners = {

@@ -36,6 +36,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as _dp_rdp
 
 import lastiter_plugins as lp
 from lastiter_plugins import host
+from lastiter_plugins.adapters.dp_accounting._answer import ledger_answer, statement
 from lastiter_plugins.adapters.dp_accounting._events import (
     _HOST_RELATION,
     LastIterateDpSgdEvent,
@@ -462,8 +463,10 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             host.warn_if_unproven(self._bound.value)
 
     def statement(self, target_delta: float) -> str:
-        """A one-line, honest description of the current guarantee (an unproven bound is marked
-        ``[unproven: <reason>]``, as :class:`lastiter_plugins.EpsilonResult` marks it)."""
+        """The answer first (:func:`lastiter_plugins.answer_lines`: the number, what it protects, its relation,
+        the winning row and its provenance; for a single run also what published theorems alone give and
+        dp-accounting's own numbers), then a one-line, honest description of everything composed (an unproven
+        bound is marked ``[unproven: <reason>]``, as :class:`lastiter_plugins.EpsilonResult` marks it)."""
         eps, order = self.get_epsilon_and_optimal_order(target_delta)
         parts = []
         proof: lp.Proof | None
@@ -481,9 +484,14 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             )
             final_only, proof = winner.protects is lp.Protects.FINAL_MODEL, winner.proof
             bound = f"{self._bound.value}{f' via {winner.winner}' if self._bound.value == lp.BEST else ''}"
+            answer = dataclasses.replace(
+                host.answer(winner, config, assumptions, "dp-accounting", orders), epsilon=eps
+            )  # (the same number: a ledger of one run is answered as lp.epsilon answers it)
         else:
             final_only, bound = self._final_model_only, self._bound.value
             proof = lp.BOUNDS[bound].proof if bound != lp.BEST else None
+            named = None if bound == lp.BEST or not self._last_iterate_runs else bound
+            answer = ledger_answer(eps, target_delta, self._relation, final_only, named)
         if proof is not None and not proof.proven:
             bound += f" [{proof}]"
         if self._last_iterate_runs:
@@ -499,7 +507,8 @@ class LastIterateAccountant(_EventPlanning, dp_accounting.PrivacyAccountant):
             parts.append("a non-private operation")
         covered = " and ".join(parts) if parts else "nothing released yet"
         how = "privacy profile converted exactly" if order is None else f"RDP order {order:g}"
-        return f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours [{how}] for {covered}."
+        detail = f"({eps:.4g}, {target_delta:g})-DP under {self._relation.value} neighbours [{how}] for {covered}."
+        return statement(answer, detail)
 
 
 # Dispatch table: how each event type is composed; any other type is a standard

@@ -114,6 +114,10 @@ class KerasAccountant:
             if self.declared.glm is not None:
                 x, y = labels_and_features(call)
                 self.assumptions = _glm.derive(self.declared.glm, model, x, y, float(dp.clipping_norm))
+            impossible = lp.impossible_declaration(self.config(1, planning=True), self.assumptions)
+            if impossible is not None:  # a real run has real losses
+                self.plan = None
+                raise lp.NotApplicableError(f"{impossible}. Found them declared to watch(model, ...).")
         else:
             self._same_run(fit_plan, facts)
         step = self.steps + 1

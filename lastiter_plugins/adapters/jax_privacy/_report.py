@@ -1,12 +1,14 @@
-r"""What a jax_privacy run gets, for people: the pipeline observed, the epsilon with its relation, sampling, proof
-status and what it covers, the rows that left and why, and jax_privacy's own number beside it (NOT VALID where
-its sampling assumption fails). Shared by the Keras route and the JAX API."""
+r"""What a jax_privacy run gets, for people: first the answer (:func:`lastiter_plugins.answer_lines`: the epsilon,
+what it covers, its relation, sampling, winning row and provenance, jax_privacy's own numbers NOT VALID where
+their sampling assumption fails), then the pipeline observed and the rows that left and why. Shared by the
+Keras route and the JAX API."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from lastiter_plugins.host import Account, HostNumber
+import lastiter_plugins as lp
+from lastiter_plugins.host import Account, HostNumber, answer
 
 #: The ids of jax_privacy's accountants among compare's host accountants (lastiter_plugins/compare/hosts.py).
 HOST_POISSON = "jax-privacy-poisson"
@@ -36,16 +38,17 @@ class Report:
         return float(self.account.result.epsilon)
 
     def lines(self) -> list[str]:
+        """The answer first, then the run observed, why only every-iterate rows cover it (if so), the rows that
+        left ``best`` and jax_privacy's own number as the host prints it."""
         cfg, result = self.account.config, self.account.result
         rate = "unknown" if cfg.learning_rate is None else f"{cfg.learning_rate:.6g}"
         update = "plain SGD" if cfg.update.value == "sgd" else "an update other than plain SGD"
-        proof = str(result.proof) + ("" if result.published else f", {result.provenance}")
+        first = answer(result, cfg, self.account.assumptions, "jax-privacy")
         out = [
-            f"run: {self.how}; n = {cfg.dataset_size}, b = {cfg.batch_size}, "
+            *lp.answer_lines(first),
+            f"  run: {self.how}; n = {cfg.dataset_size}, b = {cfg.batch_size}, "
             f"noise multiplier {cfg.noise_multiplier:.6g}, clip {cfg.clip_norm:.6g}, {update} at learning rate "
             f"{rate}; {self.steps} steps observed, {cfg.steps} accounted",
-            f"epsilon = {result.epsilon:.4g} at delta = {result.delta:.3g} ({result.relation.value}, "
-            f"{result.sampling.value}; covers {result.protects.value}; {result.winner}: {proof})",
         ]
         if self.note:
             out.append(f"  every iterate only: {self.note}")

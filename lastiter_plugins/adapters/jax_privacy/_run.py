@@ -91,7 +91,9 @@ class TrainingRun:
         self.noise_observed = False
         self.steps = 0
         self.failure: str | None = None
-        self._config(1)  # every declaration checked now (raises)
+        impossible = lp.impossible_declaration(self._config(1), self.assumptions)  # every declaration checked now
+        if impossible is not None:  # a real run has real losses
+            raise lp.NotApplicableError(f"{impossible}. Found them declared to TrainingRun.")
         cycle = _cycle_length(strategy)
         sampling = self.scheme.sampling
         self._cycle = cycle if sampling in _CYCLES else None

@@ -185,14 +185,18 @@ class LastIterateAccountant(IAccountant):
             return (0.0, 0.0)
         return (float(result.epsilon), None if result.order is None else float(result.order))
 
-    def report(self, delta: float, *, show: bool = False) -> Report:
-        """Every bound side by side (applies or why not, epsilon, what it protects), the rows that left ``best``
-        and why, Opacus' own number beside ours, and the threat model. ``show`` prints it."""
+    def report(self, delta: float, *, show: bool = False, explain: bool = False) -> Report:
+        """The answer first (the number, what it protects, its relation, the winning row and its provenance,
+        Opacus' own numbers NOT VALID where their assumption fails); then, in ``explain()`` (or ``str()`` with
+        ``explain=True``), every bound side by side, the rows that left ``best`` and why, the advice and the
+        threat model. ``show`` prints it."""
         account = self.account(delta)
         if account is None:
             raise _Error("report needs at least one optimizer step. Found 0 steps.")
         seeds = () if self.run is None else self.run.generators.notes()
-        out = build_report(self.registration, account, _delta(delta), self.observed, tuple(self.departures), seeds)
+        out = build_report(
+            self.registration, account, _delta(delta), self.observed, tuple(self.departures), seeds, explain=explain
+        )
         if show:
             print(out)
         return out

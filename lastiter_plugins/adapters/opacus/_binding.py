@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+import lastiter_plugins as lp
 from lastiter_plugins import host
 from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus._checkpoint import check_permutation
@@ -108,9 +109,14 @@ def departures_at_start(reg: Registration, optim: Any) -> list[host.Departure]:
 
 
 def refuse_broken_declaration(reg: Registration, optim: Any, facts: LoaderFacts) -> None:
-    """Refuse at ``make_private`` a run whose named bound (or ``require``) the optimizer already breaks."""
+    """Refuse at ``make_private`` declarations no loss meets (a real run has real losses; the clip norm is known
+    here) and a run whose named bound (or ``require``) the optimizer already breaks."""
     observed = observe(optim, reg.learning_rate, reg.dataset_size, facts)
     config = pipeline(reg.dataset_size, reg.sampling, reg.relation, observed, 1)
-    why = host.refusal(reg.declaration(), config, core_assumptions(reg, observed), departures_at_start(reg, optim))
+    assumptions = core_assumptions(reg, observed)
+    impossible = lp.impossible_declaration(config, assumptions)
+    if impossible is not None:
+        raise _Error(f"{impossible}. Found them registered as {reg.name!r}.")
+    why = host.refusal(reg.declaration(), config, assumptions, departures_at_start(reg, optim))
     if why is not None:
         raise _Error(f"{why} Register bound='best' (without require) to keep the rows that still apply.")

@@ -1,9 +1,12 @@
-"""The accountant's report: every bound side by side for the steps taken, the rows that left ``best`` and why,
-Opacus' own number beside ours, and the threat model."""
+"""The accountant's report: the answer first (the number, what it protects, its relation, the winning row and its
+provenance, Opacus' own numbers NOT VALID where their assumption fails: :func:`lastiter_plugins.answer_lines`),
+then, behind ``report(delta, explain=True)`` or :meth:`Report.explain`, every bound side by side for the steps
+taken, the rows that left ``best`` and why, the advice and the threat model."""
 
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from typing import Any
 
 import lastiter_plugins as lp
@@ -19,6 +22,8 @@ THREAT_MODEL = (
     "the best weights) or stopping at a data-dependent time is not covered by a last-iterate bound. The composition "
     "rows (the standard baselines) certify every iterate."
 )
+#: Lines of the report are cut or wrapped to this width.
+WIDTH = 120  # (lastiter_plugins.summary.WIDTH, the answer's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +37,8 @@ class ReportRow:
     reasons: tuple[str, ...]  # why it does not apply (for ``best``: which bound attains it)
     reference: str
     proof: str = "proven"
+    #: the first failed condition in one short line, without the theorem (the table's column; ``reasons`` in full)
+    first_unmet: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -66,9 +73,14 @@ class Report:
     host: tuple[str, ...] = ()
     #: seeds the script chose (the global generator's, the loader's): they must be kept secret
     seeds: tuple[str, ...] = ()
+    #: the first screen (:func:`lastiter_plugins.answer_lines`): the number and where it comes from
+    answer: tuple[str, ...] = ()
+    #: ``str()`` prints everything (:meth:`explain`), not only the first screen
+    explained: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "answer": list(self.answer),
             "name": self.name,
             "delta": self.delta,
             "steps": self.steps,
@@ -90,6 +102,20 @@ class Report:
         }
 
     def __str__(self) -> str:
+        """The first screen: the answer (:attr:`answer`), and where the rest is; everything when the report was
+        asked for with ``explain=True``."""
+        if self.explained:
+            return self.explain()
+        more = (
+            f"  ({len(self.rows)} rows, {len(self.rows_left)} left best, {len(self.departures)} departures: "
+            "report(delta, explain=True) or report.explain() shows every row, why, the advice and the threat model.)"
+        )
+        return "\n".join([*self.answer, *textwrap.wrap(more, WIDTH, subsequent_indent="   ")])
+
+    def explain(self) -> str:
+        """The answer, then every row side by side (why a row does not apply, cut to one line; every reason
+        below the table), the best line, how tight it is, its proof, the departures, the rows that left best,
+        Opacus' own numbers, the advice and the threat model."""
         head = (
             f"accountant {self.name!r}: {self.steps} steps, sampling {self.sampling}, delta {self.delta:g}, "
             f"relation {self.relation}"
@@ -98,7 +124,7 @@ class Report:
         for r in self.rows:
             eps = "-" if r.epsilon is None else f"{r.epsilon:.4g}"
             order = "-" if r.order is None else f"{r.order:g}"
-            why = "yes" if r.applies else r.reasons[0]
+            why = "yes" if r.applies else (r.first_unmet or r.reasons[0])
             if r.applies and r.reasons:
                 why = r.reasons[0]
             elif len(r.reasons) > 1:
@@ -107,31 +133,34 @@ class Report:
                 why += f" [{r.proof}]"
             table.append((r.bound, r.relation or "-", eps, order, r.protects if r.applies else "-", why))
         widths = [max(len(row[i]) for row in table) for i in range(5)]
-        lines = [head]
+        lines = [*self.answer, "", head]
         if self.mechanism:
-            lines.append(f"mechanism: {self.mechanism}")
+            lines += _wrap(f"mechanism: {self.mechanism}")
         for row in table:
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5])
-        if self.best:
-            lines.append(f"best: {self.best}")
-        if self.tightness:
-            lines.append(self.tightness)
-        if self.provenance:
-            lines.append(self.provenance)
-        for line in self.departures:
-            lines.append(f"departure: {line}")
-        for line in self.rows_left:
-            lines.append(f"left best: {line}")
-        for line in self.seeds:
-            lines.append(f"seed: {line}")
+            line = "  ".join(cell.ljust(w) for cell, w in zip(row[:5], widths, strict=True)) + "  " + row[5]
+            lines.append(line if len(line) <= WIDTH else line[: WIDTH - 3] + "...")
+        reasons = [r for r in self.rows if not r.applies and r.reasons]
+        if reasons:
+            lines.append("Why the rows above do not apply:")
+            for r in reasons:
+                lines += _wrap(f"{r.bound}: {'; '.join(r.reasons)}", "  ", "      ")
+        for text in (self.tightness, self.provenance):  # (best: the answer, first)
+            lines += _wrap(text)
+        lines += [wrapped for line in self.departures for wrapped in _wrap(f"departure: {line}")]
+        lines += [wrapped for line in self.rows_left for wrapped in _wrap(f"left best: {line}")]
+        lines += [wrapped for line in self.seeds for wrapped in _wrap(f"seed: {line}")]
         if self.needs_learning_rate:
-            lines.append(f"give learning_rate= for {', '.join(self.needs_learning_rate)}")
-        for line in self.host:
-            lines.append(line)
-        if self.advice:
-            lines.append(self.advice)
-        lines.append(self.threat_model)
+            lines += _wrap(f"give learning_rate= for {', '.join(self.needs_learning_rate)}")
+        lines += [wrapped for line in self.host for wrapped in _wrap(line)]
+        for block in (self.advice, self.threat_model):
+            lines += [wrapped for line in block.splitlines() for wrapped in _wrap(line)]
         return "\n".join(lines)
+
+
+def _wrap(text: str, first: str = "", rest: str = "    ") -> list[str]:
+    return textwrap.wrap(
+        text, WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False, break_long_words=False
+    )
 
 
 def host_lines(config: lp.TrainingConfig, delta: float, valid: float) -> tuple[str, ...]:
@@ -164,6 +193,8 @@ def build_report(
     observed: Observed | None,
     departures: tuple[host.Departure, ...] = (),
     seeds: tuple[str, ...] = (),
+    *,
+    explain: bool = False,
 ) -> Report:
     """Render the core's evaluation of every bound for the pipeline that ran (one evaluation path: the
     core's), with the departures that removed rows and the host's own number."""
@@ -185,11 +216,13 @@ def build_report(
                 reasons=tuple(ev.reasons),
                 reference=ev.reference,
                 proof=str(ev.proof),
+                first_unmet=ev.unmet[0].short if ev.unmet else "",
             )
         )
     best_text = advice = tightness = provenance = ""
     lower = None
     hosts: tuple[str, ...] = ()
+    answer: tuple[str, ...] = ()
     try:
         best = lp.epsilon(
             lp.BEST, delta, orders, lower_bound=True, published_only=reg.published_only, config=config,
@@ -213,8 +246,11 @@ def build_report(
             filter(None, (f"Proof: {best.provenance}.", host.published_note(best, config, assumptions, reg.orders)))
         )
         if lp.is_standard_baseline(best):
-            advice = lp.baseline_note(best, lp.advise(delta, top=3, config=config, assumptions=assumptions))
+            advice = lp.baseline_note(
+                best, lp.advise(delta, top=3, host="opacus", config=config, assumptions=assumptions)
+            )
         hosts = host_lines(config, delta, account.result.epsilon)
+        answer = tuple(lp.answer_lines(host.answer(account.result, config, assumptions, "opacus", reg.orders)))
     except ValueError as exc:
         rows.append(ReportRow(lp.BEST, config.relation.value, False, None, None, "-", (str(exc),), ""))
     needs = host.rows_needing("learning_rate", config, assumptions) if reg.learning_rate is None else ()
@@ -236,4 +272,6 @@ def build_report(
         mechanism="" if observed is None else observed.mechanism,
         host=hosts,
         seeds=seeds,
+        answer=answer or (f"No epsilon at delta = {delta:g}: {rows[-1].reasons[0]}",),
+        explained=explain,
     )

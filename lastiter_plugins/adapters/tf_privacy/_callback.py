@@ -259,7 +259,10 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
     def report(self) -> Report:
         """The valid number, the rows that left ``best``, and what TF Privacy's statement prints for the run."""
         account = self._account()
-        return Report.of(account.result, account.config, account.rows_left, self.departures)
+        orders = self._declared.declaration.orders
+        return Report.of(
+            account.result, account.config, account.rows_left, self.departures, account.assumptions, orders
+        )
 
     def _account(self) -> Any:
         run = self._usable()

@@ -1,7 +1,8 @@
-r"""What the Keras adapter tells the user about a run: the valid number for the pipeline that ran (what it
-protects, its relation, sampling and proof), the rows that left ``best`` on the way (at which step, why), and
-what TF Privacy's own statement would print for the run, marked NOT VALID where its assumptions fail, with the
-ratio of the valid number to it (as ``lastiter compare`` shows it)."""
+r"""What the Keras adapter tells the user about a run: first the answer (:func:`lastiter_plugins.answer_lines`: the
+valid number for the pipeline that ran, what it protects, its relation, sampling, winning row and provenance,
+TF Privacy's own numbers NOT VALID where their assumptions fail), then the rows that left ``best`` on the way
+(at which step, why), and what TF Privacy's own statement would print for the run, marked NOT VALID where its
+assumptions fail, with the ratio of the valid number to it (as ``lastiter compare`` shows it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import dataclasses
 import math
 
 import lastiter_plugins as lp
-from lastiter_plugins.host import Departure, HostNumber, RowLeft, host_numbers
+from lastiter_plugins.host import Departure, HostNumber, RowLeft, answer, host_numbers
 
 #: TF Privacy's accountant whose number the callback's logs carry beside ``epsilon``: its Poisson line, the one
 #: its statement says "the actual epsilon should be closer to" for shuffled data.
@@ -26,12 +27,14 @@ class Report:
       host: what TF Privacy's ``compute_dp_sgd_privacy_statement`` prints for the run (display only).
       departures: every fact that weakened the pipeline (also those with which no row left: a schedule after
         Adam, a departure on a pipeline where only the every-iterate rows applied).
+      answer: the first screen (:func:`lastiter_plugins.answer_lines`; empty: ``str(result)`` stands for it).
     """
 
     result: lp.EpsilonResult
     rows_left: tuple[RowLeft, ...] = ()
     host: tuple[HostNumber, ...] = ()
     departures: tuple[Departure, ...] = ()
+    answer: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -40,8 +43,12 @@ class Report:
         config: lp.TrainingConfig,
         rows_left: tuple[RowLeft, ...] = (),
         departures: tuple[Departure, ...] = (),
+        assumptions: lp.LossAssumptions | None = None,
+        orders: tuple[float, ...] | None = None,
     ) -> Report:
-        return cls(result, rows_left, host_numbers(config, result.delta, "tf_privacy"), departures)
+        hosts = host_numbers(config, result.delta, "tf_privacy")
+        first = answer(result, config, assumptions or lp.LossAssumptions(), "tf_privacy", orders)
+        return cls(result, rows_left, hosts, departures, tuple(lp.answer_lines(first)))
 
     def ratio(self, number: HostNumber) -> float | None:
         """The valid epsilon over the host's (None when the host gave none)."""
@@ -62,13 +69,11 @@ class Report:
         return out
 
     def lines(self) -> list[str]:
+        """The answer first, then the run, the rows that left ``best`` (step, fact), the departures with which
+        no row left, and TF Privacy's numbers with the ratio of the valid number to each."""
         r = self.result
-        d = r.to_dict()
-        protects = "the final model only" if r.protects is lp.Protects.FINAL_MODEL else "every iterate"
-        lines = [
-            f"epsilon = {r.epsilon:.4g} at delta = {r.delta:g}, protecting {protects}: {r.relation.value} neighbours, "
-            f"sampling {r.sampling.value}, {r.steps} steps, via {r.winner} (proof: {d['proof']}; {d['provenance']})."
-        ]
+        lines = list(self.answer) or str(r).split("\n")
+        lines.append(f"  Run: sampling {r.sampling.value}, {r.steps} steps.")
         lines += [f"  left best: {row}" for row in self.rows_left]
         named = {(row.step, row.fact) for row in self.rows_left}
         lines += [

@@ -21,6 +21,7 @@ from lastiter_plugins import (
     Relation,
     Sampling,
     TrainingConfig,
+    impossible_declaration,
 )
 from lastiter_plugins.host import Account, Declaration, Departure, account
 
@@ -75,6 +76,9 @@ class Run:
                 declared.glm, model, clip_norm=_glm.clip_as_run(settings.l2_norm_clip), diameter=assumptions.diameter
             )
         config = planned_config(settings, fit, declared)
+        impossible = impossible_declaration(config, assumptions)  # a real run has real losses
+        if impossible is not None:
+            raise AccountingError(f"{impossible}. Found them declared to LastIterateCallback.")
         start = Start(
             model,
             settings,

@@ -13,6 +13,7 @@ from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as _t
 import lastiter_plugins as lp
 from lastiter_plugins import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.config import default_relation, refuse_renamed
+from lastiter_plugins.host import answer as host_answer
 from lastiter_plugins.host import host_numbers, rows_needing
 from lastiter_plugins.validation import validate_delta
 
@@ -49,8 +50,12 @@ _RELATION_WORDS = {
 }
 
 
+#: The statement's lines are wrapped to this width (the table rows excepted).
+_WIDTH = 80
+
+
 def _fill(text: str) -> str:
-    return textwrap.fill(text, width=80)
+    return textwrap.fill(text, width=_WIDTH)
 
 
 def _fill_item(text: str) -> str:
@@ -122,7 +127,10 @@ def compute_last_iterate_privacy_statement(
         Dense units and use_bias.
 
     Returns:
-      The statement: lines of at most 80 characters apart from the table rows (about 100); each
+      The statement, the answer first (:func:`lastiter_plugins.answer_lines`: the number, what it protects, its
+      relation, the winning row and its provenance, TF Privacy's own numbers NOT VALID where their assumptions
+      fail), then the run, the threat model, the assumptions, every row, TF Privacy's statement and the
+      references: lines of at most 80 characters apart from the table rows (about 100); each
       reference once, numbered, at the end.
 
     Raises:
@@ -195,6 +203,9 @@ def compute_last_iterate_privacy_statement(
             l2_outside_clip=l2_outside_clip,
         )
         model_words = None
+    impossible = lp.impossible_declaration(config, assumptions)  # a real run has real losses
+    if impossible is not None:
+        raise ValueError(f"{impossible}. Found them declared to compute_last_iterate_privacy_statement.")
     delta = validate_delta(delta)
     sections: dict[Relation, tuple[list[tuple[str, lp.EpsilonResult]], lp.EpsilonResult, list[str]]] = {}
     relations = (config.relation, *(r for r in Relation if r is not config.relation))  # the default first
@@ -258,7 +269,9 @@ def compute_last_iterate_privacy_statement(
         lines.append(f"    {'best':<28}{_format_eps(best.epsilon)}   (via {best.winner}; {_label(best, references)})")
         lines.append(textwrap.fill(best.tightness_line, width=80, initial_indent="  ", subsequent_indent="    "))
         if lp.is_standard_baseline(best):
-            suggestions = lp.advise(delta, top=3, config=config.replace(relation=relation), assumptions=assumptions)
+            suggestions = lp.advise(
+                delta, top=3, host="keras", config=config.replace(relation=relation), assumptions=assumptions
+            )
             note = lp.baseline_note(best, suggestions).split("\n")
             lines.append(textwrap.fill(note[0], width=80, initial_indent="  ", subsequent_indent="  "))
             lines.extend(_fill_item(line.strip()) for line in note[1:])
@@ -297,7 +310,9 @@ def compute_last_iterate_privacy_statement(
         verdicts.append(_fill_item(f"{number}{times}"))
     paragraphs.append("\n".join(verdicts))
     paragraphs.append(references.render())
-    return "\n\n".join(paragraphs) + "\n"
+    first = config.replace(relation=relation)  # the first screen: the default relation's best, TF Privacy's numbers
+    answer = lp.answer_lines(host_answer(valid, first, assumptions, "tf_privacy"), width=_WIDTH)
+    return "\n\n".join(["\n".join(answer), *paragraphs]) + "\n"
 
 
 _THREAT_LAST_ITERATE = (
