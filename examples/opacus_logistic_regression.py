@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"certified: {final}")
     print(f"test accuracy: {test_accuracy:.3f}")
     print()
-    engine.accountant.report(DELTA, show=True)  # every bound side by side, and the threat model
+    engine.accountant.report(DELTA, show=True, explain=True)  # the answer, then every bound and the threat model
     return {"epsilon": float(final.epsilon), "accuracy": test_accuracy}
 
 

@@ -79,9 +79,7 @@ def main(epochs: int = 3, noise: float = 1.0, batch_size: int = 50, train_size: 
         print(f"epoch {epoch}: {engine.accountant.steps} steps so far, {sum(sizes)} examples used")
     epsilon = engine.get_epsilon(DELTA)
     report = engine.accountant.report(DELTA)
-    print(report.best)
-    for line in report.host:
-        print(line)
+    print(report)  # the answer first: the number, its row and provenance, Opacus' own numbers (NOT VALID here)
     shuffled = lp.epsilon(
         lp.BEST, dataset_size=n, batch_size=batch_size, noise_multiplier=noise,
         steps=engine.accountant.steps, sampling="reshuffle", delta=DELTA,

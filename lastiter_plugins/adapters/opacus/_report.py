@@ -133,7 +133,7 @@ class Report:
                 why += f" [{r.proof}]"
             table.append((r.bound, r.relation or "-", eps, order, r.protects if r.applies else "-", why))
         widths = [max(len(row[i]) for row in table) for i in range(5)]
-        lines = [*self.answer, "", head]
+        lines = [*self.answer, "", *_wrap(head)]
         if self.mechanism:
             lines += _wrap(f"mechanism: {self.mechanism}")
         for row in table:

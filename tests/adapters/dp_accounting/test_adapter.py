@@ -62,7 +62,15 @@ LIANG = LastIterateDpSgdEvent("poisson", 1000, 50, 2.0, 5000, 0.5, smoothness=1.
 SI_CYCLIC = LastIterateDpSgdEvent("cyclic", 1000, 50, 4.0, 400, 1.0, smoothness=0.25, gradient_norms_within_clip=True)
 SI_SHUFFLE = attr.evolve(SI_CYCLIC, sampling="shuffle_once")
 SI_FULL = LastIterateDpSgdEvent(
-    "cyclic", 200, 200, 6.0, 50, 1.0, smoothness=0.5, strong_convexity=0.1, gradient_norms_within_clip=True,
+    "cyclic",
+    200,
+    200,
+    6.0,
+    50,
+    1.0,
+    smoothness=0.5,
+    strong_convexity=0.1,
+    gradient_norms_within_clip=True,
     diameter=20.0,  # strong_convexity * D / 2 = C: a loss can meet it (no projection: none could)
 )
 BDR = attr.evolve(AT, gradient_norms_within_clip=True)
@@ -235,7 +243,15 @@ def test_an_adam_run_gets_the_every_iterate_number():
     """update="any" (Adam, momentum, a schedule): the accountant gives the core's best over the every-iterate
     rows; a last-iterate bound named for it is not supported."""
     sgd = LastIterateDpSgdEvent(
-        "shuffle_once", 1000, 10, 1.0, 2000, 0.1, smoothness=1.0, strong_convexity=0.1, gradient_norms_within_clip=True,
+        "shuffle_once",
+        1000,
+        10,
+        1.0,
+        2000,
+        0.1,
+        smoothness=1.0,
+        strong_convexity=0.1,
+        gradient_norms_within_clip=True,
         diameter=20.0,  # strong_convexity * D / 2 = C: a loss can meet it
     )
     adam = attr.evolve(sgd, update="any")
@@ -893,9 +909,18 @@ GLM_WEIGHT_DECAY = dict(sampling="reshuffle", dataset_size=2000, batch_size=100,
                         learning_rate=0.5, smoothness=0.26, strong_convexity=0.01, clipped_loss_convex_smooth=True,
                         l2_outside_clip=True)  # fmt: skip
 #: The issue's reshuffle-like run with Poisson sampling: only rows without a Renyi curve apply.
-POISSON_PROFILE_ONLY = dict(sampling="poisson", dataset_size=1000, batch_size=50, noise_multiplier=4.0, steps=400,
-                            learning_rate=1.0, smoothness=0.25, strong_convexity=0.05,
-                            gradient_norms_within_clip=True, diameter=40.0)  # fmt: skip  (lam D / 2 = C: possible)
+POISSON_PROFILE_ONLY = dict(
+    sampling="poisson",
+    dataset_size=1000,
+    batch_size=50,
+    noise_multiplier=4.0,
+    steps=400,
+    learning_rate=1.0,
+    smoothness=0.25,
+    strong_convexity=0.05,
+    gradient_norms_within_clip=True,
+    diameter=40.0,
+)  # fmt: skip  (lam D / 2 = C: possible)
 
 
 def test_the_event_takes_every_declaration_of_the_core_and_gives_its_number():

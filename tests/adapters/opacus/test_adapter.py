@@ -408,6 +408,30 @@ def test_an_update_other_than_the_registered_sgd_removes_exactly_the_rows_it_bre
         assert engine.accountant.epsilon_result(DELTA).protects is lp.Protects.EVERY_ITERATE
 
 
+@pytest.mark.parametrize(
+    ("diameter", "clip", "match"),
+    [
+        (None, 1.0, r"no loss meets these declarations: .*strong_convexity=0\.1 with gradient_norms_within_clip=True "
+                    r"and no projection"),
+        (30.0, 1.0, r"no loss meets these declarations: strong_convexity \* diameter / 2 = 1\.5 > clip_norm = 1"),
+        (30.0, 2.0, None),  # lam D / 2 = 1.5 <= C = 2: some loss meets it
+    ],
+    ids=["no-projection", "diameter-too-large-for-the-clip", "possible"],
+)  # fmt: skip
+def test_declarations_no_loss_meets_are_refused_at_make_private(request, diameter, clip, match):
+    """issue 41: a real run has real losses; a strongly convex loss with every gradient within the clip is met
+    by no loss without a projection, nor with one of diameter D where lam D / 2 > C (the clip norm is known at
+    make_private: lp.impossible_declaration's one definition)."""
+    name = _register(request, sampling="cyclic", smoothness=1.0, strong_convexity=0.1, diameter=diameter,
+                     gradient_norms_within_clip=True)  # fmt: skip
+    if match is None:
+        engine = _private(name, clip=clip)[0]
+        assert engine.accountant.registration.assumptions.strong_convexity == 0.1
+        return
+    with pytest.raises(lo.LastIterateConfigurationError, match=match):
+        _private(name, clip=clip)
+
+
 @pytest.mark.parametrize("declared", [{"bound": "kong-ribero-cyclic"}, {"require": "last_iterate"}],
                          ids=["named-bound", "require-last-iterate"])  # fmt: skip
 def test_a_named_bound_or_require_broken_by_the_optimizer_is_refused_at_make_private(request, declared):
@@ -957,9 +981,30 @@ def test_report_lists_every_bound_with_relation_and_threat_model(request):
     assert not rows["liang-bounded"].applies and "sampling must be one of poisson" in rows["liang-bounded"].reasons[0]
     assert rows["best"].epsilon == pytest.approx(engine.get_epsilon(DELTA))
     assert rows["best"].epsilon <= min(r.epsilon for r in report.rows if r.applies)
-    text = str(report)
+    text = report.explain()  # every row, why, the threat model: behind explain
     assert "FINAL model only" in text and "must not be released" in text and "replace_one" in text
+    assert str(engine.accountant.report(DELTA, explain=True)) == text
     json.dumps(report.to_dict())
+
+
+def test_report_starts_with_the_answer_on_one_short_screen(request):
+    """issue 41: the report's first screen is the answer (the number, what it protects, its relation, the winning
+    row and its provenance, Opacus' own numbers NOT VALID where Poisson fails), in about ten lines of at most
+    120 characters; every row (743-character rows before), the reasons and the threat model are in explain()."""
+    name = _register(request, sampling="cyclic", gradient_norms_within_clip=True)
+    engine, model, optimizer, loader = _private(name, clip=WITHIN_CLIP)
+    _train(model, optimizer, loader)
+    report = engine.accountant.report(DELTA)
+    result = engine.accountant.epsilon_result(DELTA)
+    lines = str(report).split("\n")
+    assert lines[: len(report.answer)] == list(report.answer)
+    assert lines[0].startswith(f"epsilon = {result.epsilon:.4g} at delta = {DELTA:g} for ")
+    assert "replace_one neighbours" in lines[0] and f"From {result.winner}: " in str(report)
+    assert any(w in str(report) for w in ("published (", "derived here", "unproven"))
+    assert "Host libraries: NOT VALID here: opacus-" in str(report)  # a cyclic loader: Opacus' Poisson fails
+    assert len(lines) <= 10 and max(map(len, lines)) <= 120
+    assert "Threat model" not in str(report) and "Threat model" in report.explain()
+    assert [line for line in report.explain().split("\n") if len(line) > 120] == []
 
 
 # ---------------------------------------------------------------- distributed

@@ -203,7 +203,7 @@ def test_plain_sgd_without_a_learning_rate_names_the_rows_it_would_bring_back(re
     assert engine.get_epsilon(DELTA) == _core("cyclic", smoothness=1.0)
     report = engine.accountant.report(DELTA)
     assert "kong-ribero-cyclic" in report.needs_learning_rate
-    assert "give learning_rate= for" in str(report)
+    assert "give learning_rate= for" in report.explain()
 
 
 def test_a_cnn_with_adam_gets_the_every_iterate_row(request):
