@@ -677,13 +677,58 @@ def test_statement_lists_both_relations_for_poisson():
 def test_statement_for_independent_memberships_lists_their_last_iterate_rows(sampling, relation, row):
     # Keras fit passes over the data in epochs (the callback refuses random_batch and poisson); a pipeline
     # that samples this way is described through the statement (or lp.epsilon), where the rows are taken up
-    changes = dict(sampling=sampling, learning_rate=2.5, diameter=None)
+    # diameter 80: the largest a 0.05-strongly convex loss within the clip C = 2 can have (lam D / 2 <= C); with
+    # no projection no loss meets these declarations (refused); the rows' numbers are the same
+    changes = dict(sampling=sampling, learning_rate=2.5, diameter=80.0)
     text = " ".join(compute_last_iterate_privacy_statement(**{**STATEMENT, **changes}).split())
     eps = lp.epsilon(row, DELTA, relation=relation, **_keyword(**changes)).epsilon
     assert f"{row} {eps:.3f} (protects the final model only;" in text
     declared_inside = {**STATEMENT, **changes, "strong_convexity": 0.0, "gradient_norms_within_clip": False}
     text = " ".join(compute_last_iterate_privacy_statement(**declared_inside).split())
     assert f"- {row}: gradient_norms_within_clip or clipped_loss_convex_smooth" in text
+
+
+NO_LOSS = (
+    r"no loss meets these declarations: .*strong_convexity=0\.1 with gradient_norms_within_clip=True and no projection"
+)
+
+
+def test_the_callback_refuses_declarations_no_loss_meets(data):
+    """issue 41: a real run has real losses: strongly convex with every gradient within the clip and no projection
+    is refused before the first step; with a projection of diameter D, lam D / 2 <= C, the run is accounted."""
+    x, y = data
+    with pytest.raises(AccountingError, match=NO_LOSS + r".*Found them declared to LastIterateCallback"):
+        make_model().fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, verbose=0,
+                         callbacks=[accountant(strong_convexity=0.1)])  # fmt: skip
+    possible = accountant(strong_convexity=0.1, diameter=20.0)  # 0.1 * 20 / 2 = C
+    make_model().fit(x[:N], y[:N], batch_size=B, epochs=1, shuffle=False, verbose=0,
+                     callbacks=[possible, ProjectionCallback(20.0)])  # fmt: skip
+    assert possible.epsilon > 0
+
+
+def test_the_statement_refuses_declarations_no_loss_meets():
+    impossible = {**STATEMENT, "strong_convexity": 0.1, "diameter": None}
+    with pytest.raises(ValueError, match=NO_LOSS + r".*compute_last_iterate_privacy_statement"):
+        compute_last_iterate_privacy_statement(**impossible)
+    too_wide = {**STATEMENT, "strong_convexity": 0.1, "diameter": 41.0}  # 0.1 * 41 / 2 > C = 2
+    with pytest.raises(ValueError, match=r"strong_convexity \* diameter / 2 = 2\.05 > clip_norm = 2"):
+        compute_last_iterate_privacy_statement(**too_wide)
+
+
+def test_the_statement_starts_with_the_answer_and_advises_in_keras_terms():
+    """issue 41: the statement's first lines are the answer (the default relation's best: its number, what it
+    protects, the winner and its provenance, TF Privacy's numbers NOT VALID where they fail); its advice is what a
+    Keras user can do: never Opacus' poisson_sampling=True nor torch's weight_decay."""
+    params = {**STATEMENT, "sampling": "reshuffle", "update": "any", "learning_rate": None}
+    text = compute_last_iterate_privacy_statement(**params)
+    best = lp.epsilon("best", DELTA, **_keyword(**params), update="any")
+    first = text.split("\n\n")[0].split("\n")
+    assert first[0].startswith(f"epsilon = {best.epsilon:.4g} at delta = 1e-05 for every iterate; replace_one")
+    assert f"From {best.winner}: published (" in " ".join(first)
+    assert "NOT VALID" in " ".join(first) and len(first) <= 10 and max(map(len, first)) <= 80
+    assert "Single changes that would lower it" in text  # a standard baseline: the advice is there
+    for foreign in ("poisson_sampling", "make_private", "torch", "weight_decay", "Opacus"):
+        assert foreign not in text
 
 
 @pytest.mark.parametrize(

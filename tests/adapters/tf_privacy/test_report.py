@@ -66,8 +66,13 @@ def test_the_callback_logs_and_report_show_tf_privacys_number_not_valid_with_the
     assert history["epsilon_over_tf_privacy"] == pytest.approx(ratios, rel=1e-12)
     assert all(r > 1 for r in ratios)  # the valid number is larger: TF Privacy's is below the truth for fit
     text = str(cb.report)
-    assert f"epsilon = {cb.epsilon:.4g} at delta = 1e-05, protecting every iterate: replace_one neighbours" in text
-    assert "sampling reshuffle" in text and "proof: proven" in text
+    # the answer first (issue 41): the number, what it protects, its relation, the winner and its provenance,
+    # TF Privacy's numbers NOT VALID, within the first lines
+    assert text.startswith(f"epsilon = {cb.epsilon:.4g} at delta = 1e-05 for every iterate; replace_one neighbours")
+    first = "\n".join(cb.report.answer)
+    assert "reshuffle sampling" in first and "From composition-gdp-epochs: published (" in first
+    assert "Host libraries: NOT VALID here: tf-privacy-" in first and len(cb.report.answer) <= 8
+    assert "sampling reshuffle" in text
     assert re.search(r"TF Privacy statement, Poisson: epsilon = [\d.]+ .* NOT VALID: sampling must be poisson", text)
     assert f"the valid epsilon is {ratios[-1]:.3g}x it" in text
     assert "left best: kong-ribero-curvature-free left at step 1: the optimizer is DPKerasAdamOptimizer" in text
@@ -126,7 +131,7 @@ def test_the_cnn_example_prints_the_valid_number_beside_tf_privacys(capsys):
     expected = lp.epsilon("best", DELTA, dataset_size=1792, batch_size=64, noise_multiplier=1.0, epochs=1,
                           sampling="reshuffle", update="any")  # fmt: skip
     assert accountant.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
-    assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05, protecting every iterate" in out
+    assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05 for every iterate" in out
     _, poisson = printed(1792, 64, 1.0, 1.0)
     assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in out and "NOT VALID" in out
     assert accountant.epsilon > 2 * poisson
