@@ -6,6 +6,7 @@ Keras route and the JAX API."""
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
 import lastiter_plugins as lp
 from lastiter_plugins.host import Account, HostNumber, answer
@@ -44,12 +45,12 @@ class Report:
         rate = "unknown" if cfg.learning_rate is None else f"{cfg.learning_rate:.6g}"
         update = "plain SGD" if cfg.update.value == "sgd" else "an update other than plain SGD"
         first = answer(result, cfg, self.account.assumptions, "jax-privacy")
-        out = [
-            *lp.answer_lines(first),
-            f"  run: {self.how}; n = {cfg.dataset_size}, b = {cfg.batch_size}, "
-            f"noise multiplier {cfg.noise_multiplier:.6g}, clip {cfg.clip_norm:.6g}, {update} at learning rate "
-            f"{rate}; {self.steps} steps observed, {cfg.steps} accounted",
-        ]
+        run = (
+            f"run: {self.how}; n = {cfg.dataset_size}, b = {cfg.batch_size}, noise multiplier "
+            f"{cfg.noise_multiplier:.6g}, clip {cfg.clip_norm:.6g}, {update} at learning rate {rate}; {self.steps} "
+            f"steps observed, {cfg.steps} accounted"
+        )
+        out = [*lp.answer_lines(first), *textwrap.wrap(run, 120, initial_indent="  ", subsequent_indent="    ")]
         if self.note:
             out.append(f"  every iterate only: {self.note}")
         out += [f"  {row}" for row in self.account.rows_left]

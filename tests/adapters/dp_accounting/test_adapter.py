@@ -1058,6 +1058,7 @@ def test_an_unproven_bound_is_marked_and_warned_about_on_every_route():
     with pytest.warns(lp.UnprovenBoundWarning):
         statement = acc.statement(DELTA)
     assert f"bound {UNPROVEN} [unproven: the proof of Theorem 3.1" in statement
+    assert f"From {UNPROVEN}: unproven: the proof of Theorem 3.1" in " ".join(statement.split())  # the answer too
     with pytest.warns(lp.UnprovenBoundWarning, match=_UNPROVEN_WARNING):
         RB_STRONGLY_CONVEX.rdp(UNPROVEN, ORDERS, R1)
     with pytest.warns(lp.UnprovenBoundWarning):  # composed with another mechanism: the sum on the grid
@@ -1189,3 +1190,40 @@ def test_example_runs_and_its_numbers_hang_together(capsys):
     # each statement: the answer first (its line ends "...for the final model only; <relation>"), then the ledger
     assert out.count("for the final model only;") == 3 and out.count("for the final model only of") == 3
     assert "replace_one" in out
+
+
+# ---------------------------------------------------------------- issue 41: the answer first, no impossible declarations
+
+
+@pytest.mark.parametrize("make", [accountant, pld], ids=["rdp", "pld"])
+def test_declarations_no_loss_meets_are_refused(make):
+    """A real run has real losses: strongly convex with every gradient within the clip and no projection (or a
+    projection too wide for the clip, lam D / 2 > C) is an event no accountant composes; lam D / 2 = C is."""
+    no_projection = attr.evolve(SI_FULL, diameter=None)
+    too_wide = attr.evolve(SI_FULL, diameter=30.0)
+    for event, match in (
+        (no_projection, r"no loss meets these declarations: .*strong_convexity=0\.1 with gradient_norms_within_clip"),
+        (too_wide, r"no loss meets these declarations: strong_convexity \* diameter / 2 = 1\.5 > clip_norm = 1"),
+    ):
+        acc = make()
+        assert not acc.supports(event)
+        with pytest.raises(dp_accounting.UnsupportedEventError, match=match + r".*LastIterateDpSgdEvent"):
+            acc.compose(event)
+        with pytest.raises(lp.NotApplicableError, match=match):
+            event.rdp("best", ORDERS, R1)
+    assert make().supports(SI_FULL)  # diameter 20: 0.1 * 20 / 2 = C
+
+
+@pytest.mark.parametrize("make", [accountant, pld], ids=["rdp", "pld"])
+def test_the_statement_starts_with_the_answer(make):
+    """issue 41: statement() starts with the answer (the number, what it protects, its relation, the winning row and
+    its provenance) in a few lines of at most 120 characters, then the ledger's one line."""
+    acc = make().compose(SI_CYCLIC)
+    eps = acc.get_epsilon(DELTA)
+    lines = acc.statement(DELTA).split("\n")
+    assert lines[0].startswith(f"epsilon = {eps:.4g} at delta = {DELTA:g} for the final model only; replace_one")
+    assert "\n  From shifted-interpolation-cyclic: published (" in "\n".join(lines)
+    assert lines[-1].startswith(f"({eps:.4g}, {DELTA:g})-DP under replace_one neighbours")
+    assert len(lines) <= 10 and max(map(len, lines[:-1])) <= 120
+    composed = make().compose(SI_CYCLIC).compose(GAUSS)
+    assert composed.statement(DELTA).startswith(f"epsilon = {composed.get_epsilon(DELTA):.4g} at delta = ")

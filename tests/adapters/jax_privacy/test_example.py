@@ -21,12 +21,18 @@ def test_example_prints_the_valid_numbers_and_jax_privacys_beside_them(capsys):
     spec.loader.exec_module(example)
     runs = example.main(["--epochs", "2"])
     out = capsys.readouterr().out
+    flat = " ".join(out.split())
     for name, sampling in (("shuffled", "reshuffle"), ("poisson", "poisson"), ("glm", "cyclic")):
         account = runs[name].account()
         expected = lp.epsilon("best", example.DELTA, config=account.config, assumptions=account.assumptions)
         assert account.config.sampling.value == sampling and account.config.steps == 2 * (example.N // example.BATCH)
-        assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05 ({account.config.relation.value}, {sampling};" in out
+        relation, protects = account.config.relation.value, expected.protects.value
+        # the answer first (issue 41): the number, what it protects, its relation, its sampling
+        assert f"epsilon = {expected.epsilon:.4g} at delta = 1e-05 for {protects}; {relation} neighbours" in flat
+        assert f"; {sampling} sampling." in flat
     assert runs["glm"].account().result.protects is lp.Protects.FINAL_MODEL
     assert runs["glm"].assumptions.clipped_loss_convex_smooth  # derived from the model, not declared
-    assert out.count("NOT VALID") == 3  # the shuffled run, its calibration, the fixed-order run
+    own = [line for line in out.splitlines() if line.startswith("jax_privacy's own number") or "number for it" in line]
+    # jax_privacy's own number NOT VALID: the shuffled run, its calibration, the fixed-order run (not Poisson)
+    assert [("NOT VALID" in line) for line in own] == [True, True, False, True]
     assert runs["poisson"].host_number().valid is not False

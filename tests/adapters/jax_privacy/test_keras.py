@@ -41,6 +41,19 @@ def _core(sampling: str, relation: str, steps: int, *, batch_size: int = B, lear
     return lp.epsilon("best", DELTA, config=cfg, assumptions=assumptions or lp.LossAssumptions())
 
 
+def test_declarations_no_loss_meets_are_refused_at_the_first_fit():
+    """issue 41: a real run has real losses: strongly convex with every gradient within the clip and no projection
+    is refused before the first step (nothing watched yet: the same accountant takes a possible declaration)."""
+    x, y = regression_data(N)
+    model = _private_model()
+    impossible = lp.LossAssumptions(smoothness=1.0, strong_convexity=0.1, gradient_norms_within_clip=True)
+    ljp.watch(model, delta=DELTA, assumptions=impossible)
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse")
+    with pytest.raises(lp.NotApplicableError, match=r"no loss meets these declarations: .*strong_convexity=0\.1 "
+                                                    r"with gradient_norms_within_clip=True and no projection"):  # fmt: skip
+        model.fit(x, y, batch_size=B, epochs=1, verbose=0)
+
+
 def test_shuffled_fit_is_reshuffle_and_jax_privacys_poisson_number_is_not_valid():
     """The common mistake: DPKerasConfig's default fit shuffles, jax_privacy's number is Poisson's."""
     x, y = regression_data(N)
@@ -57,7 +70,8 @@ def test_shuffled_fit_is_reshuffle_and_jax_privacys_poisson_number_is_not_valid(
     assert not host.valid and "Poisson" in host.why_not
     assert host.epsilon < account.result.epsilon / 2  # what jax_privacy would print: far below the valid number
     text = str(accountant.report())
-    assert "NOT VALID" in text and f"epsilon = {expected.epsilon:.4g}" in text and "replace_one, reshuffle" in text
+    assert text.startswith(f"epsilon = {expected.epsilon:.4g} at delta = 1e-05 for every iterate; replace_one")
+    assert "reshuffle sampling" in text and "Host libraries: NOT VALID here: jax-privacy-poisson" in text
 
 
 def test_poisson_fit_is_poisson_and_jax_privacys_number_is_valid():

@@ -55,6 +55,28 @@ def _run(strategy, relation, *, n=N, b=B, assumptions=None, update="sgd"):
                            relation=relation, update=update, learning_rate=LR, assumptions=assumptions)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("diameter", "match"),
+    [
+        (None, r"no loss meets these declarations: .*strong_convexity=0\.1 with gradient_norms_within_clip=True and "
+               r"no projection"),
+        (4 * C / 0.1, r"strong_convexity \* diameter / 2 = 2 > clip_norm = 1"),
+        (2 * C / 0.1, None),  # lam D / 2 = C: some loss meets it
+    ],
+    ids=["no-projection", "diameter-too-large", "possible"],
+)  # fmt: skip
+def test_declarations_no_loss_meets_are_refused(diameter, match):
+    """issue 41: a real run has real losses (lp.impossible_declaration, checked when the run is declared)."""
+    declared = lp.LossAssumptions(smoothness=1.0, strong_convexity=0.1, diameter=diameter,
+                                  gradient_norms_within_clip=True)  # fmt: skip
+    strategy = bs.CyclicPoissonSampling(sampling_prob=B / N, iterations=4)
+    if match is None:
+        assert _run(strategy, "add_or_remove_one", assumptions=declared).assumptions == declared
+        return
+    with pytest.raises(lp.NotApplicableError, match=match + r".*Found them declared to TrainingRun"):
+        _run(strategy, "add_or_remove_one", assumptions=declared)
+
+
 def test_poisson_loop_gets_the_core_number_and_jax_privacys_valid_one():
     run = _run(bs.CyclicPoissonSampling(sampling_prob=B / N, iterations=16), "add_or_remove_one")
     _train(run)
