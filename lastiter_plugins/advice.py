@@ -43,7 +43,7 @@ _EPOCH_LOADERS = (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE)
 ALLOCATE = (
     "allocate every example to one step of each epoch, uniformly at random and afresh every epoch, from a secret "
     "seed (random allocation, balls in bins: every example still used once per epoch; batch sizes vary around b, "
-    "the sum still divided by b; Opacus: RandomAllocationSampler)"
+    "the sum still divided by b)"
 )
 
 #: Smoothness of the per-example loss on the certified linear-model route when none is declared: binary
@@ -133,7 +133,7 @@ HOW: Mapping[str, Mapping[str, str]] = {
         "jax": "permute the indices once with a secret key and keep that order every epoch",
     },
     "random_allocation": {
-        "none": "",
+        "none": " (Opacus: RandomAllocationSampler)",
         "opacus": " (DataLoader(ds, batch_sampler=RandomAllocationSampler(n, b)), lastiter_plugins.adapters.opacus)",
         "jax": " (each epoch, draw every example's step from a secret key)",
     },  # keras: its adapter does not observe random allocation
@@ -256,7 +256,8 @@ def _candidates(params: Mapping[str, Any], host: str = "none") -> Iterator[tuple
         yield poisson, same, True, ""
         if relation is Relation.REPLACE_ONE:
             changes = {"sampling": Sampling.POISSON.value, "relation": Relation.ADD_OR_REMOVE_ONE.value, **secret}
-            yield poisson + ", accounted under add-or-remove as Opacus does", changes, True, RELATION_NOTE
+            as_host = " as Opacus does" if host in ("none", "opacus") else ""
+            yield poisson + ", accounted under add-or-remove" + as_host, changes, True, RELATION_NOTE
 
 
 def _check_top(top: Any) -> int | None:

@@ -208,12 +208,12 @@ def test_opacus_report_says_when_best_is_a_standard_baseline():
         return build_report(reg, host.account(reg.declaration(), config, assumptions, 1e-5), 1e-5, None)
 
     report = report_of(*lp.build(**RESHUFFLE_LR_TOO_LARGE))
-    assert "This is a standard baseline (composition" in str(report) and "lower the learning rate to 1.333" in str(
-        report
-    )
+    text = report.explain()  # the advice is behind explain(); the first screen says so
+    assert "This is a standard baseline (composition" in text and "lower the learning rate to 1.333" in text
+    assert "the advice" in str(report) and "This is a standard baseline" not in str(report)
     assert report.to_dict()["advice"] == report.advice
     fine = report_of(*lp.build(**{**RESHUFFLE_LR_TOO_LARGE, "learning_rate": 1.5}))
-    assert fine.advice == "" and "This is a standard baseline" not in str(fine)
+    assert fine.advice == "" and "This is a standard baseline" not in fine.explain()
 
 
 def test_keras_statement_says_when_best_is_a_standard_baseline():
@@ -230,6 +230,7 @@ def test_keras_statement_says_when_best_is_a_standard_baseline():
         sampling="reshuffle",
         smoothness=1.0,
         strong_convexity=0.5,
+        diameter=4.0,  # 0.5 * 4 / 2 = C: a loss can meet it (without a projection none can: refused)
         gradient_norms_within_clip=True,
     )
     text = " ".join(compute_last_iterate_privacy_statement(learning_rate=3.0, **common).split())
@@ -248,7 +249,7 @@ def test_a_shuffled_loader_is_offered_random_allocation_beside_poisson():
         return next(s for s in advice if s.parameters.get("sampling") == sampling and s.relation is relation)
 
     allocate, poisson = (pick(s, lp.Relation.REPLACE_ONE) for s in ("random_allocation", "poisson"))
-    assert allocate.change == lp.advice.ALLOCATE
+    assert allocate.change == lp.advice.ALLOCATE + lp.advice.HOW["random_allocation"]["none"]
     assert allocate.parameters == {"sampling": "random_allocation", "relation": "replace_one"}
     assert allocate.winner == "composition-pld-random-allocation-replace-one"
     assert allocate.epsilon == lp.epsilon("best", 1e-5, **{**anchor, **allocate.parameters}).epsilon
@@ -275,5 +276,11 @@ def test_advice_is_worded_for_the_host_and_leaves_out_what_it_cannot_do():
     assert any("FeatureNormClip" in s.change and "Dense" in s.change for s in keras)
     assert any("poisson_sampling=True" in s.change for s in opacus if s.parameters.get("sampling") == "poisson")
     assert any(s.parameters.get("sampling") == "poisson" for s in anywhere)
+    # random allocation: the Opacus adapter observes it (RandomAllocationSampler); Keras cannot draw it; jax's words
+    allocate = [s for s in opacus if s.parameters.get("sampling") == "random_allocation"]
+    assert allocate and all("batch_sampler=RandomAllocationSampler(n, b)" in s.change for s in allocate)
+    assert not any(s.parameters.get("sampling") == "random_allocation" for s in keras)
+    jax = lp.advise(1e-5, host="jax", **params)
+    assert not any("Opacus" in s.change or "torch" in s.change or "Keras" in s.change for s in jax)
     with pytest.raises(ValueError, match=r"host must be one of none, opacus, keras, jax\. Found 'pytorch'"):
         lp.advise(1e-5, host="pytorch", **params)
