@@ -107,8 +107,8 @@ class Report:
         if self.explained:
             return self.explain()
         more = (
-            f"  ({len(self.rows)} rows, {len(self.rows_left)} left best, {len(self.departures)} departures: "
-            "report(delta, explain=True) or report.explain() shows every row, why, the advice and the threat model.)"
+            f"  More in report.explain(): the {len(self.rows)} rows and why each applies or not, the rows that left "
+            f"best ({len(self.rows_left)}), the departures ({len(self.departures)}), the advice, the threat model."
         )
         return "\n".join([*self.answer, *textwrap.wrap(more, WIDTH, subsequent_indent="   ")])
 

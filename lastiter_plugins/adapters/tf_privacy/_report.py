@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 
 import lastiter_plugins as lp
 from lastiter_plugins.host import Departure, HostNumber, RowLeft, answer, host_numbers
@@ -72,22 +73,31 @@ class Report:
         """The answer first, then the run, the rows that left ``best`` (step, fact), the departures with which
         no row left, and TF Privacy's numbers with the ratio of the valid number to each."""
         r = self.result
-        lines = list(self.answer) or str(r).split("\n")
-        lines.append(f"  Run: sampling {r.sampling.value}, {r.steps} steps.")
-        lines += [f"  left best: {row}" for row in self.rows_left]
+        details = [f"Run: sampling {r.sampling.value}, {r.steps} steps."]
+        details += [f"left best: {row}" for row in self.rows_left]
         named = {(row.step, row.fact) for row in self.rows_left}
-        lines += [
-            f"  observed at step {d.step}: {d.fact} (no further row left with it)"
+        details += [
+            f"observed at step {d.step}: {d.fact} (no further row left with it)"
             for d in self.departures
             if (d.step, d.fact) not in named
         ]
+        lines = list(self.answer) or str(r).split("\n")
+        lines += [wrapped for line in details for wrapped in _wrap(line, "  ")]
         if self.host:
             lines.append("What TF Privacy's compute_dp_sgd_privacy_statement prints for this run (never counted):")
             for number in self.host:
                 ratio = self.ratio(number)
                 times = "" if ratio is None else f"; the valid epsilon is {ratio:.3g}x it"
-                lines.append(f"  {number}{times}")
+                lines += _wrap(f"{number}{times}", "  ")
         return lines
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` in lines of at most 120 characters (the answer's width), continued four spaces further in."""
+    return textwrap.wrap(
+        text, 120, initial_indent=indent, subsequent_indent=indent + "    ", break_on_hyphens=False,
+        break_long_words=False,
+    )  # fmt: skip
