@@ -97,6 +97,9 @@ def calibrate(
         update=update,
     )
     loss = assumptions or lp.LossAssumptions()
+    impossible = lp.impossible_declaration(base, loss)  # a real run has real losses
+    if impossible is not None:
+        raise lp.NotApplicableError(f"{impossible}. Found them declared to calibrate.")
     pipeline_z = float(
         lp.calibrate_noise(
             bound, target_epsilon, config.delta, published_only=published_only, config=base, assumptions=loss

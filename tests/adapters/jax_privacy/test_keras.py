@@ -249,3 +249,8 @@ def test_calibration_is_for_the_scheme_fit_runs():
     assert applied.noise_multiplier == found.noise_multiplier
     poisson = dataclasses.replace(config, poisson_sampling_in_fit=True)
     assert ljp.calibrate(poisson, 8.0, relation="add_or_remove_one").host.valid
+    impossible = lp.LossAssumptions(smoothness=1.0, strong_convexity=0.1, gradient_norms_within_clip=True)
+    with pytest.raises(
+        lp.NotApplicableError, match=r"no loss meets these declarations: .*Found them declared to calib"
+    ):
+        ljp.calibrate(config, 8.0, relation="replace_one", learning_rate=LR, assumptions=impossible)
