@@ -102,19 +102,20 @@ class Report:
         }
 
     def __str__(self) -> str:
-        """The first screen: the answer (:attr:`answer`), the seeds the script chose (they must stay secret), and
-        where the rest is; everything when the report was asked for with ``explain=True``."""
+        """The first screen: the answer (:attr:`answer`), a line when the script seeded generators (the seeds must
+        stay secret), and where the rest is; everything when the report was asked for with ``explain=True``."""
         if self.explained:
             return self.explain()
         more = (
             f"  More in report.explain(): the {len(self.rows)} rows and why each applies or not, the rows that left "
             f"best ({len(self.rows_left)}), the departures ({len(self.departures)}), the advice, the threat model."
         )
-        return "\n".join([*self._first(), *textwrap.wrap(more, WIDTH, subsequent_indent="    ")])
-
-    def _first(self) -> list[str]:
-        """The answer, then the seeds the script chose (each must stay secret)."""
-        return [*self.answer, *(wrapped for line in self.seeds for wrapped in _wrap(f"seed: {line}", "  ", "      "))]
+        seeds = (
+            f"  The script seeded {len(self.seeds)} generator(s): every number here holds only while the seeds stay "
+            "secret (explain() says which)."
+        )
+        first = [*self.answer, *(_wrap(seeds, "") if self.seeds else ())]
+        return "\n".join([*first, *textwrap.wrap(more, WIDTH, subsequent_indent="    ")])
 
     def explain(self) -> str:
         """The answer, then every row side by side (why a row does not apply, cut to one line; every reason
@@ -137,7 +138,8 @@ class Report:
                 why += f" [{r.proof}]"
             table.append((r.bound, r.relation or "-", eps, order, r.protects if r.applies else "-", why))
         widths = [max(len(row[i]) for row in table) for i in range(5)]
-        lines = [*self._first(), "", *_wrap(head)]
+        seeds = [wrapped for line in self.seeds for wrapped in _wrap(f"seed: {line}", "  ", "      ")]
+        lines = [*self.answer, *seeds, "", *_wrap(head)]
         if self.mechanism:
             lines += _wrap(f"mechanism: {self.mechanism}")
         for row in table:
