@@ -151,7 +151,7 @@ def test_the_readme_and_the_guide_quote_the_cnn_examples_numbers():
     _, poisson = printed(1792, 64, float(epochs), 1.0)
     quoted = f"gets {valid.epsilon:.4g} (every iterate, replace-one) where TF Privacy's statement prints {poisson:.4g}"
     assert quoted in readme
-    assert f"epsilon = {valid.epsilon:.4g} at delta = 1e-05, protecting every iterate" in guide
+    assert f"epsilon = {valid.epsilon:.4g} at delta = 1e-05 for every iterate" in guide  # the answer first
     assert f"TF Privacy statement, Poisson: epsilon = {poisson:.4g}" in guide
     assert f"the valid epsilon is {valid.epsilon / poisson:.3g}x it" in guide
 

@@ -60,7 +60,9 @@ def test_an_update_other_than_sgd_gets_the_every_iterate_number_and_names_the_ro
     declared = core(sampling, update="sgd", **DECLARED)  # what plain SGD would have got: a last-iterate row
     assert declared.protects is lp.Protects.FINAL_MODEL and declared.winner in {row.bound for row in cb.rows_left}
     assert all(lp.BOUNDS[row.bound].protects is lp.Protects.FINAL_MODEL for row in cb.rows_left)
-    assert "update=any" in cb.rows_left[0].condition and f"left best: {cb.rows_left[0]}" in str(cb.report)
+    assert "update=any" in cb.rows_left[0].condition and " ".join(f"left best: {cb.rows_left[0]}".split()) in " ".join(
+        str(cb.report).split()
+    )
 
 
 @pytest.mark.parametrize("name", ["DPKerasSGDOptimizer", "VectorizedDPKerasSGDOptimizer", "DPSparseKerasSGDOptimizer"])
