@@ -45,8 +45,8 @@ def impossible_declaration(config: TrainingConfig, assumptions: LossAssumptions)
             "no loss meets these declarations: a per-example loss that is strongly convex on an unbounded domain "
             f"has unbounded gradients, so strong_convexity={lam:g} with {flag} and no projection (diameter=None) "
             "cannot hold (its gradients cannot all have norm <= C). Declare the strong convexity as an l2 term outside "
-            "the clip (l2_outside_clip=True: torch weight_decay under Opacus), project onto a set of diameter D "
-            "with strong_convexity * D / 2 <= C, or set strong_convexity=0"
+            "the clip (l2_outside_clip=True: the optimizer's weight decay, added after clipping), project onto a "
+            "set of diameter D with strong_convexity * D / 2 <= C, or set strong_convexity=0"
         )
     if lam * a.diameter / 2.0 > config.clip_norm:
         return (
