@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: The package version; the only place it is written (pyproject.toml reads it from here).
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
