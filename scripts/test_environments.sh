@@ -23,8 +23,16 @@ source scripts/_steps.sh
 step .venv/bin/python -m pytest -q -m packaging tests/stories/test_packaging.py
 step env PIP_CONSTRAINT="$PWD/constraints/dpa06.txt" bash scripts/test_dp_accounting_06.sh
 step bash scripts/test_opacus_15.sh
-step env PYTHON="${PYTHON311:-python3.11}" JAX_VENV=.venv-jax bash scripts/test_jax.sh
-step env PYTHON="${PYTHON312:-python3.12}" JAX_VENV=.venv-jax312 bash scripts/test_jax.sh
+# An interpreter of version $1: python$1 where it runs (a pyenv shim on PATH fails when that version is not
+# the active one), else pyenv's install of it; the bare name otherwise (the step then fails, naming it).
+python_of() {
+  if "python$1" --version >/dev/null 2>&1; then echo "python$1"; return; fi
+  local found
+  found="$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/"$1".*/bin/"python$1" 2>/dev/null | sort -V | tail -1)"
+  echo "${found:-python$1}"
+}
+step env PYTHON="${PYTHON311:-$(python_of 3.11)}" JAX_VENV=.venv-jax bash scripts/test_jax.sh
+step env PYTHON="${PYTHON312:-$(python_of 3.12)}" JAX_VENV=.venv-jax312 bash scripts/test_jax.sh
 step .venv/bin/python -m pytest -q --runslow -n auto --maxprocesses 4 tests/core/verification/test_ground_truth.py \
   tests/core/test_properties.py tests/core/verification/test_verification.py::test_fuzz_subset_fast
 
