@@ -11,7 +11,7 @@ equal there (then the step's batch is matched by the order rule alone, as withou
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -22,19 +22,26 @@ _VALUES = 16
 Fingerprint = tuple[tuple[int, ...], tuple[float, ...]]
 
 
+def children(value: Any) -> Iterable[Any] | None:
+    """The items of a container a batch may nest in (a dict's values, a list's or tuple's items, a dataclass
+    instance's fields, in order); None for anything else."""
+    if isinstance(value, Mapping):
+        return value.values()
+    if isinstance(value, (list, tuple)):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (getattr(value, field.name) for field in dataclasses.fields(value))
+    return None
+
+
 def first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
     """The first tensor of ``value``, depth first (tuples, lists, dicts, dataclasses; 4 levels at most)."""
     if isinstance(value, torch.Tensor):
         return value
     if depth >= 4:
         return None
-    if isinstance(value, Mapping):
-        items: Any = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = (getattr(value, field.name) for field in dataclasses.fields(value))
-    else:
+    items = children(value)
+    if items is None:
         return None
     for item in items:
         found = first_tensor(item, depth + 1)

@@ -5,9 +5,8 @@ per-example clipped gradients (counted by a forward pre-hook on the module the l
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,7 +16,7 @@ from lastiter_plugins.adapters.opacus import _internals as internals
 from lastiter_plugins.adapters.opacus import _patches as patches
 from lastiter_plugins.adapters.opacus._checks.base import Check, Step
 from lastiter_plugins.adapters.opacus._errors import LastIteratePipelineChangedError as _Changed
-from lastiter_plugins.adapters.opacus._rows import Fingerprint, fingerprint
+from lastiter_plugins.adapters.opacus._rows import Fingerprint, children, fingerprint
 from lastiter_plugins.host import Departure
 
 if TYPE_CHECKING:
@@ -40,13 +39,8 @@ def batch_size_of(value: Any, dim: int, depth: int = 0) -> int | None:
         return None
     if isinstance(value, PackedSequence):  # its data holds every time step of every sequence
         return int(value.batch_sizes[0]) if value.batch_sizes.numel() else None
-    if isinstance(value, Mapping):
-        items: Any = value.values()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = (getattr(value, field.name) for field in dataclasses.fields(value))
-    else:
+    items = children(value)
+    if items is None:
         return None
     for item in items:
         size = batch_size_of(item, dim, depth + 1)
