@@ -45,6 +45,7 @@ class Parameters(TypedDict, total=False):
     update: Update | str
     allocations_per_epoch: int
     order_secret: bool
+    max_batch_size: int
     steps: int
     epochs: int
     smoothness: float | None
@@ -67,6 +68,7 @@ _TRAINING_KEYS = (
     "update",
     "allocations_per_epoch",
     "order_secret",
+    "max_batch_size",
 )
 _ASSUMPTION_KEYS = (
     "smoothness",

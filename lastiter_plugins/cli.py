@@ -177,6 +177,15 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "batches are public, and only the bounds proven for every fixed batch sequence hold",
         },
     ),
+    "max_batch_size": (
+        _TRAINING,
+        {
+            "type": int,
+            "metavar": "L",
+            "help": "L, with --sampling random_allocation: every batch is cut (and padded) to at most L examples; "
+            "delta then carries the probability that one exceeded L (docs/derivations/fixed-length-batches.md)",
+        },
+    ),
     "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),
     "epochs": (
         _TRAINING,

@@ -270,6 +270,11 @@ class TrainingConfig:
         in torch's fixed fresh state, a seed known to others, a generator re-seeded with known values): the
         batches are a known fixed sequence, and only the rows proven for every fixed batch sequence hold
         (docs/derivations/public-order.md#public-order). Cyclic batches are public anyway.
+      max_batch_size: L, with ``sampling="random_allocation"`` only: a step whose batch has more than L examples
+        uses only L of them (a host that pads every batch to L rows, so that its divisor is fixed: the
+        Keras adapter's ``RandomAllocationDataset``). Every row's delta then carries the probability that some
+        step's batch exceeds L (``lastiter_plugins.overflow``; docs/derivations/fixed-length-batches.md), and
+        the run has (epsilon, delta) guarantees only, no Renyi curve. None (default): batches are never cut.
     """
 
     dataset_size: int
@@ -283,6 +288,7 @@ class TrainingConfig:
     update: Update = Update.SGD
     allocations_per_epoch: int = 1
     order_secret: bool = True
+    max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -300,6 +306,8 @@ class TrainingConfig:
         set_(self, "update", Update.parse(self.update))
         set_(self, "allocations_per_epoch", _check_allocations(self.allocations_per_epoch, self.sampling))
         set_(self, "order_secret", _check_flag("order_secret", self.order_secret))
+        if self.max_batch_size is not None:
+            set_(self, "max_batch_size", _check_max_batch_size(self.max_batch_size, self.sampling))
         if self.steps_per_epoch > MAX_COUNT:
             raise ValueError(
                 f"allocations_per_epoch must be <= 2**53 * batch_size / dataset_size (an epoch of ceil(n k / b) "
@@ -447,6 +455,17 @@ RENAMED_KEYWORDS: dict[str, str] = {
         "leave it at its default False where you passed clipping=True."
     ),
 }
+
+
+def _check_max_batch_size(value: Any, sampling: Sampling) -> int:
+    """L >= 1, only under random allocation (the one scheme whose cut batches are accounted)."""
+    if sampling is not Sampling.RANDOM_ALLOCATION:
+        raise ValueError(
+            "max_batch_size must be None unless sampling is random_allocation (it is the length every step's batch "
+            "is cut and padded to, accounted for random allocation only; docs/derivations/fixed-length-batches.md). "
+            f"Found {shown(value)} with sampling {sampling.value}."
+        )
+    return _check_int("max_batch_size", value, 1)
 
 
 def refuse_renamed(params: Any) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from lastiter_plugins import registry
+from lastiter_plugins import overflow, registry
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, warn_at_caller
 from lastiter_plugins.conversion import (
     delta_of_linear_rdp,
@@ -48,7 +48,7 @@ from lastiter_plugins.conversion import (
 from lastiter_plugins.errors import BoundBelowTruthError, NotApplicableError
 from lastiter_plugins.profiles import GaussianMixtureProfile
 from lastiter_plugins.registry import BoundSpec, Kind, PrivacyProfile, Proof, Protects
-from lastiter_plugins.summary import Answer, answer_lines
+from lastiter_plugins.summary import Answer, answer_lines, cut_words
 from lastiter_plugins.validation import validate_delta, validate_orders
 
 BEST = registry.BEST
@@ -87,6 +87,8 @@ class EpsilonResult:
         the independent checks it passed>``.
       order_secret: the pipeline's ``order_secret`` (False: the batches were public; printed as
         "(public order)" beside the sampling).
+      max_batch_size: the pipeline's ``max_batch_size`` (batches cut at that many examples, the delta carrying
+        the overflow probability: docs/derivations/fixed-length-batches.md), None when batches are never cut.
     """
 
     bound: str
@@ -106,6 +108,7 @@ class EpsilonResult:
     published: bool = True
     provenance: str = ""
     order_secret: bool = True  # False: the pipeline's batches were drawn from a public seed
+    max_batch_size: int | None = None  # the batches were cut at this many examples (None: never)
 
     def __float__(self) -> float:
         """The epsilon, so ``float(result)`` works where a number is expected."""
@@ -140,6 +143,7 @@ class EpsilonResult:
             "relation": self.relation.value,
             "sampling": self.sampling.value,
             "order_secret": self.order_secret,
+            "max_batch_size": self.max_batch_size,
             "steps": self.steps,
             "protects": self.protects.value,
             "proof": str(self.proof),
@@ -168,10 +172,16 @@ class EpsilonResult:
         proof = "" if self.proof.proven else f"; {self.proof}"
         lines = [
             f"Asked for: {self.bound}; the run: sampling {self.sampling.value}"
-            f"{'' if self.order_secret else ' (public order)'}, {self.steps} steps; kind "
+            f"{'' if self.order_secret else ' (public order)'}{cut_words(self.max_batch_size)}, {self.steps} steps; "
+            "kind "
             f"{self.kind.value}{order}{proof}.",
             f"Reference ({self.winner}): {self.reference}.",
         ]
+        if self.max_batch_size is not None:
+            lines.append(
+                f"Batches cut at {self.max_batch_size} examples: the delta includes (1 + e^epsilon) times the "
+                "probability that some step's batch exceeded them (docs/derivations/fixed-length-batches.md)."
+            )
         if self.provenance:
             lines.append(f"Proof: {self.provenance}.")
         if self.tightness_line:
@@ -283,7 +293,12 @@ def _delta_of(
     """(delta, order) at ``eps`` of one applicable bound, the counterpart of :func:`_epsilon_of`: a privacy
     profile exactly (order None); a curve linear in the order at the continuous optimum over all orders
     (default grid), on the line the epsilon side uses; any other curve refined between the grid orders by
-    evaluating the bound at new orders (the curve itself: every RDP value is valid, no envelope needed)."""
+    evaluating the bound at new orders (the curve itself: every RDP value is valid, no envelope needed). Batches cut
+    at ``max_batch_size``: the uncut run's delta plus (1 + e^eps) times the overflow probability (Lemma C of
+    docs/derivations/fixed-length-batches.md)."""
+    if cfg.max_batch_size is not None:
+        uncut, _ = _delta_of(spec, cfg.replace(max_batch_size=None), a, eps, orders, default_orders)
+        return overflow.cut_delta(uncut, eps, overflow.overflow_probability(cfg)), None
     if spec.profile is not None:
         return min(float(spec.profile(cfg, a).delta(eps)), 1.0), None
     curve = registry.rdp_curve(spec, cfg, a, orders)
@@ -352,6 +367,17 @@ def evaluate_bound(
     native = spec.relation_for(config.sampling)
     if under_own_relation and native is not None:
         config = config.replace(relation=native)
+    if config.max_batch_size is not None:
+        uncut = evaluate_bound(
+            spec,
+            config.replace(max_batch_size=None),
+            assumptions,
+            delta,
+            orders,
+            compute_unproven=compute_unproven,
+            beat=beat,
+        )
+        return _with_cut_batches(spec, config, assumptions, uncut, delta, orders)
     check = registry.applicability(spec, config, assumptions)
     base = BoundEvaluation(
         bound=spec.id,
@@ -403,6 +429,46 @@ def evaluate_bound(
         orders=tuple(orders.tolist()),
         rdp_values=tuple(curve.tolist()),
         result=_result(spec, config, base, eps, delta, order),
+    )
+
+
+def _with_cut_batches(
+    spec: BoundSpec,
+    config: TrainingConfig,
+    assumptions: LossAssumptions,
+    uncut: BoundEvaluation,
+    delta: float | None,
+    orders: np.ndarray | None,
+) -> BoundEvaluation:
+    """``uncut`` (the row evaluated for the run whose batches are never cut) turned into the row for ``config``,
+    whose batches are cut at ``max_batch_size``: its privacy profile's delta carries the overflow probability
+    (docs/derivations/fixed-length-batches.md, Lemma C), and it has no Renyi curve (part 5)."""
+    if uncut.result is None or delta is None:
+        return uncut
+    p = overflow.overflow_probability(config)
+    if uncut.profile is not None:
+        inner = uncut.profile
+        profile = overflow.CutProfile(inner.epsilon, inner.delta, p)
+    else:
+        plain = config.replace(max_batch_size=None)
+        default_orders = orders is None
+        grid = validate_orders(None) if orders is None else orders
+        curve = np.asarray(uncut.rdp_values, dtype=float)
+        profile = overflow.CutProfile(
+            lambda d: _epsilon_of(spec, plain, assumptions, d, grid, curve, default_orders)[0],
+            lambda e: _delta_of(spec, plain, assumptions, e, grid, default_orders)[0],
+            p,
+        )
+    eps = profile.epsilon(delta)
+    added = (1.0 + math.exp(min(eps, 700.0))) * p if math.isfinite(eps) else math.inf
+    note = (
+        f"batches cut at max_batch_size = {config.max_batch_size}: delta includes {added:.3g}, the probability "
+        f"{p:.3g} that some step's batch exceeded it times 1 + e^epsilon (docs/derivations/fixed-length-batches.md)."
+    )
+    assert uncut.result is not None
+    result = dataclasses.replace(uncut.result, epsilon=eps, order=None, max_batch_size=config.max_batch_size)
+    return dataclasses.replace(
+        uncut, orders=None, rdp_values=None, profile=profile, result=result, notes=(*uncut.notes, note)
     )
 
 
@@ -571,6 +637,7 @@ def best_rdp(
     Valid at every order separately (each curve is an RDP bound for the same
     relation), for composing the run with other mechanisms in RDP.
     """
+    refuse_curve_of_cut_batches(config)
     candidates = best_candidates(config, assumptions, published_only)
     curves = [registry.rdp_curve(spec, config, assumptions, orders) for spec in candidates if spec.has_renyi_curve]
     if not curves:
@@ -584,6 +651,17 @@ def best_rdp(
             )
         raise _no_bound_applies(config, evaluations, published_only)
     return np.min(np.vstack(curves), axis=0)
+
+
+def refuse_curve_of_cut_batches(config: TrainingConfig) -> None:
+    """Raise NotApplicableError for a run whose batches are cut at ``max_batch_size``: it has (epsilon, delta)
+    guarantees only (docs/derivations/fixed-length-batches.md, part 5)."""
+    if config.max_batch_size is not None:
+        raise NotApplicableError(
+            f"a run whose batches are cut at max_batch_size = {config.max_batch_size} has no Renyi-DP curve: its "
+            "guarantees are (epsilon, delta) pairs, the delta carrying the probability that a batch exceeded it "
+            "(docs/derivations/fixed-length-batches.md). Ask for its epsilon or delta instead."
+        )
 
 
 def require_applicable(
@@ -638,8 +716,14 @@ def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions:
     """
     from lastiter_plugins.lower_end import LowerBound, lower_bound  # loaded only when a lower end is asked for
 
+    at = result.delta
+    if (
+        config.max_batch_size is not None
+    ):  # the uncut run's instance at delta + (1 + e^U) p (fixed-length-batches, part 5)
+        at = overflow.cut_delta(result.delta, result.epsilon, overflow.overflow_probability(config))
+        config = config.replace(max_batch_size=None)
     try:
-        lower = lower_bound(config, assumptions, result.delta)
+        lower = lower_bound(config, assumptions, at) if at < 1.0 else LowerBound(None, "delta + (1 + e^epsilon) p >= 1")
     except (OverflowError, MemoryError, FloatingPointError) as err:
         lower = LowerBound(None, f"the instance's exact epsilon could not be computed ({type(err).__name__}: {err})")
     if lower.epsilon is not None and not math.isfinite(lower.epsilon):
@@ -764,6 +848,7 @@ def rdp_of(
     """RDP curve of ``bound`` (an id, or ``best``) at ``orders``; raises NotApplicableError when it does not apply."""
     if bound == BEST:
         return best_rdp(config, assumptions, orders, published_only)
+    refuse_curve_of_cut_batches(config)
     spec = registry.get_spec(bound)
     require_applicable(bound, config, assumptions, published_only)
     return registry.rdp_curve(spec, config, assumptions, orders)

@@ -36,6 +36,7 @@ from lastiter_plugins import conversion, evaluation, profiles, registry, summary
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult, warn_if_unproven
+from lastiter_plugins.overflow import overflow_probability, padded_batch_size
 from lastiter_plugins.registry import BEST, DOCS, BoundSpec, Kind, Protects
 from lastiter_plugins.validation import validate_delta, validate_epsilon, validate_orders
 
@@ -54,6 +55,8 @@ __all__ = [
     "gaussian_delta",
     "gaussian_mus",
     "host_numbers",
+    "overflow_probability",
+    "padded_batch_size",
     "published_note",
     "rdp_to_epsilon",
     "refusal",
@@ -436,6 +439,8 @@ def gaussian_mus(spec: BoundSpec, config: TrainingConfig, assumptions: LossAssum
         raise ValueError(
             f"spec must be a GDP row (a Gaussian privacy profile). Found {spec.id}, a {spec.kind.value} row."
         )
+    if config.max_batch_size is not None:  # cut batches: (epsilon, delta) only (fixed-length-batches.md, part 5)
+        return ()
     profile = spec.profile(config, assumptions)
     if not isinstance(profile, profiles.GaussianMixtureProfile):
         return ()

@@ -136,7 +136,9 @@ class Answer:
             relation=result.relation.value,
             protects=result.protects.value,
             winner=result.winner,
-            sampling=result.sampling.value + ("" if result.order_secret else " (public order)"),
+            sampling=result.sampling.value
+            + ("" if result.order_secret else " (public order)")
+            + cut_words(result.max_batch_size),
             provenance=result.provenance,
             proven=result.proof.proven,
             proof=str(result.proof),
@@ -149,6 +151,11 @@ class Answer:
             hosts=tuple(hosts),
             impossible=impossible or "",
         )
+
+
+def cut_words(max_batch_size: int | None) -> str:
+    """How an output names batches cut at ``max_batch_size``, after the sampling (empty when never cut)."""
+    return "" if max_batch_size is None else f" (batches cut at {max_batch_size} examples)"
 
 
 def _wrap(text: str, first: str = "", rest: str = "    ", width: int = WIDTH) -> list[str]:

@@ -18,7 +18,7 @@ from lastiter_plugins.compare.hosts import EXTRAS
 from lastiter_plugins.compare.rows import FINAL_MODEL, FOOTER, STANDARD, BestLine, Comparison, Row
 from lastiter_plugins.defaults import FORMATS
 from lastiter_plugins.jsonout import dump_json
-from lastiter_plugins.summary import Answer, HostNumber, answer_lines, warning_lines
+from lastiter_plugins.summary import Answer, HostNumber, answer_lines, cut_words, warning_lines
 
 
 def _num(x: float | None, digits: int = 4) -> str:
@@ -212,7 +212,7 @@ def answer_of(c: Comparison) -> Answer:
         relation=b.relation,
         protects=b.protects or FINAL_MODEL,
         winner=b.winner,
-        sampling=str(c.params.get("sampling", "")),
+        sampling=str(c.params.get("sampling", "")) + cut_words(c.params.get("max_batch_size")),
         provenance=b.provenance,
         published_epsilon=b.published_epsilon,
         published_winner=b.published_winner,
