@@ -30,6 +30,7 @@ from lastiter_plugins.defaults import HOSTS
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult
 from lastiter_plugins.feasibility import impossible_declaration
+from lastiter_plugins.overflow import DEFAULT_OVERFLOW, padded_batch_size
 from lastiter_plugins.registry import Protects
 
 #: Said once under every suggestion for another relation.
@@ -133,10 +134,12 @@ HOW: Mapping[str, Mapping[str, str]] = {
         "jax": "permute the indices once with a secret key and keep that order every epoch",
     },
     "random_allocation": {
-        "none": " (Opacus: RandomAllocationSampler)",
+        "none": " (Opacus: RandomAllocationSampler; Keras: RandomAllocationDataset)",
         "opacus": " (DataLoader(ds, batch_sampler=RandomAllocationSampler(n, b)), lastiter_plugins.adapters.opacus)",
+        "keras": " (fit(RandomAllocationDataset(x, y, batch_size=b, epochs=E).dataset), "
+        "lastiter_plugins.adapters.tf_privacy; every batch padded to a fixed length)",
         "jax": " (each epoch, draw every example's step from a secret key)",
-    },  # keras: its adapter does not observe random allocation
+    },
     "poisson": {
         "none": "sample each batch by Poisson sampling at rate b/n from a secret seed",
         "opacus": "sample each batch by Poisson sampling at rate b/n (make_private(..., poisson_sampling=True))",
@@ -331,7 +334,7 @@ def advise(
     best_per_kind: dict[tuple[str, str, str], Suggestion] = {}
     for words, changes, changes_training, note in _candidates(params, host):
         try:
-            changed = build(**{**params, **changes})
+            changed = build(**_fixed_length({**params, **changes}, host))
             if impossible_declaration(*changed) is not None and not impossible:  # never advise a set no loss meets
                 continue
             result = epsilon("best", delta, config=changed[0], assumptions=changed[1])
@@ -352,10 +355,23 @@ def advise(
     return tuple(ranked[:top] if top is not None else ranked)
 
 
+def _fixed_length(params: dict[str, Any], host: str) -> dict[str, Any]:
+    """A changed pipeline's batch cut: none unless it samples by random allocation; with Keras, the length its
+    RandomAllocationDataset pads to by default for that pipeline (docs/derivations/fixed-length-batches.md)."""
+    if params.get("sampling") != Sampling.RANDOM_ALLOCATION.value:
+        return {**params, "max_batch_size": None}
+    if host != "keras":
+        return params
+    config, _ = build(**{**params, "max_batch_size": None})
+    k = config.allocations_per_epoch
+    length = padded_batch_size(config.dataset_size, config.batch_size, k, config.steps, DEFAULT_OVERFLOW)
+    return {**params, "max_batch_size": length}
+
+
 def _beside_poisson(suggestion: Suggestion, params: Mapping[str, Any], delta: float) -> Suggestion:
     """The random-allocation suggestion with Poisson sampling's number (same rate b/n, same relation) in its note."""
     try:
-        poisson = epsilon("best", delta, **{**params, "sampling": Sampling.POISSON.value,
+        poisson = epsilon("best", delta, **{**params, "sampling": Sampling.POISSON.value, "max_batch_size": None,
                                             "relation": suggestion.relation.value})  # fmt: skip
         beside = (
             f"Poisson sampling at rate b/n gives {poisson.epsilon:.4g} ({poisson.relation.value}, via {poisson.winner})"

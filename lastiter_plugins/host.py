@@ -36,11 +36,12 @@ from lastiter_plugins import conversion, evaluation, profiles, registry, summary
 from lastiter_plugins.config import LossAssumptions, Relation, Sampling, TrainingConfig, Update
 from lastiter_plugins.errors import NotApplicableError
 from lastiter_plugins.evaluation import EpsilonResult, warn_if_unproven
-from lastiter_plugins.overflow import overflow_probability, padded_batch_size
+from lastiter_plugins.overflow import DEFAULT_OVERFLOW, overflow_probability, padded_batch_size
 from lastiter_plugins.registry import BEST, DOCS, BoundSpec, Kind, Protects
 from lastiter_plugins.validation import validate_delta, validate_epsilon, validate_orders
 
 __all__ = [
+    "DEFAULT_OVERFLOW",
     "DOCS",
     "LAST_ITERATE",
     "Account",

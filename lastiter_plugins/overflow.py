@@ -19,6 +19,8 @@ from scipy import stats
 
 from lastiter_plugins.config import TrainingConfig, check_count
 
+#: the overflow probability a padding pipeline aims at by default (the Keras adapter's RandomAllocationDataset)
+DEFAULT_OVERFLOW = 1e-9
 #: iterations of :func:`cut_epsilon`'s search before it answers inf (valid, vacuous)
 _ITERATIONS = 100
 #: the relative margin added at each iteration, so that the search stops at a solution of (F)

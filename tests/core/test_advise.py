@@ -276,10 +276,17 @@ def test_advice_is_worded_for_the_host_and_leaves_out_what_it_cannot_do():
     assert any("FeatureNormClip" in s.change and "Dense" in s.change for s in keras)
     assert any("poisson_sampling=True" in s.change for s in opacus if s.parameters.get("sampling") == "poisson")
     assert any(s.parameters.get("sampling") == "poisson" for s in anywhere)
-    # random allocation: the Opacus adapter observes it (RandomAllocationSampler); Keras cannot draw it; jax's words
+    # random allocation: the Opacus adapter observes it (RandomAllocationSampler); Keras' RandomAllocationDataset pads
+    # every batch to the length it picks by default, and the number is for the batches cut there; jax's words
     allocate = [s for s in opacus if s.parameters.get("sampling") == "random_allocation"]
     assert allocate and all("batch_sampler=RandomAllocationSampler(n, b)" in s.change for s in allocate)
-    assert not any(s.parameters.get("sampling") == "random_allocation" for s in keras)
+    padded = [s for s in keras if s.parameters.get("sampling") == "random_allocation"]
+    assert padded and all("RandomAllocationDataset(x, y, batch_size=b, epochs=E)" in s.change for s in padded)
+    length = lp.host.padded_batch_size(10_000, 100, 1, 2000, lp.host.DEFAULT_OVERFLOW)
+    for s in padded:
+        assert s.result.max_batch_size == length
+        cut = lp.epsilon("best", 1e-5, **{**params, **s.parameters, "max_batch_size": length})
+        assert s.epsilon == cut.epsilon > lp.epsilon("best", 1e-5, **{**params, **s.parameters}).epsilon
     jax = lp.advise(1e-5, host="jax", **params)
     assert not any("Opacus" in s.change or "torch" in s.change or "Keras" in s.change for s in jax)
     with pytest.raises(ValueError, match=r"host must be one of none, opacus, keras, jax\. Found 'pytorch'"):

@@ -179,7 +179,7 @@ def test_max_batch_size_is_for_random_allocation_only():
             relation="replace_one",
             max_batch_size=4,
         )
-    with pytest.raises(ValueError, match="max_batch_size must be an integer >= 1. Found 0"):
+    with pytest.raises(ValueError, match=r"max_batch_size must be an integer >= 1\. Found 0"):
         TrainingConfig(
             dataset_size=10, batch_size=2, noise_multiplier=1, steps=5, sampling="random_allocation", max_batch_size=0
         )

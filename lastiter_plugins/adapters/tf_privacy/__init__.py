@@ -8,6 +8,8 @@ compute epsilon afterwards from the hyperparameters. This module gives Keras use
   data (in-memory arrays or a ``tf.data`` pipeline), runs its checks before the first step and on what every
   compiled step recorded, and writes ``epsilon`` (``best`` over the rows whose preconditions held at every
   step), TF Privacy's own number and their ratio into the epoch logs; ``report`` says which rows left and why;
+* :class:`RandomAllocationDataset`, random allocation as a ``tf.data`` input for ``fit`` (a fresh allocation
+  every epoch, every batch padded to a fixed length, checked by the callback step by step);
 * :class:`ProjectionCallback`, the projection onto an l2 ball that the bounded-domain bounds need;
 * :func:`compute_last_iterate_privacy_statement`, the counterpart of TF Privacy's
   ``compute_dp_sgd_privacy_statement``.
@@ -15,7 +17,8 @@ compute epsilon afterwards from the hyperparameters. This module gives Keras use
 Tested against tensorflow 2.14.1 (Keras 2.14.0) and tensorflow-privacy 0.9.0; other versions are refused
 (``lastiter_plugins.UnsupportedHostError``). The modules of this package, behind this facade: ``_observe``
 (host internals: what fit was called with, the DP optimizer's private attributes, the probe recording every
-compiled step), ``_tfdata`` (a tf.data pipeline's transformations), ``_settings`` (the mechanism and fit's
+compiled step), ``_tfdata`` (a tf.data pipeline's transformations), ``_allocation_input`` (the random
+allocation input), ``_settings`` (the mechanism and fit's
 scheme derived from those facts), ``checks/`` (one file per run check: the rows each gates), ``_run`` (the
 ledger of one fit call), ``_callback`` (the thin callback), ``_report``, ``_glm`` (certified linear models:
 ``model="glm"`` and ``FeatureNormClip``), ``_projection``, ``_statement`` and ``_errors``. See
@@ -34,6 +37,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
         f"Import failed with: {error}"
     ) from error
 
+from ._allocation_input import RandomAllocationDataset
 from ._callback import LastIterateCallback
 from ._errors import AccountingError
 from ._glm import FeatureNormClip
@@ -49,6 +53,7 @@ __all__ = [
     "FitSettings",
     "LastIterateCallback",
     "ProjectionCallback",
+    "RandomAllocationDataset",
     "Report",
     "compute_last_iterate_privacy_statement",
     "read_dp_optimizer",

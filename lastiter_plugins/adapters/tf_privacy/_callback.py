@@ -4,6 +4,7 @@ callback: :mod:`._run` holds the run's ledger and asks the checks (:mod:`.checks
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from lastiter_plugins.validation import validate_delta, validate_orders
 from . import _glm
 from ._errors import AccountingError
 from ._observe import check_host, keras_train_steps
-from ._report import Report
+from ._report import Report, padding_note
 from ._run import Declared, Run
 from ._settings import DPOptimizerSettings, FitSettings, flag
 from .checks import LinearModelCheck
@@ -128,10 +129,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
             raise TypeError(f"LastIterateCallback got an unexpected keyword argument {next(iter(renamed))!r}.")
         check_host()
         sampling = Sampling.parse(sampling)
-        if sampling not in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE):
+        if sampling not in (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE, Sampling.RESHUFFLE, Sampling.RANDOM_ALLOCATION):
             raise ValueError(
-                "sampling must be cyclic, shuffle_once or reshuffle: Keras fit passes over the data in "
-                f"epochs and cannot sample random batches or Poisson batches. Found {sampling.value}."
+                "sampling must be cyclic, shuffle_once, reshuffle or random_allocation (with a "
+                "RandomAllocationDataset): Keras fit passes over the data in epochs and cannot sample random "
+                f"batches or Poisson batches. Found {sampling.value}."
             )
         if flag(l2_outside_clip) is not False:
             raise ValueError(
@@ -260,9 +262,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         """The valid number, the rows that left ``best``, and what TF Privacy's statement prints for the run."""
         account = self._account()
         orders = self._declared.declaration.orders
-        return Report.of(
+        report = Report.of(
             account.result, account.config, account.rows_left, self.departures, account.assumptions, orders
         )
+        allocation = self._usable().fit.allocation
+        return report if allocation is None else dataclasses.replace(report, run_notes=(padding_note(allocation),))
 
     def _account(self) -> Any:
         run = self._usable()

@@ -250,6 +250,8 @@ _FIT_CODE = inspect.unwrap(tf.keras.Model.fit).__code__
 #: What fit does with the examples' order across epochs (``FitFacts.order``; ``ONCE``: one uniform
 #: permutation drawn in the first epoch and kept, which a tf.data pipeline can do, see ``_tfdata``).
 FIXED, PERMUTATION, BATCH_ORDER, ONCE = "fixed", "permutation", "batch order", "permutation once"
+#: A :class:`RandomAllocationDataset`'s order: a fresh random allocation every epoch (its batches padded).
+ALLOCATION = "random allocation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,7 +438,8 @@ class StepRecord:
 # Slots of a step's row (see StepProbe).
 STEP, DP_CALLS, ROWS, LOSS_LENGTH, CLIP, NOISE_STD, LEARNING_RATE, ITERATIONS = range(8)
 TAMPERED, START_DISTANCE, MOVED, OTHERS_MOVED, WEIGHT_OFF_ONE = range(8, 13)
-_SLOTS = 13
+WEIGHT_SUM, WEIGHT_OFF_BINARY, PADDING_LOSS, REGULARIZERS = range(13, 17)
+_SLOTS = 17
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,6 +459,10 @@ class StepFacts:
     moved: float  # distance of its start from the previous step's end (projected, with a ball)
     others_moved: bool  # a non-trainable weight changed between the previous step and this one
     weight_off_one: float  # the largest |w - 1| of the loss weights fed to it (0 without weights)
+    weight_sum: float  # the sum of the loss weights fed to it (0 without weights)
+    weight_off_binary: float  # the largest min(|w|, |w - 1|) of those weights: 0 when each is 0 or 1
+    padding_loss: float  # the largest |entry| of the loss vector at a row of weight 0 (-1: not comparable)
+    regularizers: float  # the regularization losses Keras adds to every entry of the loss vector
 
     @classmethod
     def of(cls, row: np.ndarray) -> StepFacts:
@@ -473,6 +480,10 @@ class StepFacts:
             moved=float(row[MOVED]),
             others_moved=bool(row[OTHERS_MOVED]),
             weight_off_one=float(row[WEIGHT_OFF_ONE]),
+            weight_sum=float(row[WEIGHT_SUM]),
+            weight_off_binary=float(row[WEIGHT_OFF_BINARY]),
+            padding_loss=float(row[PADDING_LOSS]),
+            regularizers=float(row[REGULARIZERS]),
         )
 
 
@@ -516,7 +527,9 @@ class StepProbe:
     step other than by the DP update, the distance of its starting point from the projection center,
     the distance between its starting point and the previous step's end (projected when a ball is given)
     a flag set when a non-trainable weight changed between the two steps, and the largest |w - 1| of the
-    per-example loss weights fit fed the step (sample_weight, class_weight). The weights watched are
+    per-example loss weights fit fed the step (sample_weight, class_weight), their sum, how far the farthest is
+    from both 0 and 1, the largest loss entry at a row of weight 0 (padding rows must add nothing) and the
+    regularization losses Keras adds to every entry. The weights watched are
     all of ``model.weights`` at the start (trainable and not, every dtype).
 
     ``dp_variables`` lists, per trace of the step, the variables the DP optimizer differentiated.
@@ -534,6 +547,7 @@ class StepProbe:
         self.dp_variables: list[list[Any]] = []
         self._saved: dict[tuple[Any, str], Any] = {}
         self._snapshot: list[Any] | None = None
+        self._weights: Any = None  # the traced step's loss weights, one per row (None: none, or nested)
         self._after_update: list[Any] | None = None
         self._departure = tf.function(self._moved_since_last_step)
         self._wrap(model, "train_step", self._train_step)
@@ -600,6 +614,21 @@ class StepProbe:
         valid = self.mirror_valid
         return tf.where(valid, moved, tf.constant(0.0, tf.float64)), tf.logical_and(valid, others)
 
+    def _padding_loss(self, loss: Any) -> Any:
+        """The largest |entry| of the loss vector at the rows of weight 0 (0 without such rows; -1 when the
+        vector and the weights do not match row for row)."""
+        weights = self._weights
+        if weights is None or callable(loss):
+            return tf.constant(0.0 if weights is None else -1.0, tf.float64)
+        entries = tf.reshape(tf.cast(loss, tf.float64), [tf.shape(loss)[0], -1])
+
+        def largest() -> Any:
+            at_zero = tf.cast(tf.equal(weights, 0.0), tf.float64)[:, None]
+            return tf.reduce_max(tf.concat([tf.reshape(tf.abs(entries) * at_zero, [-1]), [0.0]], 0))
+
+        same = tf.equal(tf.shape(entries)[0], tf.shape(weights)[0])
+        return tf.cond(same, largest, lambda: tf.constant(-1.0, tf.float64))
+
     def _train_step(self, original: Any) -> Any:
         record = self.record
 
@@ -608,8 +637,14 @@ class StepProbe:
             record.set(STEP, step)
             record.set(ROWS, rows_of(tf.nest.flatten(data)[0]))
             _, _, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
-            for w in tf.nest.flatten(sample_weight) if sample_weight is not None else ():
-                record.maximum(WEIGHT_OFF_ONE, tf.reduce_max(tf.abs(tf.cast(w, tf.float64) - 1.0)))
+            weights = tf.nest.flatten(sample_weight) if sample_weight is not None else []
+            for w in weights:
+                w = tf.cast(w, tf.float64)
+                record.maximum(WEIGHT_OFF_ONE, tf.reduce_max(tf.abs(w - 1.0)))
+                record.add(WEIGHT_SUM, tf.reduce_sum(w))
+                record.maximum(WEIGHT_OFF_BINARY, tf.reduce_max(tf.minimum(tf.abs(w), tf.abs(w - 1.0))))
+            self._weights = tf.reshape(tf.cast(weights[0], tf.float64), [-1]) if len(weights) == 1 else None
+            record.set(REGULARIZERS, float(len(self.model.losses)))  # what compute_loss adds to every entry
             record.set(ITERATIONS, self.optimizer.iterations)
             if self.ball is not None:
                 record.set(START_DISTANCE, self._distance(self.trainable, self.ball.center))
@@ -648,6 +683,7 @@ class StepProbe:
             record.add(DP_CALLS, 1.0)
             record.set(CLIP, clip)
             record.set(LOSS_LENGTH, length)
+            record.set(PADDING_LOSS, self._padding_loss(loss))
             result = original(loss, var_list, grad_loss=grad_loss, tape=tape)
             if family == SPARSE:  # the std apply_gradients will add to the mean of the k microbatch gradients
                 k = optimizer._num_microbatches if optimizer._num_microbatches is not None else length

@@ -13,6 +13,8 @@ import textwrap
 import lastiter_plugins as lp
 from lastiter_plugins.host import Departure, HostNumber, RowLeft, answer, host_numbers
 
+from ._allocation_input import RandomAllocationDataset
+
 #: TF Privacy's accountant whose number the callback's logs carry beside ``epsilon``: its Poisson line, the one
 #: its statement says "the actual epsilon should be closer to" for shuffled data.
 LOGGED = "tf-privacy-poisson"
@@ -29,6 +31,7 @@ class Report:
       departures: every fact that weakened the pipeline (also those with which no row left: a schedule after
         Adam, a departure on a pipeline where only the every-iterate rows applied).
       answer: the first screen (:func:`lastiter_plugins.answer_lines`; empty: ``str(result)`` stands for it).
+      run_notes: what the input did beyond the scheme (a RandomAllocationDataset's padding and cuts).
     """
 
     result: lp.EpsilonResult
@@ -36,6 +39,7 @@ class Report:
     host: tuple[HostNumber, ...] = ()
     departures: tuple[Departure, ...] = ()
     answer: tuple[str, ...] = ()
+    run_notes: tuple[str, ...] = ()
 
     @classmethod
     def of(
@@ -73,7 +77,7 @@ class Report:
         """The answer first, then the run, the rows that left ``best`` (step, fact), the departures with which
         no row left, and TF Privacy's numbers with the ratio of the valid number to each."""
         r = self.result
-        details = [f"Run: sampling {r.sampling.value}, {r.steps} steps."]
+        details = [f"Run: sampling {r.sampling.value}, {r.steps} steps.", *self.run_notes]
         details += [f"left best: {row}" for row in self.rows_left]
         named = {(row.step, row.fact) for row in self.rows_left}
         details += [
@@ -93,6 +97,17 @@ class Report:
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
+
+
+def padding_note(allocation: RandomAllocationDataset) -> str:
+    """What a RandomAllocationDataset did beyond random allocation: the padding (TF Privacy's divisor) and the cuts."""
+    L, b, cut = allocation.max_batch_size, allocation.batch_size, allocation.batches_cut
+    return (
+        f"Every batch padded to {L} rows with sample weight 0: TF Privacy divides each step's noisy sum by {L} (the "
+        f"step of an example is learning_rate / {L}), and each step computes {L / b:.2f}x the rows of a mean batch "
+        f"of {b}; {cut} batch{'' if cut == 1 else 'es'} had more than {L} examples and {'was' if cut == 1 else 'were'} "
+        "cut (the delta carries that probability)."
+    )
 
 
 def _wrap(text: str, indent: str) -> list[str]:

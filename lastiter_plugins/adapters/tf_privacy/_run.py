@@ -230,16 +230,23 @@ class Run:
 
 
 def planned_config(settings: DPOptimizerSettings, fit: FitSettings, declared: Declared) -> TrainingConfig:
-    """The run as declared and planned: the SGD update at the optimizer's rate at step 0, every planned step."""
+    """The run as declared and planned: the SGD update at the optimizer's rate at step 0, every planned step.
+
+    A :class:`RandomAllocationDataset` pads every batch to L rows, and TF Privacy divides by L: in the core's
+    terms (divisor b, which fixes the t steps of an epoch) that is the learning rate ``eta b / L``, the same
+    update, with batches cut at L (docs/derivations/fixed-length-batches.md, part 5)."""
+    allocation = fit.allocation if declared.sampling is Sampling.RANDOM_ALLOCATION else None  # else: refused later
     return TrainingConfig(
         dataset_size=fit.dataset_size,
         batch_size=fit.batch_size,
         noise_multiplier=settings.noise_multiplier,
         steps=fit.epochs * fit.steps_per_epoch,
         sampling=declared.sampling,
-        learning_rate=settings.learning_rate,
+        learning_rate=settings.learning_rate * fit.batch_size / fit.rows_per_step,
         clip_norm=settings.l2_norm_clip,
         relation=declared.relation,
+        allocations_per_epoch=1 if allocation is None else allocation.allocations_per_epoch,
+        max_batch_size=None if allocation is None else allocation.max_batch_size,
     )
 
 

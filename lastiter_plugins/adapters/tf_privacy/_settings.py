@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from . import _allocation_input, _tfdata
 from . import _observe as observe
-from . import _tfdata
 from ._errors import AccountingError
 
 
@@ -187,6 +187,8 @@ class FitSettings:
         source first).
       validation_split: fit's validation_split (validation data taken from the private data).
       validation_data: whether fit got separate validation_data.
+      allocation: the :class:`RandomAllocationDataset` fit's x comes from (random allocation, every batch padded
+        to its ``max_batch_size`` rows), None for any other input.
     """
 
     dataset_size: int
@@ -199,6 +201,12 @@ class FitSettings:
     source: str = "arrays"
     validation_split: float = 0.0
     validation_data: bool = False
+    allocation: _allocation_input.RandomAllocationDataset | None = None
+
+    @property
+    def rows_per_step(self) -> int:
+        """The rows of every step's batch, which TF Privacy divides the noisy sum by: b, or the padded length."""
+        return self.batch_size if self.allocation is None else self.allocation.max_batch_size
 
 
 def read_fit(model: Any) -> FitSettings:
@@ -218,7 +226,18 @@ def read_fit(model: Any) -> FitSettings:
             f"{facts.initial_epoch} runs no step, so there is nothing to account (and fit's epochs counts from "
             "0, not from initial_epoch). Pass epochs > initial_epoch."
         )
-    if facts.dataset is not None:
+    allocation = _allocation_input.pipeline_of(facts.dataset) if facts.dataset is not None else None
+    if allocation is not None:
+        b, batches, partial = allocation.batch_size, allocation.steps_per_epoch, 0
+        shuffle, order = "a fresh random allocation every epoch", observe.ALLOCATION
+        source = f"RandomAllocationDataset (batches padded to {allocation.max_batch_size} rows)"
+        if facts.class_weight is not None:
+            raise AccountingError(
+                "class_weight must be None with a RandomAllocationDataset: its sample weights (1 for the step's "
+                "examples, 0 for the padding) are the only loss weights, and a class weight rescales an example's "
+                f"loss. Fold the weights into the loss function. Found class_weight={facts.class_weight!r}."
+            )
+    elif facts.dataset is not None:
         b, batches, partial, shuffle, order, source = _tf_data(facts)
     elif facts.in_memory:
         assert facts.order is not None  # in memory: _in_memory read the order
@@ -247,7 +266,7 @@ def read_fit(model: Any) -> FitSettings:
             "example. Fold the weights into the loss function and declare constants for that loss. "
             f"Found {weights}."
         )
-    n = (batches - 1) * b + partial if partial else batches * b
+    n = ((batches - 1) * b + partial if partial else batches * b) if allocation is None else allocation.dataset_size
     if facts.inferred_steps != batches:
         raise AccountingError(
             f"steps_per_epoch must be None (or ceil(dataset_size / batch_size) = {batches}): an epoch "
@@ -266,7 +285,7 @@ def read_fit(model: Any) -> FitSettings:
             "Compile with steps_per_execution=1. Found "
             f"steps_per_execution={facts.steps_per_execution or 'tuned at run time'}."
         )
-    if batches == 1:  # full batch: every step uses all n examples and TF Privacy divides by n
+    if allocation is None and batches == 1:  # full batch: every step uses all n examples and TF Privacy divides by n
         b = n
     elif partial:
         raise AccountingError(
@@ -280,7 +299,7 @@ def read_fit(model: Any) -> FitSettings:
     return FitSettings(
         dataset_size=n,
         batch_size=b,
-        steps_per_epoch=n // b,
+        steps_per_epoch=batches if allocation is not None else n // b,
         shuffle=shuffle,
         order=order,
         epochs=facts.epochs,
@@ -288,11 +307,19 @@ def read_fit(model: Any) -> FitSettings:
         source=source,
         validation_split=facts.validation_split,
         validation_data=facts.validation_data,
+        allocation=allocation,
     )
 
 
 def _tf_data(facts: observe.FitFacts) -> tuple[int, int, int, str, str, str]:
     """(b, batches, partial batch size, shuffle in words, order, source) of a tf.data input, or AccountingError."""
+    if _allocation_input.behind_other_transformations(facts.dataset):
+        raise AccountingError(
+            "a RandomAllocationDataset's dataset must be given to fit as it is (or followed by prefetch only): "
+            "a transformation after it (a map, a filter, a repeat, a batch, a shuffle...) changes the batches it "
+            "draws, which the callback checks step by step against the allocation. Apply your per-example "
+            "preprocessing to x before building it, or in the model. Found it behind another transformation."
+        )
     read = _tfdata.read(facts.dataset)
     if isinstance(read, str):
         raise AccountingError(

@@ -340,7 +340,7 @@ def test_batch_normalization_is_refused(data):
 
 def test_sampling_that_fit_cannot_do_is_refused_at_construction():
     for sampling in ("poisson", "random_batch"):
-        with pytest.raises(ValueError, match="sampling must be cyclic, shuffle_once or reshuffle"):
+        with pytest.raises(ValueError, match="sampling must be cyclic, shuffle_once, reshuffle or random_allocation"):
             accountant(sampling=sampling)
     with pytest.raises(ValueError, match="bound must be one of"):
         accountant(bound="nope")

@@ -11,6 +11,7 @@ subclass, its place in :func:`checks`, and its test in tests/adapters/tf_privacy
 | :class:`OptimizerCheck` | the DP optimizer's update (Adam, Adagrad, momentum, Keras clipping) | the SGD rows |
 | :class:`LearningRateCheck` | a schedule, a rate changed during fit | the SGD rows, the rows needing eta |
 | :class:`StepCheck` | each step is one planned DP-SGD step (batch, loss vector, clip, noise, weights) | every row |
+| :class:`AllocationCheck` | a RandomAllocationDataset's batches, as delivered, padded with weight 0 | every row |
 | :class:`ModelCheck` | batch norm in training, adapted layers, stateful layers, custom training, the loss | every row |
 | :class:`BatchCouplingCheck` | a probe: one example's output moved by another example of the batch | every row |
 | :class:`ConstraintCheck` | Keras constraints on the trained weights | the SGD rows |
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from .. import _glm
 from ._check import VOID, Check, Start, Verdict
+from .allocation import AllocationCheck
 from .batch_coupling import BatchCouplingCheck
 from .learning_rate import LearningRateCheck
 from .linear_model import LinearModelCheck
@@ -35,6 +37,7 @@ from .steps import StepCheck
 
 __all__ = [
     "VOID",
+    "AllocationCheck",
     "BatchCouplingCheck",
     "Check",
     "ConstraintCheck",
@@ -58,6 +61,7 @@ def checks(glm: _glm.Structure | None) -> tuple[Check, ...]:
         SamplingCheck(),
         OptimizerCheck(),
         StepCheck(),
+        AllocationCheck(),
         ModelCheck(),
         BatchCouplingCheck(),
         ConstraintCheck(),

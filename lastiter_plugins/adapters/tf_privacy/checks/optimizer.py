@@ -19,7 +19,7 @@ class OptimizerCheck(Check):
 
     def start(self, start: Start) -> Iterable[Departure]:
         settings = start.optimizer
-        check_microbatches(settings, start.fit.batch_size)
+        check_microbatches(settings, start.fit.rows_per_step)
         facts = []
         if settings.base != "SGD":
             facts.append(

@@ -25,6 +25,7 @@ SAMPLINGS_FOR_ORDER: dict[str, tuple[Sampling, ...]] = {
     observe.FIXED: (Sampling.CYCLIC, Sampling.SHUFFLE_ONCE),
     observe.ONCE: (Sampling.SHUFFLE_ONCE, Sampling.CYCLIC),
     observe.BATCH_ORDER: (),
+    observe.ALLOCATION: (Sampling.RANDOM_ALLOCATION,),
 }
 
 
@@ -70,7 +71,13 @@ def check_sampling(declared: Sampling, fit: FitSettings, relation: Relation) -> 
     what = {
         observe.FIXED: "keeps the same order every epoch",
         observe.ONCE: "draws one uniform permutation in the first epoch and keeps it",
+        observe.ALLOCATION: "draws a fresh random allocation every epoch",
     }.get(fit.order, "draws a new uniform permutation every epoch")
+    if declared is Sampling.RANDOM_ALLOCATION:
+        what += (
+            "; for random allocation, pass RandomAllocationDataset(x, y, batch_size=..., epochs=...).dataset to fit "
+            "(lastiter_plugins.adapters.tf_privacy)"
+        )
     if fit.shuffle == "batch":
         what += " (for ragged and sparse inputs Keras 2.14 shuffles all the examples whenever shuffle is true)"
     raise AccountingError(

@@ -44,7 +44,8 @@ class StepCheck(Check):
             )
         self.first = iterations  # the optimizer's steps before the run (declared public)
         self.settings, self.fit, self.planned = start.optimizer, start.fit, start.config.steps
-        self.batch_size = start.config.batch_size
+        self.batch_size = start.fit.rows_per_step
+        self.padded = start.fit.allocation is not None  # zero-weight padding rows: the allocation check's
         self.accounted = optimizer
         self.trainable_ids = tuple(id(v) for v in start.model.trainable_variables)
         self.weight_ids = tuple(id(v) for v in start.model.weights)
@@ -63,8 +64,9 @@ class StepCheck(Check):
             )
         b = self.batch_size
         if step.rows != b:
+            planned = f"max_batch_size = {b} rows" if self.padded else f"batch_size = {b} examples"
             return (
-                f"every batch must have batch_size = {b} examples, as planned: step {k} had {step.rows}. Change "
+                f"every batch must have {planned}, as planned: step {k} had {step.rows}. Change "
                 "nothing in the data between steps" + VOID
             )
         if step.loss_length != b:
@@ -76,7 +78,7 @@ class StepCheck(Check):
                 "gradients, which multiplies the sensitivity the bounds assume. Average each example's terms "
                 "inside the loss so that it returns a vector of batch_size values" + VOID
             )
-        if step.weight_off_one > 0:
+        if step.weight_off_one > 0 and not self.padded:
             return (
                 f"every example's loss weight must be 1: step {k} fed fit's sample_weight / class_weight with an "
                 f"entry {step.weight_off_one:g} away from 1, which rescales that example's loss" + VOID

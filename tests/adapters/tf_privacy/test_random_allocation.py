@@ -1,0 +1,168 @@
+"""Random allocation for Keras (RandomAllocationDataset): real small models trained with TF Privacy; the callback's
+epsilon is the core's for the run as padded (docs/derivations/fixed-length-batches.md, part 5: divisor b, learning
+rate eta b / L, batches cut at L), every step checked against the batch the pipeline delivered, and what changes
+the batches refused with its cause."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tfp_privacy = pytest.importorskip("tensorflow_privacy")
+
+import lastiter_plugins as lp  # noqa: E402
+from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
+    AccountingError,
+    LastIterateCallback,
+    RandomAllocationDataset,
+)
+from tests.support import quiet_single_threaded  # noqa: E402
+
+quiet_single_threaded(tf)
+
+N, B, DIM, EPOCHS = 240, 24, 4, 2
+DELTA = 1e-5
+Z, C, LR = 1.3, 1.0, 0.5
+C_RUN = float(np.float32(C))
+Z_RUN = float(np.float32(Z * C)) / C_RUN
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, DIM)).astype("float32")
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = (x[:, 0] > 0).astype("float32")
+    return x, y
+
+
+def make_model(**dense):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(DIM,), use_bias=False, **dense)])
+    optimizer = tfp_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=C, noise_multiplier=Z, num_microbatches=None, learning_rate=LR
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+    )
+    return model
+
+
+def accountant(**changes):
+    kwargs = dict(sampling="random_allocation", dataset_size=N, delta=DELTA)
+    return LastIterateCallback(**(kwargs | changes))
+
+
+def core(pipeline, bound="best", **assumptions):
+    L = pipeline.max_batch_size
+    config = lp.TrainingConfig(
+        dataset_size=N,
+        batch_size=B,
+        noise_multiplier=Z_RUN,
+        steps=EPOCHS * pipeline.steps_per_epoch,
+        sampling="random_allocation",
+        learning_rate=LR * B / L,
+        clip_norm=C_RUN,
+        max_batch_size=L,
+    )
+    return lp.epsilon(bound, DELTA, config=config, assumptions=lp.LossAssumptions(**assumptions))
+
+
+def test_the_callback_gives_the_core_number_for_the_padded_run(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    assert pipeline.steps_per_epoch == 10 and pipeline.max_batch_size > B
+    cb = accountant()
+    history = make_model().fit(pipeline.dataset, epochs=EPOCHS, callbacks=[cb], verbose=0)
+    expected = core(pipeline)
+    assert cb.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    assert cb.result.winner == "composition-pld-random-allocation"
+    assert cb.config.max_batch_size == pipeline.max_batch_size
+    assert cb.config.learning_rate == pytest.approx(LR * B / pipeline.max_batch_size)
+    assert history.history["epsilon"][-1] == pytest.approx(cb.epsilon)
+    # every example exactly once an epoch, each epoch a fresh draw, every delivered batch trained on
+    delivered = pipeline.delivered
+    assert len(delivered) == EPOCHS * 10
+    for epoch in range(EPOCHS):
+        used = np.concatenate([np.asarray(kept, dtype=int) for _, kept in delivered[epoch * 10 : (epoch + 1) * 10]])
+        assert sorted(used.tolist()) == list(range(N))
+    text = str(cb.report)
+    assert f"random_allocation (batches cut at {pipeline.max_batch_size} examples) sampling" in " ".join(text.split())
+    assert f"Every batch padded to {pipeline.max_batch_size} rows" in text
+    assert "tf-privacy-poisson" in text and "NOT VALID" in text
+
+
+def test_a_linear_model_with_declared_constants_gets_the_last_iterate_row(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    declared = dict(smoothness=0.25, gradient_norms_within_clip=True)
+    cb = accountant(**declared)
+    make_model().fit(pipeline.dataset.prefetch(2), epochs=EPOCHS, callbacks=[cb], verbose=0)
+    expected = core(pipeline, **declared)
+    assert cb.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    assert cb.result.winner == expected.winner
+
+
+def test_batches_above_the_length_are_cut_and_counted(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS, max_batch_size=B)
+    cb = accountant(delta=0.5)
+    make_model().fit(pipeline.dataset, epochs=EPOCHS, callbacks=[cb], verbose=0)
+    cut = pipeline.batches_cut
+    assert cut > 0
+    assert all(len(kept) == min(len(drawn.indices), B) for drawn, kept in pipeline.delivered)
+    assert f"{cut} batches had more than {B} examples and were cut" in " ".join(str(cb.report).split())
+    config = cb.config
+    assert cb.epsilon == lp.epsilon("best", 0.5, config=config).epsilon  # with p near 1: vacuous or large
+
+
+def test_batches_delivered_before_fit_are_not_the_run(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    next(iter(pipeline.dataset))  # a look at the data before training: a draw the run does not use
+    cb = accountant()
+    make_model().fit(pipeline.dataset, epochs=EPOCHS, callbacks=[cb], verbose=0)
+    assert cb.epsilon == pytest.approx(core(pipeline).epsilon, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("fit_input", "fragment"),
+    [
+        (lambda p: p.dataset.map(lambda x, y, w: (x, y, w)), "behind another transformation"),
+        (lambda p: p.dataset.repeat(2), "behind another transformation"),
+    ],
+    ids=["map", "repeat"],
+)
+def test_transformations_after_the_dataset_are_refused(data, fit_input, fragment):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    with pytest.raises(AccountingError, match=fragment):
+        make_model().fit(fit_input(pipeline), epochs=EPOCHS, callbacks=[accountant()], verbose=0)
+
+
+def test_the_declared_sampling_must_be_the_inputs(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    with pytest.raises(AccountingError, match="sampling must be random_allocation for RandomAllocationDataset"):
+        make_model().fit(pipeline.dataset, epochs=EPOCHS, callbacks=[accountant(sampling="reshuffle")], verbose=0)
+    x, y = data
+    with pytest.raises(AccountingError, match="for random allocation, pass RandomAllocationDataset"):
+        make_model().fit(x, y, batch_size=B, epochs=1, callbacks=[accountant()], verbose=0)
+
+
+def test_steps_per_epoch_and_class_weight_are_refused(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    with pytest.raises(AccountingError, match="steps_per_epoch must be None"):
+        make_model().fit(pipeline.dataset, epochs=EPOCHS, steps_per_epoch=5, callbacks=[accountant()], verbose=0)
+    with pytest.raises(AccountingError, match="class_weight must be None with a RandomAllocationDataset"):
+        make_model().fit(
+            pipeline.dataset, epochs=EPOCHS, class_weight={0: 1.0, 1: 2.0}, callbacks=[accountant()], verbose=0
+        )
+
+
+def test_the_pipeline_validates_its_arguments(data):
+    x, y = data
+    with pytest.raises(ValueError, match="x and y must hold the same number"):
+        RandomAllocationDataset(x, y[:-1], batch_size=B, epochs=1)
+    with pytest.raises(ValueError, match=r"batch_size must be <= the number of examples = 240\. Found 241"):
+        RandomAllocationDataset(x, y, batch_size=N + 1, epochs=1)
+    with pytest.raises(ValueError, match=r"generator must be a numpy\.random\.Generator"):
+        RandomAllocationDataset(x, y, batch_size=B, epochs=1, generator=42)
+    assert math.isfinite(RandomAllocationDataset(x, y, batch_size=B, epochs=1).max_batch_size)
