@@ -294,7 +294,7 @@ def test_one_relation_for_a_poisson_pipeline_on_every_route(capsys):
     best_line = next(line for line in statement[first:].splitlines() if line.strip().startswith("best "))
     numbers["keras statement"] = float(best_line.split()[1])
     # the Keras callback runs epoch schemes only; their default is replace_one, unchanged: no warning
-    with pytest.raises(ValueError, match="sampling must be cyclic, shuffle_once or reshuffle"):
+    with pytest.raises(ValueError, match="sampling must be cyclic, shuffle_once, reshuffle or random_allocation"):
         LastIterateCallback(sampling="poisson", dataset_size=PN, delta=DELTA)
     import warnings
 

@@ -166,3 +166,24 @@ def test_the_pipeline_validates_its_arguments(data):
     with pytest.raises(ValueError, match=r"generator must be a numpy\.random\.Generator"):
         RandomAllocationDataset(x, y, batch_size=B, epochs=1, generator=42)
     assert math.isfinite(RandomAllocationDataset(x, y, batch_size=B, epochs=1).max_batch_size)
+
+
+def test_the_example_gets_the_random_allocation_number(capsys):
+    """examples/tf_privacy_random_allocation.py (docs/tf_privacy.md shows its output): the core's number for the
+    padded run, TF Privacy's numbers NOT VALID beside it, every example once an epoch, the shuffled pipeline's valid
+    number far above in the same relation."""
+    from tests.stories.docs_blocks import _script
+
+    pytest.importorskip("sklearn")
+    result = _script("examples/tf_privacy_random_allocation.py").main(epochs=1)
+    accountant, allocation = result["accountant"], result["allocation"]
+    L = allocation.max_batch_size
+    assert lp.host.padded_batch_size(1792, 64, 1, 28, lp.host.DEFAULT_OVERFLOW) == L
+    expected = lp.epsilon("best", DELTA, dataset_size=1792, batch_size=64, noise_multiplier=1.0, steps=28,
+                          sampling="random_allocation", max_batch_size=L)  # fmt: skip
+    assert accountant.epsilon == pytest.approx(expected.epsilon, rel=1e-12)
+    kept = sorted(i for _, rows in allocation.delivered for i in rows)
+    assert kept == list(range(1792))
+    out = capsys.readouterr().out
+    assert "NOT VALID" in out and f"Every batch padded to {L} rows" in out
+    assert result["shuffled"] > 3 * result["replace_one"]
