@@ -79,6 +79,13 @@ class RandomAllocationDataset:
         generator: np.random.Generator | None = None,
     ) -> None:
         self.x, self.y = np.asarray(x), np.asarray(y)
+        for name, part in (("x", self.x), ("y", self.y)):
+            if part.ndim == 0 or part.dtype == object:
+                raise ValueError(
+                    f"{name} must be one array with the examples along its first axis (numpy, a tf.Tensor); for "
+                    "several inputs, give the model one array and split it in a layer. Found "
+                    f"{type(x if name == 'x' else y).__name__}."
+                )
         n = len(self.x)
         if n < 1 or len(self.y) != n:
             raise ValueError(f"x and y must hold the same number (>= 1) of examples. Found {n} and {len(self.y)}.")

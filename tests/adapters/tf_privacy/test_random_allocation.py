@@ -129,8 +129,9 @@ def test_batches_delivered_before_fit_are_not_the_run(data):
     [
         (lambda p: p.dataset.map(lambda x, y, w: (x, y, w)), "behind another transformation"),
         (lambda p: p.dataset.repeat(2), "behind another transformation"),
+        (lambda p: p.dataset.cache(), "behind another transformation"),  # every epoch the first one's allocation
     ],
-    ids=["map", "repeat"],
+    ids=["map", "repeat", "cache"],
 )
 def test_transformations_after_the_dataset_are_refused(data, fit_input, fragment):
     pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
@@ -163,6 +164,8 @@ def test_the_pipeline_validates_its_arguments(data):
         RandomAllocationDataset(x, y[:-1], batch_size=B, epochs=1)
     with pytest.raises(ValueError, match=r"batch_size must be <= the number of examples = 240\. Found 241"):
         RandomAllocationDataset(x, y, batch_size=N + 1, epochs=1)
+    with pytest.raises(ValueError, match="x must be one array with the examples along its first axis"):
+        RandomAllocationDataset({"a": x, "b": x}, y, batch_size=B, epochs=1)
     with pytest.raises(ValueError, match=r"generator must be a numpy\.random\.Generator"):
         RandomAllocationDataset(x, y, batch_size=B, epochs=1, generator=42)
     assert math.isfinite(RandomAllocationDataset(x, y, batch_size=B, epochs=1).max_batch_size)
