@@ -9,6 +9,7 @@ accounting adds the probability of a cut to delta (docs/derivations/fixed-length
 
 from __future__ import annotations
 
+import collections
 import itertools
 import numbers
 import threading
@@ -106,8 +107,11 @@ class RandomAllocationDataset:
         self.max_batch_size = _count("max_batch_size", max_batch_size, 1)
         self._rng = generator if generator is not None else np.random.default_rng()
         self._lock = threading.Lock()
-        #: every batch delivered, in order: (the batch as the allocation drew it; the examples kept, at most L)
-        self.delivered: list[tuple[DrawnBatch, tuple[int, ...]]] = []
+        self.deliveries = 0  # batches delivered so far (every iteration, fit's or not)
+        self.batches_cut = 0  # of those, the ones with more than L examples, cut to L
+        # the last batches delivered (the callback checks them once per epoch; prefetching runs ahead): their
+        # number in the stream of deliveries, the batch as the allocation drew it, the examples kept (at most L)
+        self._recent: collections.deque[tuple[int, DrawnBatch, tuple[int, ...]]] = collections.deque(maxlen=2 * t + 64)
         L = self.max_batch_size
         signature = (
             tf.TensorSpec((L, *self.x.shape[1:]), tf.as_dtype(self.x.dtype)),
@@ -119,26 +123,39 @@ class RandomAllocationDataset:
         _MADE[id(self.dataset)] = self
 
     @property
-    def batches_cut(self) -> int:
-        """The batches delivered so far that had more than ``max_batch_size`` examples (cut to it)."""
-        return sum(len(kept) < len(drawn.indices) for drawn, kept in self.delivered)
+    def delivered(self) -> list[tuple[DrawnBatch, tuple[int, ...]]]:
+        """The last batches delivered (at most two epochs' and 64 more), in order: each as the allocation drew it,
+        and the examples kept (at most ``max_batch_size``)."""
+        with self._lock:
+            return [(drawn, kept) for _, drawn, kept in self._recent]
+
+    def delivery(self, index: int) -> tuple[DrawnBatch, tuple[int, ...]] | None:
+        """The ``index``-th batch delivered (0-based, over every iteration), while it is among the last kept."""
+        with self._lock:
+            if not self._recent or not self._recent[0][0] <= index <= self._recent[-1][0]:
+                return None
+            _, drawn, kept = self._recent[index - self._recent[0][0]]
+            return drawn, kept
 
     def _epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         L = self.max_batch_size
         with self._lock:
             pass_id = next(_PASSES)
             batches = allocate(self.dataset_size, self.steps_per_epoch, self.allocations_per_epoch, self._rng)
-            kept = [
+            trained = [
                 np.sort(self._rng.choice(batch, L, replace=False)) if len(batch) > L else batch for batch in batches
             ]
-        for position, (batch, rows) in enumerate(zip(batches, kept, strict=True)):
+        for position, (batch, rows) in enumerate(zip(batches, trained, strict=True)):
             x = np.zeros((L, *self.x.shape[1:]), self.x.dtype)
             y = np.zeros((L, *self.y.shape[1:]), self.y.dtype)
             weights = np.zeros(L, np.float32)
             x[: len(rows)], y[: len(rows)], weights[: len(rows)] = self.x[rows], self.y[rows], 1.0
+            drawn = DrawnBatch(pass_id, position, tuple(int(i) for i in batch))
+            kept = drawn.indices if len(rows) == len(batch) else tuple(int(i) for i in rows)
             with self._lock:
-                drawn = DrawnBatch(pass_id, position, tuple(int(i) for i in batch))
-                self.delivered.append((drawn, tuple(int(i) for i in rows)))
+                self._recent.append((self.deliveries, drawn, kept))
+                self.deliveries += 1
+                self.batches_cut += len(kept) < len(drawn.indices)
             yield x, y, weights
 
 

@@ -26,7 +26,7 @@ class AllocationCheck(Check):
         self.pipeline = start.fit.allocation
         if self.pipeline is not None:
             p = self.pipeline
-            self.first = len(p.delivered)  # batches delivered before fit (iterated by hand) are not this run's
+            self.first = p.deliveries  # batches delivered before fit (iterated by hand) are not this run's
             self.record = AllocationRecord(p.dataset_size, p.steps_per_epoch, p.allocations_per_epoch)
         return ()
 
@@ -34,12 +34,14 @@ class AllocationCheck(Check):
         p = self.pipeline
         if p is None:
             return None
-        if self.first + k > len(p.delivered):
+        delivered = p.delivery(self.first + k - 1)
+        if delivered is None:
             return (
                 f"every step must train on a batch the RandomAllocationDataset delivered: step {k} ran after "
-                f"{len(p.delivered) - self.first} deliveries in this fit (a second input, or train_on_batch)" + VOID
+                f"{p.deliveries - self.first} deliveries in this fit (a second input, train_on_batch, or the dataset "
+                "iterated elsewhere during fit)" + VOID
             )
-        drawn, kept = p.delivered[self.first + k - 1]
+        drawn, kept = delivered
         problem = self.record.check(k, drawn)  # the allocation as drawn; a cut keeps a subset (fixed-length-batches)
         if problem is not None:
             return problem + VOID
