@@ -56,13 +56,13 @@ def accountant(**changes):
     return LastIterateCallback(**(kwargs | changes))
 
 
-def core(pipeline, bound="best", **assumptions):
+def core(pipeline, bound="best", epochs=EPOCHS, **assumptions):
     L = pipeline.max_batch_size
     config = lp.TrainingConfig(
         dataset_size=N,
         batch_size=B,
         noise_multiplier=Z_RUN,
-        steps=EPOCHS * pipeline.steps_per_epoch,
+        steps=epochs * pipeline.steps_per_epoch,
         sampling="random_allocation",
         learning_rate=LR * B / L,
         clip_norm=C_RUN,
@@ -114,6 +114,14 @@ def test_batches_above_the_length_are_cut_and_counted(data):
     assert f"{cut} batches had more than {B} examples and were cut" in " ".join(str(cb.report).split())
     config = cb.config
     assert cb.epsilon == lp.epsilon("best", 0.5, config=config).epsilon  # with p near 1: vacuous or large
+
+
+def test_a_run_longer_than_the_deliveries_kept_is_checked_to_its_end(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=12)
+    cb = accountant()
+    make_model().fit(pipeline.dataset.prefetch(3), epochs=12, callbacks=[cb], verbose=0)
+    assert pipeline.deliveries == 120 > len(pipeline.delivered) == 2 * 10 + 64
+    assert cb.result.steps == 120 and cb.epsilon == pytest.approx(core(pipeline, epochs=12).epsilon, rel=1e-12)
 
 
 def test_batches_delivered_before_fit_are_not_the_run(data):
