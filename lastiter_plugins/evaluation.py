@@ -460,7 +460,7 @@ def _with_cut_batches(
             p,
         )
     eps = profile.epsilon(delta)
-    added = (1.0 + math.exp(min(eps, 700.0))) * p if math.isfinite(eps) else math.inf
+    added = overflow.added_delta(eps, p)
     note = (
         f"batches cut at max_batch_size = {config.max_batch_size}: delta includes {added:.3g}, the probability "
         f"{p:.3g} that some step's batch exceeded it times 1 + e^epsilon (docs/derivations/fixed-length-batches.md)."

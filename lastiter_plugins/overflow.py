@@ -72,7 +72,7 @@ def cut_epsilon(epsilon_at: Callable[[float], float], delta: float, p: float) ->
         return float(epsilon_at(delta))
     eps = 0.0
     for _ in range(_ITERATIONS):
-        room = delta - (1.0 + math.exp(min(eps, 700.0))) * p
+        room = delta - added_delta(eps, p)
         if room <= 0.0 or not math.isfinite(eps):
             return math.inf
         needed = float(epsilon_at(room))
@@ -87,9 +87,18 @@ def cut_delta(uncut_delta: float, eps: float, p: float) -> float:
     (its delta ``uncut_delta`` at ``eps``) and the overflow probability ``p`` (Lemma C)."""
     if p == 0.0:
         return uncut_delta
-    if eps > 700.0:
-        return 1.0
-    return min(1.0, uncut_delta + (1.0 + math.exp(eps)) * p)
+    return min(1.0, uncut_delta + added_delta(eps, p))
+
+
+def added_delta(eps: float, p: float) -> float:
+    """(1 + e^eps) p, what Lemma C adds to delta at ``eps``: formed as p + e^(eps + log p), so that a large ``eps``
+    meets a tiny ``p`` exactly (no cap on e^eps); inf where it overflows or ``eps`` is not finite."""
+    if p == 0.0:
+        return 0.0
+    log_term = eps + math.log(p)
+    if not log_term <= 700.0:  # also NaN
+        return math.inf
+    return p + math.exp(log_term)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -260,6 +260,33 @@ def test_cut_epsilon_answers_a_solution_of_condition_f():
         assert overflow.cut_epsilon(epsilon_at, 1e-5, 0.0) == epsilon_at(1e-5)
 
 
+def test_cut_epsilon_beyond_e700_still_checks_condition_f():
+    """An epsilon above 700 with p below delta e^-700 (a subnormal p: a far tail): (1 + e^eps) p must be formed
+    at eps itself, not at min(eps, 700), else (F) is checked at a room larger than the truth. Here a row whose
+    epsilon is 800 at every delta: (1 + e^800) p is far above delta, so no epsilon satisfies (F) near 800."""
+    p = 1e-315
+    assert (1.0 + math.exp(700.0)) * p < 1e-5 < math.exp(800.0 + math.log(p))  # the clamp's room looks positive
+    assert overflow.cut_epsilon(lambda d: 800.0, 1e-5, p) == math.inf
+    eps = overflow.cut_epsilon(lambda d: 690.0, 1e-5, p)  # below the threshold: a solution of (F), checked
+    assert 690.0 <= eps < 690.001
+    assert 1e-5 - math.exp(eps + math.log(p)) - p > 0.0
+    # the same through the library: noise 0.05 gives epsilon 969.6 uncut, and L = 587 a p of 1.6e-313
+    params = {
+        "sampling": "random_allocation",
+        "relation": "replace_one",
+        "dataset_size": 1000,
+        "batch_size": 100,
+        "steps": 10,
+        "noise_multiplier": 0.05,
+    }
+    cut, _ = lp.build(**params, max_batch_size=587)
+    assert 0.0 < overflow.overflow_probability(cut) < 1e-5 * math.exp(-700.0)
+    assert 700.0 < lp.epsilon("best", 1e-5, **params).epsilon < math.inf
+    assert lp.epsilon("best", 1e-5, config=cut).epsilon == math.inf
+    assert overflow.cut_delta(0.0, 969.0, overflow.overflow_probability(cut)) == 1.0
+    assert overflow.cut_delta(0.0, 705.0, 1e-315) < 1e-5  # no cap: a tiny p keeps its delta above 700
+
+
 def test_outputs_name_the_cut():
     result = lp.epsilon("best", **_params(max_batch_size=262))
     assert "random_allocation (batches cut at 262 examples) sampling" in " ".join(str(result).split())
