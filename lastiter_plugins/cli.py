@@ -183,7 +183,9 @@ PARAMETER_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "type": int,
             "metavar": "L",
             "help": "L, with --sampling random_allocation: every batch is cut (and padded) to at most L examples; "
-            "delta then carries the probability that one exceeded L (docs/derivations/fixed-length-batches.md)",
+            "delta then carries the probability that one exceeded L (docs/derivations/fixed-length-batches.md); "
+            "--batch-size stays b, and a host dividing by its L rows at step size eta needs --learning-rate "
+            "eta * b / L",
         },
     ),
     "steps": (_TRAINING, {"type": int, "metavar": "T", "help": "T, optimizer steps (or --epochs)"}),

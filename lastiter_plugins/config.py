@@ -274,7 +274,10 @@ class TrainingConfig:
         uses only L of them (a host that pads every batch to L rows, so that its divisor is fixed: the
         Keras adapter's ``RandomAllocationDataset``). Every row's delta then carries the probability that some
         step's batch exceeds L (``lastiter_plugins.overflow``; docs/derivations/fixed-length-batches.md), and
-        the run has (epsilon, delta) guarantees only, no Renyi curve. None (default): batches are never cut.
+        the run has (epsilon, delta) guarantees only, no Renyi curve. ``batch_size`` stays b (the divisor of
+        the core's update, which fixes t); a host that divides by its L rows with step size eta runs the core's
+        update with ``learning_rate = eta * b / L``: give that (a larger one overstates the last-iterate rows'
+        contraction; fixed-length-batches.md, part 5). None (default): batches are never cut.
     """
 
     dataset_size: int

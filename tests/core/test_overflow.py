@@ -293,3 +293,28 @@ def test_outputs_name_the_cut():
     assert result.to_dict()["max_batch_size"] == 262
     assert "fixed-length-batches.md" in result.explain()
     assert lp.epsilon("best", **_params()).to_dict()["max_batch_size"] is None
+
+
+def test_the_padded_hosts_learning_rate_is_named_where_max_batch_size_is():
+    """A host dividing by its L rows at step size eta is the core's update at eta b / L (part 5); given eta
+    itself, the last-iterate rows read a larger step (with strong convexity, more contraction: a smaller
+    epsilon than proven). Every place that documents max_batch_size says which learning rate to give."""
+    from lastiter_plugins.cli import PARAMETER_FLAGS
+
+    params = {
+        "sampling": "random_allocation",
+        "dataset_size": 1000,
+        "batch_size": 100,
+        "noise_multiplier": 1.0,
+        "steps": 50,
+        "smoothness": 1.0,
+        "strong_convexity": 0.05,
+        "diameter": 10.0,
+        "gradient_norms_within_clip": True,
+        "max_batch_size": 170,
+    }
+    host_eta = lp.epsilon("best", 1e-5, learning_rate=1.0, **params).epsilon
+    core_eta = lp.epsilon("best", 1e-5, learning_rate=100 / 170, **params).epsilon
+    assert host_eta < core_eta  # the number a user giving the host's eta would get is below the proven one
+    for text in (TrainingConfig.__doc__ or "", PARAMETER_FLAGS["max_batch_size"][1]["help"]):
+        assert "eta * b / L" in " ".join(text.split())
