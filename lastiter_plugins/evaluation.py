@@ -717,13 +717,12 @@ def with_lower_bound(result: EpsilonResult, config: TrainingConfig, assumptions:
     from lastiter_plugins.lower_end import LowerBound, lower_bound  # loaded only when a lower end is asked for
 
     at = result.delta
-    if (
-        config.max_batch_size is not None
-    ):  # the uncut run's instance at delta + (1 + e^U) p (fixed-length-batches, part 5)
+    if config.max_batch_size is not None:  # the uncut run's instance at delta + (1 + e^U) p (fixed-length, part 5)
         at = overflow.cut_delta(result.delta, result.epsilon, overflow.overflow_probability(config))
         config = config.replace(max_batch_size=None)
     try:
-        lower = lower_bound(config, assumptions, at) if at < 1.0 else LowerBound(None, "delta + (1 + e^epsilon) p >= 1")
+        cut_out = LowerBound(None, "batches cut: delta + (1 + e^epsilon) p, where the uncut instance is read, is 1")
+        lower = lower_bound(config, assumptions, at) if at < 1.0 else cut_out
     except (OverflowError, MemoryError, FloatingPointError) as err:
         lower = LowerBound(None, f"the instance's exact epsilon could not be computed ({type(err).__name__}: {err})")
     if lower.epsilon is not None and not math.isfinite(lower.epsilon):
