@@ -10,6 +10,7 @@ accounting adds the probability of a cut to delta (docs/derivations/fixed-length
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import numbers
 import threading
@@ -173,19 +174,23 @@ def pipeline_of(dataset: Any) -> RandomAllocationDataset | None:
     return None
 
 
-def behind_other_transformations(dataset: Any) -> bool:
-    """Whether a RandomAllocationDataset's dataset lies further up ``dataset``'s chain, behind a transformation
-    other than prefetch (a map, a filter, a repeat, a batch...)."""
-    seen, made_ids = dataset, {id(m.dataset) for m in _MADE.values()}
-    for _ in range(64):
-        if seen is None:
-            return False
-        if id(seen) in made_ids:
-            return True
-        inputs = getattr(seen, "_inputs", None)
-        try:
-            parents = list(inputs()) if callable(inputs) else []
-        except Exception:  # a dataset type without inputs
-            parents = []
-        seen = parents[0] if parents else None
-    return False
+def pipelines_in(data: Any) -> list[RandomAllocationDataset]:
+    """The :class:`RandomAllocationDataset` objects whose dataset lies in ``data``'s input graph: ``data`` (any
+    nesting of datasets and arrays) itself, or any dataset it is built from, every input of a zip or a concatenate
+    followed (a map, a filter, a repeat, a batch... after it)."""
+    made = {id(m.dataset): m for m in _MADE.values()}
+    found: dict[int, RandomAllocationDataset] = {}
+    todo = [d for d in tf.nest.flatten(data) if isinstance(d, tf.data.Dataset)]
+    seen: set[int] = set()
+    while todo and len(seen) < 256:
+        dataset = todo.pop()
+        if id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        if id(dataset) in made:
+            found[id(dataset)] = made[id(dataset)]
+            continue
+        inputs = getattr(dataset, "_inputs", None)
+        with contextlib.suppress(Exception):  # a dataset type without inputs
+            todo += list(inputs()) if callable(inputs) else []
+    return list(found.values())

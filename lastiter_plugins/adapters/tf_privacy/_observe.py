@@ -274,7 +274,7 @@ class FitFacts:
     callbacks: tuple[Any, ...]
     dataset: Any  # a tf.data.Dataset given as x (None for other inputs)
     validation_split: float  # fit's validation_split (part of the private data)
-    validation_data: bool  # whether fit got validation_data (data the user may declare public)
+    validation_data: Any  # fit's validation_data (data the user may declare public; None when none was given)
 
 
 def _in_memory(adapter: Any, shuffle: Any) -> tuple[int, int, int, Any, str] | None:
@@ -344,7 +344,7 @@ def running_fit(model: Any) -> FitFacts | None:
         callbacks=tuple(getattr(callback_list, "callbacks", callback_list) or ()),
         dataset=adapter._dataset if type(adapter) is _keras_data_adapter.DatasetAdapter else None,
         validation_split=float(found.get("validation_split") or 0.0),
-        validation_data=found.get("validation_data") is not None,
+        validation_data=found.get("validation_data"),
     )
 
 

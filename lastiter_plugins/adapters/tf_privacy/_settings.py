@@ -148,12 +148,14 @@ def read_dp_optimizer(optimizer: Any) -> DPOptimizerSettings:
     )
 
 
-def check_microbatches(settings: DPOptimizerSettings, batch_size: int) -> None:
+def check_microbatches(settings: DPOptimizerSettings, batch_size: int, named: str | None = None) -> None:
+    """One example (row) per microbatch: ``num_microbatches`` None or ``batch_size``, the rows of every batch
+    (``named``: those rows in the user's words, default ``batch_size = b``)."""
     k = settings.num_microbatches
     if k is None or k == batch_size:
         return
     raise AccountingError(
-        f"num_microbatches must be None or equal to batch_size = {batch_size} (one example per "
+        f"num_microbatches must be None or equal to {named or f'batch_size = {batch_size}'} (one example per "
         f"microbatch). Found num_microbatches={k}, i.e. microbatches of {batch_size / k:g} examples. "
         f"TF Privacy then clips the mean gradient of each microbatch (not each example's gradient), adds "
         f"N(0, (zC)^2) to the sum of the {k} clipped microbatch gradients and divides by {k}. One example "
@@ -208,6 +210,14 @@ class FitSettings:
         """The rows of every step's batch, which TF Privacy divides the noisy sum by: b, or the padded length."""
         return self.batch_size if self.allocation is None else self.allocation.max_batch_size
 
+    @property
+    def rows_named(self) -> str:
+        """:attr:`rows_per_step` in the user's words: ``batch_size = b examples``, or a RandomAllocationDataset's
+        ``max_batch_size = L rows`` (its examples and the padding)."""
+        if self.allocation is None:
+            return f"batch_size = {self.batch_size} examples"
+        return f"max_batch_size = {self.rows_per_step} rows (the RandomAllocationDataset's padded batches)"
+
 
 def read_fit(model: Any) -> FitSettings:
     """Read and check the running ``Model.fit`` call of ``model``."""
@@ -236,6 +246,13 @@ def read_fit(model: Any) -> FitSettings:
                 "class_weight must be None with a RandomAllocationDataset: its sample weights (1 for the step's "
                 "examples, 0 for the padding) are the only loss weights, and a class weight rescales an example's "
                 f"loss. Fold the weights into the loss function. Found class_weight={facts.class_weight!r}."
+            )
+        if allocation in _allocation_input.pipelines_in(facts.validation_data):
+            raise AccountingError(
+                "validation_data must not draw from the RandomAllocationDataset fit trains on: Keras evaluates it "
+                "between epochs, which draws allocations of its own from the same dataset, and the callback "
+                "matches every step to the batches the dataset delivered, in order. Validate on held-out data (or "
+                "on a RandomAllocationDataset of its own). Found validation_data built from the training dataset."
             )
     elif facts.dataset is not None:
         b, batches, partial, shuffle, order, source = _tf_data(facts)
@@ -306,14 +323,14 @@ def read_fit(model: Any) -> FitSettings:
         callbacks=facts.callbacks,
         source=source,
         validation_split=facts.validation_split,
-        validation_data=facts.validation_data,
+        validation_data=facts.validation_data is not None,
         allocation=allocation,
     )
 
 
 def _tf_data(facts: observe.FitFacts) -> tuple[int, int, int, str, str, str]:
     """(b, batches, partial batch size, shuffle in words, order, source) of a tf.data input, or AccountingError."""
-    if _allocation_input.behind_other_transformations(facts.dataset):
+    if _allocation_input.pipelines_in(facts.dataset):  # not the dataset itself (read_fit found none there)
         raise AccountingError(
             "a RandomAllocationDataset's dataset must be given to fit as it is (or followed by prefetch only): "
             "a transformation after it (a map, a filter, a repeat, a batch, a shuffle...) changes the batches it "

@@ -39,10 +39,10 @@ def data():
     return x, y
 
 
-def make_model(**dense):
+def make_model(num_microbatches=None, **dense):
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(DIM,), use_bias=False, **dense)])
     optimizer = tfp_privacy.DPKerasSGDOptimizer(
-        l2_norm_clip=C, noise_multiplier=Z, num_microbatches=None, learning_rate=LR
+        l2_norm_clip=C, noise_multiplier=Z, num_microbatches=num_microbatches, learning_rate=LR
     )
     model.compile(
         optimizer=optimizer,
@@ -138,13 +138,28 @@ def test_batches_delivered_before_fit_are_not_the_run(data):
         (lambda p: p.dataset.map(lambda x, y, w: (x, y, w)), "behind another transformation"),
         (lambda p: p.dataset.repeat(2), "behind another transformation"),
         (lambda p: p.dataset.cache(), "behind another transformation"),  # every epoch the first one's allocation
+        (lambda p: tf.data.Dataset.zip((tf.data.Dataset.range(99), p.dataset)).map(lambda i, e: e), "behind another"),
     ],
-    ids=["map", "repeat", "cache"],
+    ids=["map", "repeat", "cache", "zip-second"],
 )
 def test_transformations_after_the_dataset_are_refused(data, fit_input, fragment):
     pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
     with pytest.raises(AccountingError, match=fragment):
         make_model().fit(fit_input(pipeline), epochs=EPOCHS, callbacks=[accountant()], verbose=0)
+
+
+@pytest.mark.parametrize(
+    "validation", [lambda p: p.dataset, lambda p: p.dataset.prefetch(1)], ids=["as-is", "prefetch"]
+)
+def test_validation_data_drawn_from_the_training_pipeline_is_refused_before_the_first_step(data, validation):
+    """Keras evaluates validation_data between epochs: the training pipeline's dataset would deliver a pass of its
+    own there, and the steps are matched to the deliveries in order (a void run, for a wrong reason, at the end)."""
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    with pytest.raises(AccountingError, match="validation_data must not draw from the RandomAllocationDataset"):
+        make_model().fit(
+            pipeline.dataset, validation_data=validation(pipeline), epochs=EPOCHS, callbacks=[accountant()], verbose=0
+        )
+    assert pipeline.deliveries == 0  # refused before any batch was drawn
 
 
 def test_the_declared_sampling_must_be_the_inputs(data):
@@ -164,6 +179,13 @@ def test_steps_per_epoch_and_class_weight_are_refused(data):
         make_model().fit(
             pipeline.dataset, epochs=EPOCHS, class_weight={0: 1.0, 1: 2.0}, callbacks=[accountant()], verbose=0
         )
+
+
+def test_microbatches_are_named_in_the_padded_rows(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    L = pipeline.max_batch_size
+    with pytest.raises(AccountingError, match=rf"equal to max_batch_size = {L} rows \(the RandomAllocationDataset"):
+        make_model(num_microbatches=4).fit(pipeline.dataset, epochs=EPOCHS, callbacks=[accountant()], verbose=0)
 
 
 def test_the_pipeline_validates_its_arguments(data):

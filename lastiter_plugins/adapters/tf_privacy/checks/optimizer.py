@@ -19,7 +19,7 @@ class OptimizerCheck(Check):
 
     def start(self, start: Start) -> Iterable[Departure]:
         settings = start.optimizer
-        check_microbatches(settings, start.fit.rows_per_step)
+        check_microbatches(settings, start.fit.rows_per_step, start.fit.rows_named)
         facts = []
         if settings.base != "SGD":
             facts.append(

@@ -64,9 +64,8 @@ class StepCheck(Check):
             )
         b = self.batch_size
         if step.rows != b:
-            planned = f"max_batch_size = {b} rows" if self.padded else f"batch_size = {b} examples"
             return (
-                f"every batch must have {planned}, as planned: step {k} had {step.rows}. Change "
+                f"every batch must have {self.fit.rows_named}, as planned: step {k} had {step.rows}. Change "
                 "nothing in the data between steps" + VOID
             )
         if step.loss_length != b:
