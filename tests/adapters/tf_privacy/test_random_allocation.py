@@ -181,6 +181,15 @@ def test_steps_per_epoch_and_class_weight_are_refused(data):
         )
 
 
+def test_a_kernel_regularizer_is_refused_before_the_first_step(data):
+    """Keras adds the penalty to every entry of the loss vector (its scalar fails in Keras 2.14's add_n on the
+    first step, with a shape error): refused first, with the fix."""
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
+    model = make_model(kernel_regularizer=tf.keras.regularizers.l2(0.01))
+    with pytest.raises(AccountingError, match=r"no regularization loss with a RandomAllocationDataset.*Remove the"):
+        model.fit(pipeline.dataset, epochs=EPOCHS, callbacks=[accountant()], verbose=0)
+
+
 def test_microbatches_are_named_in_the_padded_rows(data):
     pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=EPOCHS)
     L = pipeline.max_batch_size

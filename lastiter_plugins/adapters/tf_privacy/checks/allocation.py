@@ -15,6 +15,7 @@ from lastiter_plugins.adapters._allocation import AllocationRecord
 from lastiter_plugins.host import Departure
 
 from .._allocation_input import RandomAllocationDataset
+from .._errors import AccountingError
 from .._observe import StepFacts
 from ._check import VOID, Check, Start, Verdict
 
@@ -28,6 +29,8 @@ class AllocationCheck(Check):
             p = self.pipeline
             self.first = p.deliveries  # batches delivered before fit (iterated by hand) are not this run's
             self.record = AllocationRecord(p.dataset_size, p.steps_per_epoch, p.allocations_per_epoch)
+            if start.model.losses:  # known before the first step (losses added inside call: checked every step)
+                raise AccountingError(_regularized(f"the model has {len(start.model.losses)}") + ".")
         return ()
 
     def step(self, k: int, facts: StepFacts) -> Verdict:
@@ -55,13 +58,7 @@ class AllocationCheck(Check):
                 "dataset's elements were changed or reordered before the step" + VOID
             )
         if facts.regularizers > 0:
-            return (
-                f"the loss must add no regularization loss with a RandomAllocationDataset: step {k}'s loss has "
-                f"{facts.regularizers:g} (model.losses: a kernel_regularizer, an activity_regularizer, add_loss), "
-                "which Keras adds to every entry of the loss vector, the padding rows' too: each would add a "
-                "clipped gradient to the step's sum, and their number depends on the allocation. Remove the "
-                "regularizer (or account the run with fit's arrays and sampling='reshuffle')" + VOID
-            )
+            return _regularized(f"step {k}'s loss has {facts.regularizers:g}") + VOID
         if facts.padding_loss != 0:
             found = (
                 "a loss vector that does not match the rows"
@@ -73,3 +70,12 @@ class AllocationCheck(Check):
                 "train_step or compute_loss that ignores the sample weights trains on the padding" + VOID
             )
         return None
+
+
+def _regularized(found: str) -> str:
+    return (
+        f"the loss must add no regularization loss with a RandomAllocationDataset: {found} (model.losses: a "
+        "kernel_regularizer, an activity_regularizer, add_loss), which Keras adds to every entry of the loss vector, "
+        "the padding rows' too: each would add a clipped gradient to the step's sum, and their number depends on the "
+        "allocation. Remove the regularizer (or account the run with fit's arrays and sampling='reshuffle')"
+    )

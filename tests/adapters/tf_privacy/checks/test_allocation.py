@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from lastiter_plugins import PipelineChangedError
-from lastiter_plugins.adapters.tf_privacy import RandomAllocationDataset
+from lastiter_plugins.adapters.tf_privacy import AccountingError, RandomAllocationDataset
 from lastiter_plugins.adapters.tf_privacy import _observe as observe
 from lastiter_plugins.adapters.tf_privacy.checks import AllocationCheck
 
-from .support import DIM, LOSS, B, N, callback, data, optimizer, tf
+from .support import DIM, LOSS, B, N, callback, data, linear, optimizer, tf
 
 
 def test_an_allocation_repeated_every_epoch_is_refused():
@@ -33,14 +33,35 @@ def test_an_allocation_repeated_every_epoch_is_refused():
         model.fit(pipeline.dataset, epochs=3, callbacks=[Reseed(), accountant], verbose=0)
 
 
-def test_a_loss_added_to_every_entry_is_refused():
+def test_a_loss_added_to_every_entry_is_refused_before_the_first_step():
     pipeline = RandomAllocationDataset(*data(), batch_size=B, epochs=2)
     inputs = tf.keras.Input((DIM,))
     outputs = tf.keras.layers.Dense(1)(inputs)
     model = tf.keras.Model(inputs, outputs)
     model.add_loss(0.01 * tf.reduce_sum(outputs**2, axis=1))  # a per-example activity penalty: a padding row's too
     model.compile(optimizer=optimizer(), loss=tf.keras.losses.BinaryCrossentropy(**LOSS))
-    with pytest.raises(PipelineChangedError, match="no regularization loss with a RandomAllocationDataset"):
+    with pytest.raises(AccountingError, match="no regularization loss with a RandomAllocationDataset: the model has 1"):
+        model.fit(pipeline.dataset, epochs=2, callbacks=[callback(sampling="random_allocation")], verbose=0)
+    assert pipeline.deliveries == 0  # refused before any batch was drawn
+
+
+def test_a_loss_added_inside_call_in_training_is_refused_at_its_step():
+    class Penalized(tf.keras.Model):  # model.losses is empty until a training call adds the penalty
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, inputs, training=None):
+            outputs = self.dense(inputs)
+            if training:
+                self.add_loss(0.01 * tf.reduce_sum(outputs, axis=1))  # its gradient in the bias: a padding row's too
+            return outputs
+
+    pipeline = RandomAllocationDataset(*data(), batch_size=B, epochs=2)
+    model = Penalized()
+    model(data()[0][:2])
+    model.compile(optimizer=optimizer(), loss=tf.keras.losses.BinaryCrossentropy(**LOSS))
+    with pytest.raises(PipelineChangedError, match="no regularization loss with a RandomAllocationDataset: step 1's"):
         model.fit(pipeline.dataset, epochs=2, callbacks=[callback(sampling="random_allocation")], verbose=0)
 
 
@@ -56,7 +77,7 @@ def _facts(step: int, **values: float) -> observe.StepFacts:
 def started():
     pipeline = RandomAllocationDataset(*data(), batch_size=B, epochs=1)
     check = AllocationCheck()
-    check.start(types.SimpleNamespace(fit=types.SimpleNamespace(allocation=pipeline)))
+    check.start(types.SimpleNamespace(fit=types.SimpleNamespace(allocation=pipeline), model=linear()))
     for _ in pipeline.dataset:  # one epoch delivered, as fit pulls it
         pass
     return check, pipeline
