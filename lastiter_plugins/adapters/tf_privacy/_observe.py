@@ -615,16 +615,18 @@ class StepProbe:
         return tf.where(valid, moved, tf.constant(0.0, tf.float64)), tf.logical_and(valid, others)
 
     def _padding_loss(self, loss: Any) -> Any:
-        """The largest |entry| of the loss vector at the rows of weight 0 (0 without such rows; -1 when the
-        vector and the weights do not match row for row)."""
+        """The largest |entry| of the loss vector at the rows of weight 0 (0 without such rows; inf when one is not
+        finite; -1 when the vector and the weights do not match row for row)."""
         weights = self._weights
         if weights is None or callable(loss):
             return tf.constant(0.0 if weights is None else -1.0, tf.float64)
         entries = tf.reshape(tf.cast(loss, tf.float64), [tf.shape(loss)[0], -1])
 
         def largest() -> Any:
-            at_zero = tf.cast(tf.equal(weights, 0.0), tf.float64)[:, None]
-            return tf.reduce_max(tf.concat([tf.reshape(tf.abs(entries) * at_zero, [-1]), [0.0]], 0))
+            at_zero = tf.broadcast_to(tf.equal(weights, 0.0)[:, None], tf.shape(entries))
+            padding = tf.reshape(tf.where(at_zero, tf.abs(entries), tf.zeros_like(entries)), [-1])  # real rows: 0
+            finite = tf.reduce_all(tf.math.is_finite(padding))
+            return tf.where(finite, tf.reduce_max(tf.concat([padding, [0.0]], 0)), tf.constant(math.inf, tf.float64))
 
         same = tf.equal(tf.shape(entries)[0], tf.shape(weights)[0])
         return tf.cond(same, largest, lambda: tf.constant(-1.0, tf.float64))

@@ -10,8 +10,8 @@ subclass, its place in :func:`checks`, and its test in tests/adapters/tf_privacy
 | :class:`SamplingCheck` | the declared scheme and n against what fit does with the data | every row |
 | :class:`OptimizerCheck` | the DP optimizer's update (Adam, Adagrad, momentum, Keras clipping) | the SGD rows |
 | :class:`LearningRateCheck` | a schedule, a rate changed during fit | the SGD rows, the rows needing eta |
-| :class:`StepCheck` | each step is one planned DP-SGD step (batch, loss vector, clip, noise, weights) | every row |
 | :class:`AllocationCheck` | a RandomAllocationDataset's batches, as delivered, padded with weight 0 | every row |
+| :class:`StepCheck` | each step is one planned DP-SGD step (batch, loss vector, clip, noise, weights) | every row |
 | :class:`ModelCheck` | batch norm in training, adapted layers, stateful layers, custom training, the loss | every row |
 | :class:`BatchCouplingCheck` | a probe: one example's output moved by another example of the batch | every row |
 | :class:`ConstraintCheck` | Keras constraints on the trained weights | the SGD rows |
@@ -60,8 +60,8 @@ def checks(glm: _glm.Structure | None) -> tuple[Check, ...]:
     found: tuple[Check, ...] = (
         SamplingCheck(),
         OptimizerCheck(),
+        AllocationCheck(),  # before the step check: a padding row gone wrong (nan) shows there as weights moved
         StepCheck(),
-        AllocationCheck(),
         ModelCheck(),
         BatchCouplingCheck(),
         ConstraintCheck(),

@@ -9,6 +9,7 @@ refused."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from lastiter_plugins.adapters._allocation import AllocationRecord
@@ -59,6 +60,13 @@ class AllocationCheck(Check):
             )
         if facts.regularizers > 0:
             return _regularized(f"step {k}'s loss has {facts.regularizers:g}") + VOID
+        if math.isinf(facts.padding_loss):
+            return (
+                f"the loss entry of every padding row (weight 0) must be 0: step {k} had a padding row whose loss is "
+                "not finite (inf or nan, which weight 0 does not cancel: its gradient spreads to every weight). The "
+                "padding rows are all-zero inputs with label 0: make the model and the loss finite there (an "
+                "epsilon in a normalization by the input's norm, say)" + VOID
+            )
         if facts.padding_loss != 0:
             found = (
                 "a loss vector that does not match the rows"

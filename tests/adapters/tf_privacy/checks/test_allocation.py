@@ -65,6 +65,17 @@ def test_a_loss_added_inside_call_in_training_is_refused_at_its_step():
         model.fit(pipeline.dataset, epochs=2, callbacks=[callback(sampling="random_allocation")], verbose=0)
 
 
+def test_a_model_without_a_finite_loss_on_the_padding_is_named():
+    """A padding row is an all-zero input: x / |x| there is nan, which weight 0 does not cancel (0 * nan), and the
+    update spreads it to every weight (which the step check alone would call a change outside the update)."""
+    pipeline = RandomAllocationDataset(*data(), batch_size=B, epochs=2)
+    unit = tf.keras.layers.Lambda(lambda v: v / tf.norm(v, axis=1, keepdims=True))
+    model = tf.keras.Sequential([tf.keras.Input((DIM,)), unit, tf.keras.layers.Dense(1, use_bias=False)])
+    model.compile(optimizer=optimizer(), loss=tf.keras.losses.BinaryCrossentropy(**LOSS))
+    with pytest.raises(PipelineChangedError, match="step 1 had a padding row whose loss is not finite"):
+        model.fit(pipeline.dataset, epochs=2, callbacks=[callback(sampling="random_allocation")], verbose=0)
+
+
 def _facts(step: int, **values: float) -> observe.StepFacts:
     row = np.zeros(observe._SLOTS)
     row[observe.STEP] = step
@@ -97,8 +108,9 @@ def test_the_delivered_batches_pass(started):
         (lambda kept: dict(regularizers=1), "no regularization loss"),
         (lambda kept: dict(padding_loss=0.25), "padding row (weight 0) must be 0: step 1 had an entry of 0.25"),
         (lambda kept: dict(padding_loss=-1), "a loss vector that does not match the rows"),
+        (lambda kept: dict(padding_loss=float("inf")), "a padding row whose loss is not finite"),
     ],
-    ids=["weight-sum", "weights-not-binary", "regularizer", "padding-trains", "unmatched"],
+    ids=["weight-sum", "weights-not-binary", "regularizer", "padding-trains", "unmatched", "padding-not-finite"],
 )
 def test_a_step_that_is_not_the_delivered_batch_is_refused(started, changes, fragment):
     check, pipeline = started
