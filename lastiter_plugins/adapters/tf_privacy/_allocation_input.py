@@ -109,7 +109,7 @@ class RandomAllocationDataset:
         self._rng = generator if generator is not None else np.random.default_rng()
         self._lock = threading.Lock()
         self.deliveries = 0  # batches delivered so far (every iteration, fit's or not)
-        self.batches_cut = 0  # of those, the ones with more than L examples, cut to L
+        self.batches_cut = 0  # of those, the ones with more than L examples, cut to L (a run counts its own)
         # the last batches delivered (the callback checks them once per epoch; prefetching runs ahead): their
         # number in the stream of deliveries, the batch as the allocation drew it, the examples kept (at most L)
         self._recent: collections.deque[tuple[int, DrawnBatch, tuple[int, ...]]] = collections.deque(maxlen=2 * t + 64)

@@ -23,7 +23,7 @@ from ._observe import check_host, keras_train_steps
 from ._report import Report, padding_note
 from ._run import Declared, Run
 from ._settings import DPOptimizerSettings, FitSettings, flag
-from .checks import LinearModelCheck
+from .checks import AllocationCheck, LinearModelCheck
 
 #: Models a LastIterateCallback has trained (their weights carry the earlier run).
 _TRAINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -265,8 +265,11 @@ class LastIterateCallback(tf.keras.callbacks.Callback):
         report = Report.of(
             account.result, account.config, account.rows_left, self.departures, account.assumptions, orders
         )
-        allocation = self._usable().fit.allocation
-        return report if allocation is None else dataclasses.replace(report, run_notes=(padding_note(allocation),))
+        run = self._usable()
+        if run.fit.allocation is None:
+            return report
+        cut = sum(check.batches_cut for check in run.checks if isinstance(check, AllocationCheck))
+        return dataclasses.replace(report, run_notes=(padding_note(run.fit.allocation, cut),))
 
     def _account(self) -> Any:
         run = self._usable()

@@ -99,9 +99,10 @@ class Report:
         return "\n".join(self.lines())
 
 
-def padding_note(allocation: RandomAllocationDataset) -> str:
-    """What a RandomAllocationDataset did beyond random allocation: the padding (TF Privacy's divisor) and the cuts."""
-    L, b, cut = allocation.max_batch_size, allocation.batch_size, allocation.batches_cut
+def padding_note(allocation: RandomAllocationDataset, cut: int) -> str:
+    """What a RandomAllocationDataset did beyond random allocation: the padding (TF Privacy's divisor) and the
+    ``cut`` batches of the run."""
+    L, b = allocation.max_batch_size, allocation.batch_size
     return (
         f"Every batch padded to {L} rows with sample weight 0: TF Privacy divides each step's noisy sum by {L} (the "
         f"step of an example is learning_rate / {L}), and each step computes {L / b:.2f}x the rows of a mean batch "

@@ -23,6 +23,7 @@ from ._check import VOID, Check, Start, Verdict
 
 class AllocationCheck(Check):
     pipeline: RandomAllocationDataset | None = None
+    batches_cut = 0  # the steps checked whose batch had more than max_batch_size examples (cut to it)
 
     def start(self, start: Start) -> Iterable[Departure]:
         self.pipeline = start.fit.allocation
@@ -46,6 +47,7 @@ class AllocationCheck(Check):
                 "iterated elsewhere during fit)" + VOID
             )
         drawn, kept = delivered
+        self.batches_cut += len(kept) < len(drawn.indices)
         problem = self.record.check(k, drawn)  # the allocation as drawn; a cut keeps a subset (fixed-length-batches)
         if problem is not None:
             return problem + VOID
