@@ -67,6 +67,7 @@ def core(pipeline, bound="best", epochs=EPOCHS, **assumptions):
         learning_rate=LR * B / L,
         clip_norm=C_RUN,
         max_batch_size=L,
+        allocations_per_epoch=pipeline.allocations_per_epoch,
     )
     return lp.epsilon(bound, DELTA, config=config, assumptions=lp.LossAssumptions(**assumptions))
 
@@ -92,6 +93,15 @@ def test_the_callback_gives_the_core_number_for_the_padded_run(data):
     assert f"random_allocation (batches cut at {pipeline.max_batch_size} examples) sampling" in " ".join(text.split())
     assert f"Every batch padded to {pipeline.max_batch_size} rows" in text
     assert "tf-privacy-poisson" in text and "NOT VALID" in text
+
+
+def test_each_example_in_k_steps_an_epoch_is_accounted_with_k(data):
+    pipeline = RandomAllocationDataset(*data, batch_size=B, epochs=1, allocations_per_epoch=2)
+    assert pipeline.steps_per_epoch == 20
+    cb = accountant()
+    make_model().fit(pipeline.dataset, epochs=1, callbacks=[cb], verbose=0)
+    assert cb.config.allocations_per_epoch == 2 and cb.result.steps == 20
+    assert cb.epsilon == pytest.approx(core(pipeline, epochs=1).epsilon, rel=1e-12)
 
 
 def test_a_linear_model_with_declared_constants_gets_the_last_iterate_row(data):
