@@ -356,16 +356,20 @@ def advise(
 
 
 def _fixed_length(params: dict[str, Any], host: str) -> dict[str, Any]:
-    """A changed pipeline's batch cut: none unless it samples by random allocation; with Keras, the length its
-    RandomAllocationDataset pads to by default for that pipeline (docs/derivations/fixed-length-batches.md)."""
+    """A changed pipeline's batch cut: none unless it samples by random allocation; with Keras, the length L its
+    RandomAllocationDataset pads to by default for that pipeline, and the optimizer's learning rate eta (which TF
+    Privacy then applies to the sum over L rows) as the core's eta b / L (docs/derivations/fixed-length-batches.md,
+    part 5). A pipeline already cut keeps its L and its rate (a change of batches can then only make it looser)."""
     if params.get("sampling") != Sampling.RANDOM_ALLOCATION.value:
         return {**params, "max_batch_size": None}
-    if host != "keras":
+    if host != "keras" or params.get("max_batch_size") is not None:
         return params
-    config, _ = build(**{**params, "max_batch_size": None})
+    config, _ = build(**params)
     k = config.allocations_per_epoch
     length = padded_batch_size(config.dataset_size, config.batch_size, k, config.steps, DEFAULT_OVERFLOW)
-    return {**params, "max_batch_size": length}
+    rate = params.get("learning_rate")
+    scaled = None if rate is None else rate * config.batch_size / length
+    return {**params, "max_batch_size": length, "learning_rate": scaled}
 
 
 def _beside_poisson(suggestion: Suggestion, params: Mapping[str, Any], delta: float) -> Suggestion:
