@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import lastiter_plugins as lp
+from lastiter_plugins.bounds import random_allocation as ra
 from tests.support import sweep_size
 
 ORDERS = np.array([1.5, 2.0, 3.0, 8.0, 32.0, 256.0])  # small on purpose: fast, edges are expected
@@ -78,9 +79,23 @@ def test_epsilon_non_increasing_in_noise_multiplier(params, factor):
     assume(bounds)
     louder = {**params, "noise_multiplier": params["noise_multiplier"] * factor}
     for b in [*bounds, *(["best"] if lp.applicable_bounds(**params)["best"].applies else [])]:
-        e1 = lp.epsilon(b, 1e-5, orders=ORDERS, **params).epsilon
-        e2 = lp.epsilon(b, 1e-5, orders=ORDERS, **louder).epsilon
-        assert e2 <= e1 * (1 + 1e-9) + 1e-12, b
+        r1 = lp.epsilon(b, 1e-5, orders=ORDERS, **params)
+        r2 = lp.epsilon(b, 1e-5, orders=ORDERS, **louder)
+        assert r2.epsilon <= r1.epsilon * (1 + 1e-9) + 1e-12 + _allocation_bias(r1, r2, params), b
+
+
+def _allocation_bias(r1, r2, params) -> float:
+    """The loss bias of the random-allocation rows' discretisation, 2 E (t + 1) h (their computed epsilon lies between
+    the exact one and the exact one plus it; docs/derivations/random-allocation.md#ra-numerics): exact epsilons
+    decrease in the noise, computed ones only up to it. 0 for every other row."""
+    rows = ("composition-pld-random-allocation", "composition-pld-random-allocation-replace-one")
+    if r1.winner not in rows and r2.winner not in rows:
+        return 0.0
+    config, _ = lp.build(**params)
+    parts = ra.groups(config.steps_per_epoch, config.allocations_per_epoch, config.epochs_started)
+    z = max(ra.MIN_NOISE, min(ra.MAX_NOISE, config.noise_multiplier))
+    h = ra.run_interval(z, parts)
+    return 2 * config.epochs_started * config.allocations_per_epoch * (config.steps_per_epoch + 1) * h
 
 
 @SETTINGS
