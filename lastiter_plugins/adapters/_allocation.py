@@ -27,6 +27,8 @@ refuse a genuine run, never accept a wrong one.
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +36,14 @@ from lastiter_plugins.adapters._derivation import EVIDENCE_BITS, DrawnBatch
 
 #: rows of the (examples x steps) random keys drawn at once for k > 1 (bounds the memory of a draw)
 _CHUNK = 1 << 22
+
+
+def count(name: str, value: Any, low: int) -> int:
+    """``value`` as an int when it is an integer (not a bool) >= ``low``; else ValueError naming ``name``, the
+    constraint and the value (the samplers' arguments)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
+        raise ValueError(f"{name} must be an integer >= {low}. Found {value!r}.")
+    return int(value)
 
 
 def steps_per_epoch(dataset_size: int, batch_size: int, allocations_per_epoch: int) -> int:

@@ -2,7 +2,6 @@ r"""The batch sampler of random allocation for torch's ``DataLoader`` and Opacus
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,13 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from lastiter_plugins.adapters._allocation import allocate, steps_per_epoch
-
-
-def _count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
-        raise ValueError(f"{name} must be an integer >= {low}. Found {value!r}.")
-    return int(value)
+from lastiter_plugins.adapters._allocation import allocate, count, steps_per_epoch
 
 
 class RandomAllocationSampler(Sampler[list[int]]):
@@ -50,11 +43,11 @@ class RandomAllocationSampler(Sampler[list[int]]):
         allocations_per_epoch: int = 1,
         generator: np.random.Generator | torch.Generator | None = None,
     ) -> None:
-        n = _count("dataset_size", dataset_size, 1)
-        b = _count("batch_size", batch_size, 1)
+        n = count("dataset_size", dataset_size, 1)
+        b = count("batch_size", batch_size, 1)
         if b > n:
             raise ValueError(f"batch_size must be <= dataset_size = {n}. Found {b}.")
-        k = _count("allocations_per_epoch", allocations_per_epoch, 1)
+        k = count("allocations_per_epoch", allocations_per_epoch, 1)
         if generator is not None and not isinstance(generator, (np.random.Generator, torch.Generator)):
             kind = type(generator).__name__
             raise ValueError(f"generator must be a numpy.random.Generator, a torch.Generator or None. Found {kind}.")

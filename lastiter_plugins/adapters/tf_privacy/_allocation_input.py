@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import numbers
 import threading
 import weakref
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from lastiter_plugins.adapters._allocation import allocate, steps_per_epoch
+from lastiter_plugins.adapters._allocation import allocate, count, steps_per_epoch
 from lastiter_plugins.adapters._derivation import DrawnBatch
 from lastiter_plugins.host import DEFAULT_OVERFLOW, padded_batch_size
 
@@ -30,12 +29,6 @@ _MADE: weakref.WeakValueDictionary[int, RandomAllocationDataset] = weakref.WeakV
 _PASSES = itertools.count(1)  # globally increasing pass ids (AllocationRecord compares them)
 #: the transformations that may follow the dataset: they pass its elements on unchanged (TF 2.14's class names)
 _PASS_THROUGH = {"_PrefetchDataset", "_OptionsDataset"}
-
-
-def _count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
-        raise ValueError(f"{name} must be an integer >= {low}. Found {value!r}.")
-    return int(value)
 
 
 class RandomAllocationDataset:
@@ -91,11 +84,11 @@ class RandomAllocationDataset:
         n = len(self.x)
         if n < 1 or len(self.y) != n:
             raise ValueError(f"x and y must hold the same number (>= 1) of examples. Found {n} and {len(self.y)}.")
-        b = _count("batch_size", batch_size, 1)
+        b = count("batch_size", batch_size, 1)
         if b > n:
             raise ValueError(f"batch_size must be <= the number of examples = {n}. Found {b}.")
-        self.epochs = _count("epochs", epochs, 1)
-        k = _count("allocations_per_epoch", allocations_per_epoch, 1)
+        self.epochs = count("epochs", epochs, 1)
+        k = count("allocations_per_epoch", allocations_per_epoch, 1)
         t = steps_per_epoch(n, b, k)
         if k > t:
             raise ValueError(f"allocations_per_epoch must be <= the steps of an epoch = {t}. Found {k}.")
@@ -105,7 +98,7 @@ class RandomAllocationDataset:
             max_batch_size = padded_batch_size(n, b, k, self.epochs * t, overflow)
         self.dataset_size, self.batch_size, self.allocations_per_epoch = n, b, k
         self.steps_per_epoch = t
-        self.max_batch_size = _count("max_batch_size", max_batch_size, 1)
+        self.max_batch_size = count("max_batch_size", max_batch_size, 1)
         self._rng = generator if generator is not None else np.random.default_rng()
         self._lock = threading.Lock()
         self.deliveries = 0  # batches delivered so far (every iteration, fit's or not)
