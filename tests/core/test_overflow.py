@@ -138,7 +138,7 @@ def test_epsilon_and_delta_are_lemma_c_of_the_uncut_rows(relation):
             continue
         assert plain.profile is not None or plain.rdp is not None
         room = 1e-5 - (1 + math.exp(eps)) * p
-        assert eps >= _uncut_epsilon(plain, bid, relation, room) - 1e-12
+        assert eps >= _uncut_epsilon(bid, relation, room) - 1e-12
         # delta at epsilon: the uncut delta plus (1 + e^eps) p
         plain_cfg, a = lp.build(**{k: v for k, v in _params(relation=relation).items() if k != "delta"})
         uncut_delta, _ = host.delta_of(bid, plain_cfg, a, eps)
@@ -148,7 +148,7 @@ def test_epsilon_and_delta_are_lemma_c_of_the_uncut_rows(relation):
     assert compared >= (3 if relation == "replace_one" else 1)  # replace-one: an RDP row (composition) too
 
 
-def _uncut_epsilon(plain, bid, relation, delta):
+def _uncut_epsilon(bid, relation, delta):
     return lp.epsilon(bid, **_params(relation=relation) | {"delta": delta}).epsilon
 
 
@@ -188,10 +188,6 @@ def test_max_batch_size_is_for_random_allocation_only():
 # ---------------------------------------------------------------- the overflow probability and L
 
 
-def _direct_tail(m: int, q: float, length: int) -> float:
-    return float(sum(special.comb(m, j, exact=True) * q**j * (1 - q) ** (m - j) for j in range(length + 1, m + 1)))
-
-
 @pytest.mark.parametrize("length", [50, 60, 75, 100])
 def test_overflow_probability_is_the_union_bound_of_binomial_tails(length):
     cfg = TrainingConfig(
@@ -228,11 +224,12 @@ def test_overflow_probability_with_k_allocations_and_full_batch():
 def test_padded_batch_size_is_the_smallest_length_meeting_the_target(n, b, k, steps, target):
     length = overflow.padded_batch_size(n, b, k, steps, target)
     t = -(-n * k // b)
-    assert steps * _direct_tail_fast(n + 1, k / t, length) <= target
-    assert steps * _direct_tail_fast(n + 1, k / t, length - 1) > target
+    assert steps * _direct_tail(n + 1, k / t, length) <= target
+    assert steps * _direct_tail(n + 1, k / t, length - 1) > target
 
 
-def _direct_tail_fast(m: int, q: float, length: int) -> float:
+def _direct_tail(m: int, q: float, length: int) -> float:
+    """P[Binomial(m, q) > length], the sum of its terms (each in log space: m up to 60001)."""
     j = np.arange(length + 1, m + 1)
     logs = special.gammaln(m + 1) - special.gammaln(j + 1) - special.gammaln(m - j + 1) + j * math.log(q)
     logs += (m - j) * math.log1p(-q)
