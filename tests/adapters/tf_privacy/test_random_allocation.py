@@ -19,34 +19,22 @@ from lastiter_plugins.adapters.tf_privacy import (  # noqa: E402
     LastIterateCallback,
     RandomAllocationDataset,
 )
-from tests.support import quiet_single_threaded  # noqa: E402
+from tests.adapters.tf_privacy.checks import support  # noqa: E402
+from tests.adapters.tf_privacy.checks.support import C_RUN, DELTA, DIM, LOSS, Z_RUN, optimizer  # noqa: E402
 
-quiet_single_threaded(tf)
-
-N, B, DIM, EPOCHS = 240, 24, 4, 2
-DELTA = 1e-5
-Z, C, LR = 1.3, 1.0, 0.5
-C_RUN = float(np.float32(C))
-Z_RUN = float(np.float32(Z * C)) / C_RUN
+N, B, EPOCHS, LR = 240, 24, 2, 0.5
 
 
 @pytest.fixture(scope="module")
 def data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, DIM)).astype("float32")
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    y = (x[:, 0] > 0).astype("float32")
-    return x, y
+    return support.data(N)
 
 
 def make_model(num_microbatches=None, **dense):
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(DIM,), use_bias=False, **dense)])
-    optimizer = tfp_privacy.DPKerasSGDOptimizer(
-        l2_norm_clip=C, noise_multiplier=Z, num_microbatches=num_microbatches, learning_rate=LR
-    )
     model.compile(
-        optimizer=optimizer,
-        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+        optimizer=optimizer(num_microbatches=num_microbatches, learning_rate=LR),
+        loss=tf.keras.losses.BinaryCrossentropy(**LOSS),
     )
     return model
 
